@@ -1,0 +1,496 @@
+//! Settings: built-in defaults, then a TOML file (`--config` or
+//! `TETHER_CONFIG`), then environment variables `TETHER_<SECTION>__<KEY>`.
+//!
+//! Every number in SPEC.md is a default here. `Settings::load` refuses an
+//! unknown key, a value of the wrong type and a combination that breaks an
+//! invariant (renew >= ttl, say), each with a message naming the key.
+//! docs/CONFIG.md documents every setting.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// A setting that could not be loaded or makes no sense.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("configuration key `{key}`: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { key, message: message.into() }
+}
+
+/// All settings of a tether process.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    pub http: HttpSettings,
+    pub database: DatabaseSettings,
+    pub redis: RedisSettings,
+    pub bus: BusSettings,
+    pub cell: CellSettings,
+    pub cluster: ClusterSettings,
+    pub encryption: EncryptionSettings,
+    pub lease: LeaseSettings,
+    pub sweep: SweepSettings,
+    pub daemon: DaemonSettings,
+    pub viewer: ViewerSettings,
+    pub shutdown: ShutdownSettings,
+    pub runs: RunsSettings,
+    pub director: DirectorSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSettings {
+    /// Address `tether serve` listens on.
+    pub listen: String,
+    /// Largest JSON request body accepted by the REST API, in bytes.
+    pub max_body_bytes: usize,
+    /// Concurrent WebSockets allowed from one client address (per instance).
+    pub ws_per_address: usize,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self { listen: "127.0.0.1:8080".into(), max_body_bytes: 256 * 1024, ws_per_address: 256 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// PostgreSQL URL; unset selects the embedded SQLite file.
+    pub url: Option<String>,
+    /// The embedded SQLite file.
+    pub sqlite_path: PathBuf,
+    /// PostgreSQL connection pool size.
+    pub pool_size: usize,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        Self { url: None, sqlite_path: PathBuf::from("./tether.db"), pool_size: 16 }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisSettings {
+    /// Standalone Redis URL (`redis://host:port`).
+    pub url: Option<String>,
+    /// Comma-separated `host:port` seeds of a Redis Cluster.
+    pub cluster_nodes: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BusSettings {
+    /// Channel name prefix.
+    pub prefix: String,
+    pub ack_ms: u64,
+    pub heartbeat_ms: u64,
+}
+
+impl Default for BusSettings {
+    fn default() -> Self {
+        Self { prefix: "tether".into(), ack_ms: 5_000, heartbeat_ms: 10_000 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CellSettings {
+    /// Cell id; defaults to the host name (the pod name in Kubernetes).
+    pub id: Option<String>,
+    /// This instance's own base URL, for the director.
+    pub url: Option<String>,
+    pub dead_man_base_ms: u64,
+    pub dead_man_spread_ms: u64,
+    pub held_retry_ms: u64,
+    pub switch_poll_ms: u64,
+    pub effective_refresh_ms: u64,
+    pub effective_forced_ms: u64,
+    pub slot_stale_ms: u64,
+    pub recent_seat_ms: u64,
+}
+
+impl Default for CellSettings {
+    fn default() -> Self {
+        Self {
+            id: None,
+            url: None,
+            dead_man_base_ms: 60_000,
+            dead_man_spread_ms: 60_000,
+            held_retry_ms: 30_000,
+            switch_poll_ms: 5_000,
+            effective_refresh_ms: 15_000,
+            effective_forced_ms: 300_000,
+            slot_stale_ms: 600_000,
+            recent_seat_ms: 600_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// Shared secret for `/internal/...` calls and booking tickets.
+    pub secret: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EncryptionSettings {
+    /// 32 bytes, base64: the AES-256-GCM key for host credentials.
+    pub key: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeaseSettings {
+    pub ttl_ms: u64,
+    pub renew_ms: u64,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        Self { ttl_ms: 30_000, renew_ms: 10_000 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SweepSettings {
+    pub interval_ms: u64,
+    pub stale_host_ms: u64,
+    pub launch_timeout_ms: u64,
+}
+
+impl Default for SweepSettings {
+    fn default() -> Self {
+        Self { interval_ms: 30_000, stale_host_ms: 90_000, launch_timeout_ms: 30_000 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DaemonSettings {
+    pub hello_timeout_ms: u64,
+}
+
+impl Default for DaemonSettings {
+    fn default() -> Self {
+        Self { hello_timeout_ms: 10_000 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ViewerSettings {
+    pub in_use_ms: u64,
+    pub fresh_ms: u64,
+    pub ping_timeout_ms: u64,
+    /// Bytes a viewer's outbound queue may hold before the viewer is closed 1008.
+    pub queue_bytes: usize,
+}
+
+impl Default for ViewerSettings {
+    fn default() -> Self {
+        Self { in_use_ms: 60_000, fresh_ms: 5_000, ping_timeout_ms: 1_500, queue_bytes: 4 * 1024 * 1024 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShutdownSettings {
+    pub grace_ms: u64,
+}
+
+impl Default for ShutdownSettings {
+    fn default() -> Self {
+        Self { grace_ms: 20_000 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunsSettings {
+    /// A run whose host has been gone this long (ms) becomes `lost`.
+    pub lost_after: u64,
+    /// Largest captured output kept per run, in bytes.
+    pub log_max_bytes: usize,
+}
+
+impl Default for RunsSettings {
+    fn default() -> Self {
+        Self { lost_after: 600_000, log_max_bytes: 4 * 1024 * 1024 }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DirectorSettings {
+    pub enabled: bool,
+    pub poll_ms: u64,
+    pub fresh_ms: u64,
+    pub effective_fresh_ms: u64,
+}
+
+impl Default for DirectorSettings {
+    fn default() -> Self {
+        Self { enabled: false, poll_ms: 2_000, fresh_ms: 3_000, effective_fresh_ms: 45_000 }
+    }
+}
+
+/// Environment variables that belong to tools around tether, not to settings.
+const NON_SETTING_ENV: &[&str] = &["TETHER_CONFIG"];
+
+impl Settings {
+    /// Loads defaults, then `file` (or `TETHER_CONFIG`), then the process
+    /// environment, and validates the result.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        let env: HashMap<String, String> = std::env::vars().collect();
+        Self::load_from(file, &env)
+    }
+
+    /// Like [`Settings::load`] with an explicit environment (for tests).
+    pub fn load_from(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Self, ConfigError> {
+        let file = file.map(Path::to_path_buf).or_else(|| env.get("TETHER_CONFIG").map(PathBuf::from));
+        let mut builder = config::Config::builder();
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(invalid("--config", format!("file {} does not exist", path.display())));
+            }
+            builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
+        }
+        let settings_env: config::Map<String, String> = env
+            .iter()
+            .filter(|(k, _)| k.starts_with("TETHER_") && !k.starts_with("TETHER_TEST_"))
+            .filter(|(k, _)| !NON_SETTING_ENV.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        builder = builder.add_source(
+            config::Environment::with_prefix("TETHER")
+                .prefix_separator("_")
+                .separator("__")
+                .try_parsing(true)
+                .source(Some(settings_env)),
+        );
+        let settings: Settings = builder.build()?.try_deserialize()?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks invariants the type system cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.http
+            .listen
+            .parse::<SocketAddr>()
+            .map_err(|e| invalid("http.listen", format!("`{}` is not an address: {e}", self.http.listen)))?;
+        if self.http.max_body_bytes == 0 {
+            return Err(invalid("http.max_body_bytes", "must be positive"));
+        }
+        if self.database.pool_size == 0 {
+            return Err(invalid("database.pool_size", "must be positive"));
+        }
+        if let Some(url) = &self.database.url {
+            if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+                return Err(invalid("database.url", "must be a postgres:// or postgresql:// URL"));
+            }
+            url.parse::<tokio_postgres::Config>()
+                .map_err(|e| invalid("database.url", e.to_string()))?;
+        }
+        if let Some(url) = &self.redis.url {
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                return Err(invalid("redis.url", "must be a redis:// URL"));
+            }
+        }
+        if self.redis.url.is_some() && self.redis.cluster_nodes.is_some() {
+            return Err(invalid("redis.cluster_nodes", "set either redis.url or redis.cluster_nodes, not both"));
+        }
+        if self.redis.cluster_nodes.is_some() {
+            self.cluster_nodes()?;
+        }
+        if self.bus.prefix.is_empty() || self.bus.prefix.contains(['{', '}', ' ']) {
+            return Err(invalid("bus.prefix", "must be non-empty without braces or spaces"));
+        }
+        if let Some(key) = &self.encryption.key {
+            let bytes = base64_decode(key).map_err(|e| invalid("encryption.key", format!("not base64: {e}")))?;
+            if bytes.len() != 32 {
+                return Err(invalid("encryption.key", format!("must be 32 bytes, got {}", bytes.len())));
+            }
+        }
+        if let Some(secret) = &self.cluster.secret {
+            if secret.len() < 16 {
+                return Err(invalid("cluster.secret", "must be at least 16 characters"));
+            }
+        }
+        let positive: [(&'static str, u64); 20] = [
+            ("lease.ttl_ms", self.lease.ttl_ms),
+            ("lease.renew_ms", self.lease.renew_ms),
+            ("bus.ack_ms", self.bus.ack_ms),
+            ("bus.heartbeat_ms", self.bus.heartbeat_ms),
+            ("sweep.interval_ms", self.sweep.interval_ms),
+            ("sweep.stale_host_ms", self.sweep.stale_host_ms),
+            ("sweep.launch_timeout_ms", self.sweep.launch_timeout_ms),
+            ("daemon.hello_timeout_ms", self.daemon.hello_timeout_ms),
+            ("viewer.in_use_ms", self.viewer.in_use_ms),
+            ("viewer.fresh_ms", self.viewer.fresh_ms),
+            ("viewer.ping_timeout_ms", self.viewer.ping_timeout_ms),
+            ("shutdown.grace_ms", self.shutdown.grace_ms),
+            ("cell.dead_man_base_ms", self.cell.dead_man_base_ms),
+            ("cell.held_retry_ms", self.cell.held_retry_ms),
+            ("cell.switch_poll_ms", self.cell.switch_poll_ms),
+            ("cell.effective_refresh_ms", self.cell.effective_refresh_ms),
+            ("cell.effective_forced_ms", self.cell.effective_forced_ms),
+            ("director.poll_ms", self.director.poll_ms),
+            ("director.fresh_ms", self.director.fresh_ms),
+            ("director.effective_fresh_ms", self.director.effective_fresh_ms),
+        ];
+        for (key, value) in positive {
+            if value == 0 {
+                return Err(invalid(key, "must be positive"));
+            }
+        }
+        if self.lease.renew_ms >= self.lease.ttl_ms {
+            return Err(invalid("lease.renew_ms", "must be below lease.ttl_ms, or leases lapse between renewals"));
+        }
+        if self.sweep.stale_host_ms < self.lease.ttl_ms {
+            return Err(invalid("sweep.stale_host_ms", "must be at least lease.ttl_ms"));
+        }
+        if self.viewer.fresh_ms > self.viewer.in_use_ms {
+            return Err(invalid("viewer.fresh_ms", "must not exceed viewer.in_use_ms"));
+        }
+        if self.viewer.queue_bytes < 64 * 1024 {
+            return Err(invalid("viewer.queue_bytes", "must be at least 65536"));
+        }
+        if self.director.fresh_ms < self.director.poll_ms {
+            return Err(invalid("director.fresh_ms", "must be at least director.poll_ms"));
+        }
+        if self.cell.effective_refresh_ms >= self.director.effective_fresh_ms {
+            return Err(invalid(
+                "cell.effective_refresh_ms",
+                "must be below director.effective_fresh_ms, or effective rows go stale between writes",
+            ));
+        }
+        if self.runs.lost_after == 0 {
+            return Err(invalid("runs.lost_after", "must be positive"));
+        }
+        Ok(())
+    }
+
+    /// The parsed listen address (validated at load).
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.http.listen.parse().unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 8080)))
+    }
+
+    /// Redis Cluster seeds as (host, port) pairs.
+    pub fn cluster_nodes(&self) -> Result<Vec<(String, u16)>, ConfigError> {
+        let Some(nodes) = &self.redis.cluster_nodes else { return Ok(Vec::new()) };
+        let mut out = Vec::new();
+        for node in nodes.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let (host, port) = node
+                .rsplit_once(':')
+                .ok_or_else(|| invalid("redis.cluster_nodes", format!("`{node}` is not host:port")))?;
+            let port = port
+                .parse::<u16>()
+                .map_err(|_| invalid("redis.cluster_nodes", format!("`{node}` has a bad port")))?;
+            out.push((host.to_string(), port));
+        }
+        if out.is_empty() {
+            return Err(invalid("redis.cluster_nodes", "lists no node"));
+        }
+        Ok(out)
+    }
+
+    /// The cell id: the setting, else the host name.
+    pub fn cell_id(&self) -> String {
+        self.cell
+            .id
+            .clone()
+            .unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned())
+    }
+
+    /// The credentials encryption key, when configured (validated at load).
+    pub fn encryption_key(&self) -> Option<[u8; 32]> {
+        let bytes = base64_decode(self.encryption.key.as_deref()?).ok()?;
+        bytes.try_into().ok()
+    }
+}
+
+fn base64_decode(s: &str) -> Result<Vec<u8>, base64::DecodeError> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.decode(s.trim())
+}
+
+/// Milliseconds as a `Duration`.
+pub fn ms(value: u64) -> Duration {
+    Duration::from_millis(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn defaults_match_spec() {
+        let s = Settings::load_from(None, &env(&[])).unwrap();
+        assert_eq!(s.http.listen, "127.0.0.1:8080");
+        assert_eq!(s.database.sqlite_path, PathBuf::from("./tether.db"));
+        assert_eq!(s.lease.ttl_ms, 30_000);
+        assert_eq!(s.lease.renew_ms, 10_000);
+        assert_eq!(s.viewer.ping_timeout_ms, 1_500);
+        assert_eq!(s.bus.prefix, "tether");
+    }
+
+    #[test]
+    fn environment_overrides_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.toml");
+        std::fs::write(&path, "[http]\nlisten = \"127.0.0.1:9000\"\n[lease]\nttl_ms = 40000\n").unwrap();
+        let s = Settings::load_from(Some(&path), &env(&[("TETHER_LEASE__TTL_MS", "50000")])).unwrap();
+        assert_eq!(s.http.listen, "127.0.0.1:9000");
+        assert_eq!(s.lease.ttl_ms, 50_000);
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let err = Settings::load_from(None, &env(&[("TETHER_LEASE__RENEW_MS", "30000")])).unwrap_err();
+        assert!(err.to_string().contains("lease.renew_ms"), "{err}");
+        let err = Settings::load_from(None, &env(&[("TETHER_LEASE__TTL_MS", "soon")])).unwrap_err();
+        assert!(err.to_string().contains("lease.ttl_ms"), "{err}");
+        let err = Settings::load_from(None, &env(&[("TETHER_HTTP__LISTEN", "nowhere")])).unwrap_err();
+        assert!(err.to_string().contains("http.listen"), "{err}");
+        let err = Settings::load_from(None, &env(&[("TETHER_ENCRYPTION__KEY", "c2hvcnQ=")])).unwrap_err();
+        assert!(err.to_string().contains("encryption.key"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.toml");
+        std::fs::write(&path, "[lease]\nttl = 5\n").unwrap();
+        let err = Settings::load_from(Some(&path), &env(&[])).unwrap_err();
+        assert!(err.to_string().contains("ttl"), "{err}");
+    }
+
+    #[test]
+    fn cluster_nodes_parse() {
+        let s = Settings::load_from(None, &env(&[("TETHER_REDIS__CLUSTER_NODES", "127.0.0.1:7000, 127.0.0.1:7001")]))
+            .unwrap();
+        assert_eq!(s.cluster_nodes().unwrap().len(), 2);
+        let err = Settings::load_from(None, &env(&[("TETHER_REDIS__CLUSTER_NODES", "nope")])).unwrap_err();
+        assert!(err.to_string().contains("redis.cluster_nodes"), "{err}");
+    }
+}

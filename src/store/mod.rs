@@ -1,0 +1,175 @@
+//! Durable state behind one trait, with two real backends: embedded SQLite
+//! (the default: no service needed) and PostgreSQL (the cluster).
+//!
+//! SQL lives next to its backend (`sqlite.rs`, `postgres.rs`); this module
+//! holds the shared row types and the [`Store`] trait. Every write that a
+//! daemon drives is scoped by host id and compares the current state, so a
+//! late or duplicated frame can never overwrite a newer fact.
+
+mod migrate;
+pub mod postgres;
+pub mod sqlite;
+mod types;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use uuid::Uuid;
+
+use crate::config::Settings;
+pub use migrate::{Migration, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
+pub use types::*;
+
+/// A failure of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("postgres: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("postgres pool: {0}")]
+    Pool(String),
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("migrations: {0}")]
+    Migration(String),
+    #[error("stored data is invalid: {0}")]
+    Corrupt(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Pool figures for `/metrics`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PoolStatus {
+    pub size: usize,
+    pub available: usize,
+    pub waiting: usize,
+    pub max_size: usize,
+}
+
+/// Durable state shared by every instance of a cluster.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// `"sqlite"` or `"postgres"`.
+    fn backend(&self) -> &'static str;
+    /// A cheap round trip, for `/readyz`.
+    async fn ping(&self) -> StoreResult<()>;
+    /// Applies pending migrations; returns how many ran. Refuses a database
+    /// that is newer than this binary.
+    async fn migrate(&self) -> StoreResult<usize>;
+    /// Highest applied migration version (0 when none).
+    async fn schema_version(&self) -> StoreResult<i64>;
+    fn pool_status(&self) -> PoolStatus;
+
+    // ---- users and tokens
+    /// Returns the user with this name, creating it if needed.
+    async fn ensure_user(&self, name: &str) -> StoreResult<User>;
+    async fn insert_token(&self, user_id: Uuid, token_hash: &str) -> StoreResult<()>;
+    /// The user a token hash belongs to.
+    async fn user_by_token(&self, token_hash: &str) -> StoreResult<Option<User>>;
+
+    // ---- hosts
+    /// Registers a host; an existing host of the same user and hostname is
+    /// updated and keeps its id.
+    async fn upsert_host(&self, new: &NewHost) -> StoreResult<Host>;
+    async fn list_hosts(&self, user_id: Uuid) -> StoreResult<Vec<Host>>;
+    /// A host of this user (None for another user's host).
+    async fn get_host(&self, user_id: Uuid, host_id: Uuid) -> StoreResult<Option<Host>>;
+    /// A host whoever owns it (daemon hello, internal paths).
+    async fn host_by_id(&self, host_id: Uuid) -> StoreResult<Option<Host>>;
+    /// Deletes a host of this user with its terminals and runs; false when
+    /// there was no such host.
+    async fn delete_host(&self, user_id: Uuid, host_id: Uuid) -> StoreResult<bool>;
+    /// Records a daemon hello: state online, capabilities, dirs, last seen.
+    async fn host_connected(&self, host_id: Uuid, capabilities: &Capabilities, dirs: &[String]) -> StoreResult<()>;
+    /// Updates the allowed dirs the daemon reported.
+    async fn set_host_dirs(&self, host_id: Uuid, dirs: &[String]) -> StoreResult<()>;
+    /// Records the last-known state (for alerts; liveness comes from the lease).
+    async fn set_host_state(&self, host_id: Uuid, state: HostState) -> StoreResult<()>;
+    async fn touch_hosts(&self, host_ids: &[Uuid]) -> StoreResult<()>;
+
+    // ---- terminals
+    async fn insert_terminal(&self, new: &NewTerminal) -> StoreResult<Terminal>;
+    async fn get_terminal(&self, user_id: Uuid, id: Uuid) -> StoreResult<Option<Terminal>>;
+    async fn terminal_by_id(&self, id: Uuid) -> StoreResult<Option<Terminal>>;
+    async fn list_terminals(&self, user_id: Uuid, filter: &TerminalFilter) -> StoreResult<Vec<Terminal>>;
+    /// Deletes a terminal of this user that is not live.
+    async fn delete_terminal(&self, user_id: Uuid, id: Uuid) -> StoreResult<DeleteOutcome>;
+    /// Compare-and-set `pending -> launching`; false when the row was not pending.
+    async fn claim_launch(&self, host_id: Uuid, id: Uuid) -> StoreResult<bool>;
+    /// `launching -> pending` with a reason (the host went away before Spawn left).
+    async fn park_terminal(&self, host_id: Uuid, id: Uuid, reason: &str) -> StoreResult<bool>;
+    /// `launching|pending -> running` on the daemon's Started.
+    async fn mark_started(&self, host_id: Uuid, id: Uuid) -> StoreResult<bool>;
+    /// `pending|launching -> error` on the daemon's SpawnError or a stuck launch.
+    async fn mark_spawn_failed(&self, host_id: Uuid, id: Uuid, message: &str) -> StoreResult<bool>;
+    /// Any live state -> `exited` with the real exit status.
+    async fn mark_exited(&self, host_id: Uuid, id: Uuid, exit: ExitStatus) -> StoreResult<bool>;
+    /// Hello reconciliation: live rows the daemon did not report become
+    /// `exited`; reported `launching` rows become `running`. Returns the ids
+    /// marked exited.
+    async fn reconcile_terminals(&self, host_id: Uuid, reported_running: &[Uuid]) -> StoreResult<Vec<Uuid>>;
+    /// Pending terminals of a host, oldest first.
+    async fn parked_terminals(&self, host_id: Uuid) -> StoreResult<Vec<Terminal>>;
+    /// Launches left unacknowledged since before `older_than` become `error`.
+    async fn fail_stuck_launches(&self, older_than: Duration) -> StoreResult<Vec<Uuid>>;
+    async fn put_snapshot(&self, host_id: Uuid, terminal_id: Uuid, snapshot: &TerminalSnapshot) -> StoreResult<()>;
+    async fn get_snapshot(&self, terminal_id: Uuid) -> StoreResult<Option<TerminalSnapshot>>;
+    /// Sets the terminal's PTY grid as last reported by the daemon.
+    async fn set_terminal_size(&self, host_id: Uuid, id: Uuid, cols: u16, rows: u16) -> StoreResult<()>;
+
+    // ---- runs
+    async fn insert_run(&self, new: &NewRun) -> StoreResult<Run>;
+    async fn get_run(&self, user_id: Uuid, id: Uuid) -> StoreResult<Option<Run>>;
+    async fn list_runs(&self, user_id: Uuid, host_id: Option<Uuid>) -> StoreResult<Vec<Run>>;
+    /// Claims up to `limit` queued runs whose host is in `online_hosts`
+    /// (`FOR UPDATE SKIP LOCKED` on PostgreSQL), marking them `dispatched`.
+    async fn claim_queued_runs(&self, online_hosts: &[Uuid], limit: usize) -> StoreResult<Vec<Run>>;
+    /// Links a dispatched run to its terminal.
+    async fn set_run_terminal(&self, run_id: Uuid, terminal_id: Uuid) -> StoreResult<()>;
+    /// `dispatched -> running`.
+    async fn mark_run_running(&self, run_id: Uuid) -> StoreResult<bool>;
+    /// Final state with exit code (and usage when known).
+    async fn finish_run(&self, run_id: Uuid, state: RunState, exit_code: Option<i32>) -> StoreResult<bool>;
+    async fn set_run_usage(&self, run_id: Uuid, usage: &RunUsage) -> StoreResult<()>;
+    /// Appends captured output (up to `max_bytes` kept in all).
+    async fn append_run_log(&self, run_id: Uuid, data: &[u8], max_bytes: usize) -> StoreResult<()>;
+    async fn run_log(&self, user_id: Uuid, run_id: Uuid) -> StoreResult<Option<Vec<u8>>>;
+
+    // ---- leases (SPEC §7.1)
+    /// Takes `key` when it is free, expired or already ours.
+    async fn claim_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<bool>;
+    /// Takes `key` whoever holds it; returns the previous live holder.
+    async fn seize_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<Option<String>>;
+    /// Extends every (key, holder) lease still held by that holder, in one
+    /// statement; returns the keys renewed.
+    async fn renew_leases(&self, leases: &[(String, String)], ttl: Duration) -> StoreResult<Vec<String>>;
+    /// Releases `key` only if `holder` holds it.
+    async fn release_lease(&self, key: &str, holder: &str) -> StoreResult<bool>;
+    /// The live holder of `key`.
+    async fn lease_holder(&self, key: &str) -> StoreResult<Option<String>>;
+    /// Deletes lease rows that expired more than `older_than` ago.
+    async fn delete_expired_leases(&self, older_than: Duration) -> StoreResult<u64>;
+
+    // ---- host credentials (encrypted by the caller)
+    async fn put_credentials(&self, host_id: Uuid, sealed: &SealedCredentials) -> StoreResult<()>;
+    async fn get_credentials(&self, host_id: Uuid) -> StoreResult<Option<SealedCredentials>>;
+}
+
+/// Opens the store the settings select, applying migrations.
+pub async fn open(settings: &Settings) -> StoreResult<Arc<dyn Store>> {
+    let store: Arc<dyn Store> = match &settings.database.url {
+        Some(url) => Arc::new(postgres::PgStore::connect(url, settings.database.pool_size).await?),
+        None => Arc::new(sqlite::SqliteStore::open(&settings.database.sqlite_path)?),
+    };
+    store.migrate().await?;
+    Ok(store)
+}
+
+/// Opens the store without migrating (for `tether migrate` reporting).
+pub async fn open_unmigrated(settings: &Settings) -> StoreResult<Arc<dyn Store>> {
+    Ok(match &settings.database.url {
+        Some(url) => Arc::new(postgres::PgStore::connect(url, settings.database.pool_size).await?),
+        None => Arc::new(sqlite::SqliteStore::open(&settings.database.sqlite_path)?),
+    })
+}
