@@ -5,3 +5,9 @@
 //! SPEC.md for the product and DESIGN.md for the layout of this crate.
 
 pub mod proto;
+pub mod config;
+pub mod store;
+pub mod auth;
+pub mod metrics;
+pub mod http;
+pub mod server;

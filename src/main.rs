@@ -1,1 +1,131 @@
-fn main(){}
+//! The `tether` command line: parses arguments, loads settings and calls
+//! into the library. Exit status: 0 success, 2 usage or configuration
+//! error, 1 anything else.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tether::config::Settings;
+use tether::http::state::Role;
+
+#[derive(Parser)]
+#[command(name = "tether", version, about = "A horizontally scaled terminal relay")]
+struct Cli {
+    /// TOML settings file (also `TETHER_CONFIG`).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run an API/relay instance.
+    Serve {
+        /// What this instance serves.
+        #[arg(long, value_enum, default_value = "combined")]
+        role: Role,
+        /// Listen address (setting `http.listen`).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+    },
+    /// Apply database migrations and exit.
+    Migrate,
+    /// Manage API tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Create a token for a user (created if needed); prints the token alone on stdout.
+    Create {
+        #[arg(long, value_name = "NAME")]
+        user: String,
+    },
+}
+
+/// A failure with the exit status it maps to.
+struct Failure {
+    status: u8,
+    message: String,
+}
+
+impl Failure {
+    fn config(message: impl ToString) -> Self {
+        Self { status: 2, message: message.to_string() }
+    }
+    fn runtime(message: impl ToString) -> Self {
+        Self { status: 1, message: message.to_string() }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    match actix_web::rt::System::new().block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            eprintln!("tether: {}", failure.message);
+            ExitCode::from(failure.status)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let mut settings = Settings::load(cli.config.as_deref()).map_err(Failure::config)?;
+    match cli.command {
+        Command::Serve { role, listen } => {
+            if let Some(listen) = listen {
+                settings.http.listen = listen;
+                settings.validate().map_err(Failure::config)?;
+            }
+            serve(settings, role).await
+        }
+        Command::Migrate => {
+            let store = tether::store::open_unmigrated(&settings).await.map_err(Failure::runtime)?;
+            let applied = store.migrate().await.map_err(Failure::runtime)?;
+            let version = store.schema_version().await.map_err(Failure::runtime)?;
+            eprintln!("tether: {applied} migration(s) applied; {} schema at version {version}", store.backend());
+            Ok(())
+        }
+        Command::Token { command: TokenCommand::Create { user } } => {
+            if user.trim().is_empty() || user.len() > 128 || user.chars().any(char::is_control) {
+                return Err(Failure::config("--user must be a non-empty name of at most 128 characters"));
+            }
+            let store = tether::store::open(&settings).await.map_err(Failure::runtime)?;
+            let user = store.ensure_user(&user).await.map_err(Failure::runtime)?;
+            let token = tether::auth::generate_token();
+            store.insert_token(user.id, &tether::auth::hash_token(&token)).await.map_err(Failure::runtime)?;
+            eprintln!("tether: token created for user `{}`; it is shown only once", user.name);
+            println!("{token}");
+            Ok(())
+        }
+    }
+}
+
+async fn serve(settings: Settings, role: Role) -> Result<(), Failure> {
+    if role == Role::Director {
+        return Err(Failure::config(
+            "--role director is not available in this build yet (placement arrives with the cells work)",
+        ));
+    }
+    let backend = match &settings.database.url {
+        Some(_) => "PostgreSQL".to_string(),
+        None => format!("embedded SQLite at {}", settings.database.sqlite_path.display()),
+    };
+    let bound = tether::server::bind(settings, role).await.map_err(Failure::runtime)?;
+    for addr in &bound.addrs {
+        println!("tether: listening on http://{addr} ({backend})");
+    }
+    println!("tether: create an API token with: tether token create --user NAME");
+    bound.run().await.map_err(Failure::runtime)
+}

@@ -148,12 +148,19 @@ pub trait Store: Send + Sync + 'static {
     async fn release_lease(&self, key: &str, holder: &str) -> StoreResult<bool>;
     /// The live holder of `key`.
     async fn lease_holder(&self, key: &str) -> StoreResult<Option<String>>;
+    /// The live holders of several keys in one query, as (key, holder).
+    async fn lease_holders(&self, keys: &[String]) -> StoreResult<Vec<(String, String)>>;
     /// Deletes lease rows that expired more than `older_than` ago.
     async fn delete_expired_leases(&self, older_than: Duration) -> StoreResult<u64>;
 
     // ---- host credentials (encrypted by the caller)
     async fn put_credentials(&self, host_id: Uuid, sealed: &SealedCredentials) -> StoreResult<()>;
     async fn get_credentials(&self, host_id: Uuid) -> StoreResult<Option<SealedCredentials>>;
+}
+
+/// The lease key of a host's daemon connection (SPEC §7.1).
+pub fn host_lease_key(host_id: Uuid) -> String {
+    format!("host:{host_id}")
 }
 
 /// Opens the store the settings select, applying migrations.

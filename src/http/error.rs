@@ -1,0 +1,90 @@
+//! The JSON error body of SPEC §6: `{"error":{"code":"snake_case","message":"..."}}`
+//! with a fitting status, and the extractor error handlers that map bad
+//! JSON, bad query strings and oversized bodies onto it.
+
+use actix_web::error::{JsonPayloadError, QueryPayloadError};
+use actix_web::http::StatusCode;
+use actix_web::{HttpRequest, HttpResponse, ResponseError};
+use serde_json::json;
+
+use crate::store::StoreError;
+
+/// An error answered to an API client.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{status} {code}: {message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status, code, message: message.into() }
+    }
+
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid API token is required (Authorization: Bearer TOKEN)")
+    }
+
+    pub fn not_found(what: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", format!("{what} not found"))
+    }
+
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, code, message)
+    }
+
+    pub fn payload_too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+    }
+
+    pub fn internal() -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "internal error; see the server log")
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.status
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status).json(json!({"error": {"code": self.code, "message": self.message}}))
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        tracing::error!(error = %err, "tether_store_error");
+        match err {
+            StoreError::Pool(_) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", "the database is unreachable")
+            }
+            _ => Self::internal(),
+        }
+    }
+}
+
+/// Maps JSON body errors: oversized -> 413, anything else -> 400.
+pub fn json_error(err: JsonPayloadError, _req: &HttpRequest) -> actix_web::Error {
+    let api = match &err {
+        JsonPayloadError::Overflow { limit } | JsonPayloadError::OverflowKnownLength { limit, .. } => {
+            ApiError::payload_too_large(format!("request body over {limit} bytes"))
+        }
+        JsonPayloadError::ContentType => {
+            ApiError::bad_request("bad_content_type", "the body must be JSON (Content-Type: application/json)")
+        }
+        other => ApiError::bad_request("bad_json", other.to_string()),
+    };
+    api.into()
+}
+
+/// Maps query-string errors to 400.
+pub fn query_error(err: QueryPayloadError, _req: &HttpRequest) -> actix_web::Error {
+    ApiError::bad_request("bad_query", err.to_string()).into()
+}

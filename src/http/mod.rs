@@ -1,0 +1,54 @@
+//! The actix-web application: REST routes, operations endpoints, JSON error
+//! mapping and per-request metrics.
+
+pub mod error;
+pub mod ops;
+pub mod rest;
+pub mod state;
+pub mod views;
+
+use std::time::Instant;
+
+use actix_web::dev::{Service, ServiceResponse};
+use actix_web::web;
+
+/// Registers every route of the application.
+pub fn configure(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
+    cfg.app_data(
+        web::JsonConfig::default()
+            .limit(max_body_bytes)
+            .content_type_required(false)
+            .error_handler(error::json_error),
+    )
+    .app_data(web::QueryConfig::default().error_handler(error::query_error))
+    .route("/healthz", web::get().to(ops::healthz))
+    .route("/readyz", web::get().to(ops::readyz))
+    .route("/metrics", web::get().to(ops::metrics))
+    .configure(rest::configure)
+    .default_service(web::to(|| async { Err::<actix_web::HttpResponse, _>(error::ApiError::not_found("route")) }));
+}
+
+/// Counts requests and records latencies by route pattern (never by raw
+/// path, which would make one series per id).
+pub fn record_metrics<S, B>(
+    req: actix_web::dev::ServiceRequest,
+    srv: &S,
+) -> impl std::future::Future<Output = Result<ServiceResponse<B>, actix_web::Error>> + 'static
+where
+    S: Service<actix_web::dev::ServiceRequest, Response = ServiceResponse<B>, Error = actix_web::Error>,
+    S::Future: 'static,
+{
+    let started = Instant::now();
+    let method = req.method().to_string();
+    let route = req.match_pattern().unwrap_or_else(|| "unmatched".into());
+    let fut = srv.call(req);
+    async move {
+        let res = fut.await?;
+        let status = res.status().as_u16().to_string();
+        metrics::counter!("tether_http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status)
+            .increment(1);
+        metrics::histogram!("tether_http_request_duration_seconds", "method" => method, "route" => route)
+            .record(started.elapsed().as_secs_f64());
+        Ok(res)
+    }
+}

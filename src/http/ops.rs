@@ -1,0 +1,60 @@
+//! Operations endpoints (SPEC §6.7): `/healthz` (process up), `/readyz`
+//! (database reachable, migrations applied, bus when configured),
+//! `/metrics` (Prometheus text) and `/api/v1/instance`.
+
+use actix_web::{web, HttpResponse};
+use serde_json::json;
+
+use super::state::AppState;
+use crate::store::MIGRATIONS_POSTGRES;
+use crate::store::MIGRATIONS_SQLITE;
+
+pub async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"status": "ok"}))
+}
+
+pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
+    let database = match state.store.ping().await {
+        Ok(()) => Ok(()),
+        Err(e) => Err(e.to_string()),
+    };
+    let expected = match state.store.backend() {
+        "postgres" => MIGRATIONS_POSTGRES.iter().map(|m| m.version).max(),
+        _ => MIGRATIONS_SQLITE.iter().map(|m| m.version).max(),
+    }
+    .unwrap_or(0);
+    let migrations = match state.store.schema_version().await {
+        Ok(v) if v == expected => Ok(v),
+        Ok(v) => Err(format!("schema version {v}, expected {expected}")),
+        Err(e) => Err(e.to_string()),
+    };
+    let ready = database.is_ok() && migrations.is_ok();
+    let body = json!({
+        "ready": ready,
+        "checks": {
+            "database": database.err().unwrap_or_else(|| "ok".into()),
+            "migrations": migrations.map(|v| format!("ok (version {v})")).unwrap_or_else(|e| e),
+            "bus": "not_configured",
+        },
+    });
+    if ready {
+        HttpResponse::Ok().json(body)
+    } else {
+        HttpResponse::ServiceUnavailable().json(body)
+    }
+}
+
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let text = state.metrics.render(state.store.backend(), state.store.pool_status());
+    HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(text)
+}
+
+pub async fn instance(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(json!({
+        "instanceId": state.instance.instance_id,
+        "cellId": state.instance.cell_id,
+        "role": state.instance.role.as_str(),
+        // Without a director every admission goes through the database.
+        "admitMode": "db",
+    }))
+}

@@ -1,0 +1,123 @@
+//! The REST API under `/api/v1` (SPEC §6): hosts, terminals, runs and the
+//! instance card. Handlers validate input, scope every read and write to
+//! the caller's user, and answer errors in the shape of `http::error`.
+
+mod hosts;
+mod runs;
+mod terminals;
+
+use std::collections::HashSet;
+
+use actix_web::web;
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::state::AppState;
+use crate::store::host_lease_key;
+
+/// Registers the `/api/v1` routes.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::scope("/api/v1")
+            .route("/instance", web::get().to(super::ops::instance))
+            .route("/hosts", web::post().to(hosts::register))
+            .route("/hosts", web::get().to(hosts::list))
+            .route("/hosts/{id}", web::get().to(hosts::get))
+            .route("/hosts/{id}", web::delete().to(hosts::delete))
+            .route("/terminals", web::post().to(terminals::create))
+            .route("/terminals", web::get().to(terminals::list))
+            .route("/terminals/{id}", web::get().to(terminals::get))
+            .route("/terminals/{id}", web::delete().to(terminals::delete))
+            .route("/runs", web::post().to(runs::create))
+            .route("/runs", web::get().to(runs::list))
+            .route("/runs/{id}", web::get().to(runs::get))
+            .route("/runs/{id}/log", web::get().to(runs::log)),
+    );
+}
+
+/// A resource id from the path; a malformed id names nothing, so 404.
+fn path_id(raw: &str, what: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(raw).map_err(|_| ApiError::not_found(what))
+}
+
+/// A resource id from a body or query field; malformed is bad input.
+fn field_id(raw: &str, field: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(raw).map_err(|_| ApiError::bad_request("invalid_id", format!("`{field}` is not a valid id")))
+}
+
+/// Which of `hosts` are online: their lease is live (SPEC §7.1).
+async fn online_hosts(state: &AppState, hosts: &[Uuid]) -> Result<HashSet<Uuid>, ApiError> {
+    let keys: Vec<String> = hosts.iter().map(|h| host_lease_key(*h)).collect();
+    let live = state.store.lease_holders(&keys).await?;
+    let live: HashSet<&str> = live.iter().map(|(k, _)| k.as_str()).collect();
+    Ok(hosts.iter().copied().filter(|h| live.contains(host_lease_key(*h).as_str())).collect())
+}
+
+/// Checks a short free-text field.
+fn check_text(field: &str, value: &str, max: usize, required: bool) -> Result<(), ApiError> {
+    if required && value.trim().is_empty() {
+        return Err(ApiError::bad_request("missing_field", format!("`{field}` must not be empty")));
+    }
+    if value.chars().count() > max {
+        return Err(ApiError::bad_request("field_too_long", format!("`{field}` is longer than {max} characters")));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(ApiError::bad_request("invalid_field", format!("`{field}` contains control characters")));
+    }
+    Ok(())
+}
+
+/// Limits on a command line given to a terminal or run.
+const MAX_ARGS: usize = 256;
+const MAX_ARG_BYTES: usize = 8192;
+
+fn check_argv(argv: &[String]) -> Result<(), ApiError> {
+    if argv.len() > MAX_ARGS {
+        return Err(ApiError::bad_request("invalid_argv", format!("`argv` has more than {MAX_ARGS} entries")));
+    }
+    if argv.iter().any(|a| a.len() > MAX_ARG_BYTES || a.contains('\0')) {
+        return Err(ApiError::bad_request(
+            "invalid_argv",
+            format!("`argv` entries must be under {MAX_ARG_BYTES} bytes without NUL"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a working directory against the host's allowlist (when the host
+/// has reported one): the dir must be an allowed dir or inside one.
+fn check_dir(dir: &str, allowed: &[String]) -> Result<(), ApiError> {
+    if !dir.starts_with('/') || dir.contains('\0') || dir.split('/').any(|part| part == "..") {
+        return Err(ApiError::bad_request("invalid_dir", "`dir` must be an absolute path without `..`"));
+    }
+    if allowed.is_empty() {
+        return Ok(());
+    }
+    let inside = allowed.iter().any(|a| {
+        let a = a.trim_end_matches('/');
+        dir == a || a.is_empty() || dir.strip_prefix(a).is_some_and(|rest| rest.starts_with('/'))
+    });
+    if inside {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request("dir_not_allowed", format!("`{dir}` is outside the host's allowed dirs")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dirs_must_be_inside_the_allowlist() {
+        let allowed = vec!["/home/ann".to_string(), "/srv/".to_string()];
+        assert!(check_dir("/home/ann", &allowed).is_ok());
+        assert!(check_dir("/home/ann/src", &allowed).is_ok());
+        assert!(check_dir("/srv/x", &allowed).is_ok());
+        assert_eq!(check_dir("/home/annie", &allowed).unwrap_err().code, "dir_not_allowed");
+        assert_eq!(check_dir("/etc", &allowed).unwrap_err().code, "dir_not_allowed");
+        assert_eq!(check_dir("/home/ann/../bob", &allowed).unwrap_err().code, "invalid_dir");
+        assert_eq!(check_dir("relative", &allowed).unwrap_err().code, "invalid_dir");
+        assert!(check_dir("/anything", &[]).is_ok());
+    }
+}

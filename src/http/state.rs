@@ -1,0 +1,90 @@
+//! What every request handler shares: settings, the store, this instance's
+//! identity and the metrics handle; plus the `AuthUser` extractor.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use actix_web::{web, FromRequest, HttpRequest};
+use uuid::Uuid;
+
+use super::error::ApiError;
+use crate::auth;
+use crate::config::Settings;
+use crate::metrics::Metrics;
+use crate::store::{Store, User};
+
+/// The role a `tether serve` process plays (SPEC §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Serves everything.
+    Combined,
+    /// Serves the relay.
+    Cell,
+    /// Serves placement only.
+    Director,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Combined => "combined",
+            Role::Cell => "cell",
+            Role::Director => "director",
+        }
+    }
+}
+
+/// This process's identity in the cluster.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    /// `<cell id>#<6 hex chars, new each boot>`.
+    pub instance_id: String,
+    pub cell_id: String,
+    pub role: Role,
+}
+
+impl Instance {
+    pub fn new(cell_id: String, role: Role) -> Self {
+        let suffix = &Uuid::new_v4().simple().to_string()[..6];
+        Self { instance_id: format!("{cell_id}#{suffix}"), cell_id, role }
+    }
+}
+
+/// Shared by all handlers (`web::Data<AppState>`).
+pub struct AppState {
+    pub settings: Arc<Settings>,
+    pub store: Arc<dyn Store>,
+    pub instance: Instance,
+    pub metrics: Metrics,
+}
+
+/// The user behind the request's Bearer token; 401 without a valid one.
+pub struct AuthUser(pub User);
+
+impl AuthUser {
+    pub fn id(&self) -> Uuid {
+        self.0.id
+    }
+}
+
+/// Looks up the user of a presented token.
+pub async fn user_for_token(state: &AppState, token: Option<String>) -> Result<User, ApiError> {
+    let token = token.filter(|t| auth::looks_like_token(t)).ok_or_else(ApiError::unauthorized)?;
+    state.store.user_by_token(&auth::hash_token(&token)).await?.ok_or_else(ApiError::unauthorized)
+}
+
+impl FromRequest for AuthUser {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, Self::Error>>>>;
+
+    fn from_request(req: &HttpRequest, _payload: &mut actix_web::dev::Payload) -> Self::Future {
+        let state = req.app_data::<web::Data<AppState>>().cloned();
+        let token = auth::bearer_token(req);
+        Box::pin(async move {
+            let state = state.ok_or_else(ApiError::internal)?;
+            Ok(AuthUser(user_for_token(&state, token).await?))
+        })
+    }
+}

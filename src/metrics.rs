@@ -1,0 +1,52 @@
+//! Prometheus metrics (`GET /metrics`): the `metrics` facade with the
+//! Prometheus exporter's recorder, installed once per process.
+//!
+//! Metric names are stable: `tether_http_requests_total`,
+//! `tether_http_request_duration_seconds`, `tether_store_pool_*`, and the
+//! relay's own counters as they are added.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::store::PoolStatus;
+
+/// A handle that renders the process's metrics.
+#[derive(Clone)]
+pub struct Metrics {
+    handle: PrometheusHandle,
+}
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+impl Metrics {
+    /// Installs the recorder on first use; later calls share it (tests run
+    /// several servers in one process).
+    pub fn install() -> Self {
+        let handle = HANDLE
+            .get_or_init(|| {
+                let recorder = PrometheusBuilder::new()
+                    .set_buckets(&[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
+                    .map(PrometheusBuilder::build_recorder)
+                    .unwrap_or_else(|_| PrometheusBuilder::new().build_recorder());
+                let handle = recorder.handle();
+                // Fails only if another recorder was installed first; the
+                // handle then renders nothing but the process keeps running.
+                if metrics::set_global_recorder(recorder).is_err() {
+                    tracing::warn!("tether_metrics_recorder_taken");
+                }
+                handle
+            })
+            .clone();
+        Self { handle }
+    }
+
+    /// Records the store pool's figures and renders everything as Prometheus text.
+    pub fn render(&self, backend: &'static str, pool: PoolStatus) -> String {
+        metrics::gauge!("tether_store_pool_size", "backend" => backend).set(pool.size as f64);
+        metrics::gauge!("tether_store_pool_available", "backend" => backend).set(pool.available as f64);
+        metrics::gauge!("tether_store_pool_waiting", "backend" => backend).set(pool.waiting as f64);
+        metrics::gauge!("tether_store_pool_max_size", "backend" => backend).set(pool.max_size as f64);
+        self.handle.render()
+    }
+}

@@ -1,0 +1,38 @@
+//! The numbered migrations of both backends, embedded in the binary.
+//!
+//! Each backend records applied versions in `schema_migrations`; applying is
+//! idempotent, and a database that records a version this binary does not
+//! know is refused rather than guessed at.
+
+/// One numbered schema change.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    pub version: i64,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+pub const MIGRATIONS_POSTGRES: &[Migration] = &[Migration {
+    version: 1,
+    name: "foundation",
+    sql: include_str!("../../migrations/postgres/0001_foundation.sql"),
+}];
+
+pub const MIGRATIONS_SQLITE: &[Migration] = &[Migration {
+    version: 1,
+    name: "foundation",
+    sql: include_str!("../../migrations/sqlite/0001_foundation.sql"),
+}];
+
+/// The error for a database migrated by a newer binary.
+pub(super) fn too_new(found: i64, known: i64) -> super::StoreError {
+    super::StoreError::Migration(format!(
+        "the database is at schema version {found}, newer than this binary knows ({known}); \
+         upgrade tether before pointing it at this database"
+    ))
+}
+
+/// Highest version in a migration list.
+pub(super) fn latest(migrations: &[Migration]) -> i64 {
+    migrations.iter().map(|m| m.version).max().unwrap_or(0)
+}

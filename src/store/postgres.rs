@@ -1,0 +1,746 @@
+//! The PostgreSQL backend: the shared store of a cluster.
+//!
+//! A deadpool-postgres pool of tokio-postgres connections. Lease expiry is
+//! judged by the database clock (`now()`), so instances with skewed clocks
+//! still agree on who holds a lease. Advisory locks, where used, are only
+//! transaction-scoped: a session lock on a pooled connection would leak.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::{NoTls, Row};
+use uuid::Uuid;
+
+use super::migrate::{latest, too_new, MIGRATIONS_POSTGRES};
+use super::types::{parse_capabilities, parse_json_list, to_json};
+use super::*;
+
+/// Fixed key of the advisory lock that serialises migrations across instances.
+const MIGRATION_LOCK_KEY: i64 = 0x7465_7468_6572_0001;
+
+pub struct PgStore {
+    pool: Pool,
+}
+
+fn pool_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Pool(e.to_string())
+}
+
+fn secs(ttl: Duration) -> f64 {
+    ttl.as_secs_f64()
+}
+
+const HOST_COLS: &str =
+    "id, user_id, name, hostname, platform, arch, state, capabilities, dirs, last_seen_at, created_at";
+const TERMINAL_COLS: &str = "id, user_id, host_id, title, dir, argv, state, pending_reason, exit_code, \
+     exit_signal, error, cols, rows, run_id, created_at, started_at, ended_at";
+const RUN_COLS: &str = "id, user_id, host_id, argv, dir, state, exit_code, cpu_ms, max_rss_kb, \
+     output_bytes, wall_ms, terminal_id, created_at, finished_at";
+
+fn user_row(row: &Row) -> User {
+    User { id: row.get(0), name: row.get(1), created_at: row.get(2) }
+}
+
+fn host_row(row: &Row) -> StoreResult<Host> {
+    let state: String = row.get(6);
+    Ok(Host {
+        id: row.get(0),
+        user_id: row.get(1),
+        name: row.get(2),
+        hostname: row.get(3),
+        platform: row.get(4),
+        arch: row.get(5),
+        state: if state == "online" { HostState::Online } else { HostState::Offline },
+        capabilities: parse_capabilities(row.get(7))?,
+        dirs: parse_json_list(row.get(8))?,
+        last_seen_at: row.get(9),
+        created_at: row.get(10),
+    })
+}
+
+fn small(value: i32) -> u16 {
+    u16::try_from(value.clamp(0, i32::from(u16::MAX))).unwrap_or(u16::MAX)
+}
+
+fn terminal_row(row: &Row) -> StoreResult<Terminal> {
+    let state: String = row.get(6);
+    Ok(Terminal {
+        id: row.get(0),
+        user_id: row.get(1),
+        host_id: row.get(2),
+        title: row.get(3),
+        dir: row.get(4),
+        argv: parse_json_list(row.get(5))?,
+        state: state.parse()?,
+        pending_reason: row.get(7),
+        exit_code: row.get(8),
+        exit_signal: row.get(9),
+        error: row.get(10),
+        cols: small(row.get(11)),
+        rows: small(row.get(12)),
+        run_id: row.get(13),
+        created_at: row.get(14),
+        started_at: row.get(15),
+        ended_at: row.get(16),
+    })
+}
+
+fn run_row(row: &Row) -> StoreResult<Run> {
+    let state: String = row.get(5);
+    let usage = match (row.get(7), row.get(8), row.get(9), row.get(10)) {
+        (Some(cpu_ms), Some(max_rss_kb), Some(output_bytes), Some(wall_ms)) => {
+            Some(RunUsage { cpu_ms, max_rss_kb, output_bytes, wall_ms })
+        }
+        _ => None,
+    };
+    Ok(Run {
+        id: row.get(0),
+        user_id: row.get(1),
+        host_id: row.get(2),
+        argv: parse_json_list(row.get(3))?,
+        dir: row.get(4),
+        state: state.parse()?,
+        exit_code: row.get(6),
+        usage,
+        terminal_id: row.get(11),
+        created_at: row.get(12),
+        finished_at: row.get(13),
+    })
+}
+
+impl PgStore {
+    /// Builds the pool and checks one connection.
+    pub async fn connect(url: &str, pool_size: usize) -> StoreResult<Self> {
+        let config: tokio_postgres::Config = url.parse()?;
+        let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager).max_size(pool_size).build().map_err(pool_err)?;
+        let store = Self { pool };
+        store.ping().await?;
+        Ok(store)
+    }
+
+    async fn client(&self) -> StoreResult<deadpool_postgres::Object> {
+        self.pool.get().await.map_err(pool_err)
+    }
+
+    async fn execute(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> StoreResult<u64> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(sql).await?;
+        Ok(client.execute(&stmt, params).await?)
+    }
+
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> StoreResult<Vec<Row>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(sql).await?;
+        Ok(client.query(&stmt, params).await?)
+    }
+
+    async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> StoreResult<Option<Row>> {
+        let client = self.client().await?;
+        let stmt = client.prepare_cached(sql).await?;
+        Ok(client.query_opt(&stmt, params).await?)
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        let client = self.client().await?;
+        client.simple_query("SELECT 1").await?;
+        Ok(())
+    }
+
+    async fn migrate(&self) -> StoreResult<usize> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        // Instances starting together take turns; the lock ends with the transaction.
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY]).await?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (
+                version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .await?;
+        let current: i64 = tx.query_one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", &[]).await?.get(0);
+        let known = latest(MIGRATIONS_POSTGRES);
+        if current > known {
+            return Err(too_new(current, known));
+        }
+        let mut applied = 0;
+        for m in MIGRATIONS_POSTGRES.iter().filter(|m| m.version > current) {
+            tx.batch_execute(m.sql)
+                .await
+                .map_err(|e| StoreError::Migration(format!("{:04}_{}: {e}", m.version, m.name)))?;
+            tx.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", &[&m.version, &m.name])
+                .await?;
+            applied += 1;
+        }
+        tx.commit().await?;
+        Ok(applied)
+    }
+
+    async fn schema_version(&self) -> StoreResult<i64> {
+        let row = self
+            .query_opt(
+                "SELECT CASE WHEN to_regclass('schema_migrations') IS NULL THEN 0::bigint \
+                 ELSE (SELECT COALESCE(MAX(version), 0) FROM schema_migrations) END",
+                &[],
+            )
+            .await;
+        match row {
+            Ok(Some(row)) => Ok(row.get(0)),
+            Ok(None) => Ok(0),
+            // The CASE still plans the subquery; a missing table means version 0.
+            Err(StoreError::Postgres(e)) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE) => {
+                Ok(0)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn pool_status(&self) -> PoolStatus {
+        let s = self.pool.status();
+        PoolStatus { size: s.size, available: s.available, waiting: s.waiting, max_size: s.max_size }
+    }
+
+    async fn ensure_user(&self, name: &str) -> StoreResult<User> {
+        let row = self
+            .query_opt(
+                "WITH ins AS (INSERT INTO users (id, name) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING \
+                   RETURNING id, name, created_at) \
+                 SELECT id, name, created_at FROM ins UNION ALL \
+                 SELECT id, name, created_at FROM users WHERE name = $2 LIMIT 1",
+                &[&Uuid::new_v4(), &name],
+            )
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("user upsert returned nothing".into()))?;
+        Ok(user_row(&row))
+    }
+
+    async fn insert_token(&self, user_id: Uuid, token_hash: &str) -> StoreResult<()> {
+        self.execute("INSERT INTO api_tokens (token_hash, user_id) VALUES ($1, $2)", &[&token_hash, &user_id])
+            .await?;
+        Ok(())
+    }
+
+    async fn user_by_token(&self, token_hash: &str) -> StoreResult<Option<User>> {
+        Ok(self
+            .query_opt(
+                "SELECT u.id, u.name, u.created_at FROM api_tokens t JOIN users u ON u.id = t.user_id \
+                 WHERE t.token_hash = $1",
+                &[&token_hash],
+            )
+            .await?
+            .as_ref()
+            .map(user_row))
+    }
+
+    async fn upsert_host(&self, new: &NewHost) -> StoreResult<Host> {
+        let row = self
+            .query_opt(
+                &format!(
+                    "INSERT INTO hosts (id, user_id, name, hostname, platform, arch) VALUES ($1, $2, $3, $4, $5, $6) \
+                     ON CONFLICT (user_id, hostname) DO UPDATE SET \
+                       name = excluded.name, platform = excluded.platform, arch = excluded.arch \
+                     RETURNING {HOST_COLS}"
+                ),
+                &[&Uuid::new_v4(), &new.user_id, &new.name, &new.hostname, &new.platform, &new.arch],
+            )
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("host upsert returned nothing".into()))?;
+        host_row(&row)
+    }
+
+    async fn list_hosts(&self, user_id: Uuid) -> StoreResult<Vec<Host>> {
+        self.query(&format!("SELECT {HOST_COLS} FROM hosts WHERE user_id = $1 ORDER BY created_at, id"), &[&user_id])
+            .await?
+            .iter()
+            .map(host_row)
+            .collect()
+    }
+
+    async fn get_host(&self, user_id: Uuid, host_id: Uuid) -> StoreResult<Option<Host>> {
+        self.query_opt(&format!("SELECT {HOST_COLS} FROM hosts WHERE id = $1 AND user_id = $2"), &[&host_id, &user_id])
+            .await?
+            .as_ref()
+            .map(host_row)
+            .transpose()
+    }
+
+    async fn host_by_id(&self, host_id: Uuid) -> StoreResult<Option<Host>> {
+        self.query_opt(&format!("SELECT {HOST_COLS} FROM hosts WHERE id = $1"), &[&host_id])
+            .await?
+            .as_ref()
+            .map(host_row)
+            .transpose()
+    }
+
+    async fn delete_host(&self, user_id: Uuid, host_id: Uuid) -> StoreResult<bool> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let exists = tx
+            .query_opt("SELECT 1 FROM hosts WHERE id = $1 AND user_id = $2 FOR UPDATE", &[&host_id, &user_id])
+            .await?
+            .is_some();
+        if exists {
+            tx.execute("DELETE FROM terminals WHERE host_id = $1", &[&host_id]).await?;
+            tx.execute("DELETE FROM runs WHERE host_id = $1", &[&host_id]).await?;
+            tx.execute("DELETE FROM relay_assignments WHERE host_id = $1", &[&host_id]).await?;
+            tx.execute("DELETE FROM hosts WHERE id = $1", &[&host_id]).await?;
+        }
+        tx.commit().await?;
+        Ok(exists)
+    }
+
+    async fn host_connected(&self, host_id: Uuid, capabilities: &Capabilities, dirs: &[String]) -> StoreResult<()> {
+        self.execute(
+            "UPDATE hosts SET state = 'online', capabilities = $2, dirs = $3, last_seen_at = now() WHERE id = $1",
+            &[&host_id, &to_json(capabilities), &to_json(&dirs)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn set_host_dirs(&self, host_id: Uuid, dirs: &[String]) -> StoreResult<()> {
+        self.execute("UPDATE hosts SET dirs = $2 WHERE id = $1", &[&host_id, &to_json(&dirs)]).await?;
+        Ok(())
+    }
+
+    async fn set_host_state(&self, host_id: Uuid, state: HostState) -> StoreResult<()> {
+        let state = if state == HostState::Online { "online" } else { "offline" };
+        self.execute("UPDATE hosts SET state = $2, last_seen_at = now() WHERE id = $1", &[&host_id, &state]).await?;
+        Ok(())
+    }
+
+    async fn touch_hosts(&self, host_ids: &[Uuid]) -> StoreResult<()> {
+        if host_ids.is_empty() {
+            return Ok(());
+        }
+        self.execute("UPDATE hosts SET last_seen_at = now() WHERE id = ANY($1)", &[&host_ids]).await?;
+        Ok(())
+    }
+
+    async fn insert_terminal(&self, new: &NewTerminal) -> StoreResult<Terminal> {
+        let row = self
+            .query_opt(
+                &format!(
+                    "INSERT INTO terminals (id, user_id, host_id, title, dir, argv, state, pending_reason, cols, rows, \
+                     run_id) VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, $9, $10) RETURNING {TERMINAL_COLS}"
+                ),
+                &[
+                    &Uuid::new_v4(),
+                    &new.user_id,
+                    &new.host_id,
+                    &new.title,
+                    &new.dir,
+                    &to_json(&new.argv),
+                    &PENDING_HOST_OFFLINE,
+                    &i32::from(new.cols),
+                    &i32::from(new.rows),
+                    &new.run_id,
+                ],
+            )
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("terminal insert returned nothing".into()))?;
+        terminal_row(&row)
+    }
+
+    async fn get_terminal(&self, user_id: Uuid, id: Uuid) -> StoreResult<Option<Terminal>> {
+        self.query_opt(&format!("SELECT {TERMINAL_COLS} FROM terminals WHERE id = $1 AND user_id = $2"), &[&id, &user_id])
+            .await?
+            .as_ref()
+            .map(terminal_row)
+            .transpose()
+    }
+
+    async fn terminal_by_id(&self, id: Uuid) -> StoreResult<Option<Terminal>> {
+        self.query_opt(&format!("SELECT {TERMINAL_COLS} FROM terminals WHERE id = $1"), &[&id])
+            .await?
+            .as_ref()
+            .map(terminal_row)
+            .transpose()
+    }
+
+    async fn list_terminals(&self, user_id: Uuid, filter: &TerminalFilter) -> StoreResult<Vec<Terminal>> {
+        let state = filter.state.map(|s| s.as_str());
+        self.query(
+            &format!(
+                "SELECT {TERMINAL_COLS} FROM terminals WHERE user_id = $1 \
+                 AND ($2::uuid IS NULL OR host_id = $2) AND ($3::text IS NULL OR state = $3) ORDER BY created_at, id"
+            ),
+            &[&user_id, &filter.host_id, &state],
+        )
+        .await?
+        .iter()
+        .map(terminal_row)
+        .collect()
+    }
+
+    async fn delete_terminal(&self, user_id: Uuid, id: Uuid) -> StoreResult<DeleteOutcome> {
+        let row = self
+            .query_opt(
+                "WITH target AS (SELECT id, state FROM terminals WHERE id = $1 AND user_id = $2 FOR UPDATE), \
+                 del AS (DELETE FROM terminals t USING target WHERE t.id = target.id \
+                   AND target.state NOT IN ('launching', 'running') RETURNING t.id) \
+                 SELECT (SELECT count(*) FROM target), (SELECT count(*) FROM del)",
+                &[&id, &user_id],
+            )
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("delete returned nothing".into()))?;
+        let (found, deleted): (i64, i64) = (row.get(0), row.get(1));
+        Ok(match (found, deleted) {
+            (0, _) => DeleteOutcome::NotFound,
+            (_, 0) => DeleteOutcome::Conflict,
+            _ => DeleteOutcome::Deleted,
+        })
+    }
+
+    async fn claim_launch(&self, host_id: Uuid, id: Uuid) -> StoreResult<bool> {
+        Ok(self
+            .execute(
+                "UPDATE terminals SET state = 'launching', pending_reason = NULL, launched_at = now() \
+                 WHERE id = $1 AND host_id = $2 AND state = 'pending'",
+                &[&id, &host_id],
+            )
+            .await?
+            == 1)
+    }
+
+    async fn park_terminal(&self, host_id: Uuid, id: Uuid, reason: &str) -> StoreResult<bool> {
+        Ok(self
+            .execute(
+                "UPDATE terminals SET state = 'pending', pending_reason = $3, launched_at = NULL \
+                 WHERE id = $1 AND host_id = $2 AND state = 'launching'",
+                &[&id, &host_id, &reason],
+            )
+            .await?
+            == 1)
+    }
+
+    async fn mark_started(&self, host_id: Uuid, id: Uuid) -> StoreResult<bool> {
+        Ok(self
+            .execute(
+                "UPDATE terminals SET state = 'running', pending_reason = NULL, started_at = now() \
+                 WHERE id = $1 AND host_id = $2 AND state IN ('pending', 'launching')",
+                &[&id, &host_id],
+            )
+            .await?
+            == 1)
+    }
+
+    async fn mark_spawn_failed(&self, host_id: Uuid, id: Uuid, message: &str) -> StoreResult<bool> {
+        Ok(self
+            .execute(
+                "UPDATE terminals SET state = 'error', error = $3, pending_reason = NULL, ended_at = now() \
+                 WHERE id = $1 AND host_id = $2 AND state IN ('pending', 'launching')",
+                &[&id, &host_id, &message],
+            )
+            .await?
+            == 1)
+    }
+
+    async fn mark_exited(&self, host_id: Uuid, id: Uuid, exit: ExitStatus) -> StoreResult<bool> {
+        Ok(self
+            .execute(
+                "UPDATE terminals SET state = 'exited', exit_code = $3, exit_signal = $4, pending_reason = NULL, \
+                 ended_at = now() WHERE id = $1 AND host_id = $2 AND state IN ('pending', 'launching', 'running')",
+                &[&id, &host_id, &exit.code, &exit.signal],
+            )
+            .await?
+            == 1)
+    }
+
+    async fn reconcile_terminals(&self, host_id: Uuid, reported_running: &[Uuid]) -> StoreResult<Vec<Uuid>> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let gone = tx
+            .query(
+                "UPDATE terminals SET state = 'exited', ended_at = now() WHERE host_id = $1 \
+                 AND state IN ('launching', 'running') AND NOT (id = ANY($2)) RETURNING id",
+                &[&host_id, &reported_running],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        tx.execute(
+            "UPDATE terminals SET state = 'running', started_at = COALESCE(started_at, now()) \
+             WHERE host_id = $1 AND state = 'launching' AND id = ANY($2)",
+            &[&host_id, &reported_running],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(gone)
+    }
+
+    async fn parked_terminals(&self, host_id: Uuid) -> StoreResult<Vec<Terminal>> {
+        self.query(
+            &format!(
+                "SELECT {TERMINAL_COLS} FROM terminals WHERE host_id = $1 AND state = 'pending' ORDER BY created_at, id"
+            ),
+            &[&host_id],
+        )
+        .await?
+        .iter()
+        .map(terminal_row)
+        .collect()
+    }
+
+    async fn fail_stuck_launches(&self, older_than: Duration) -> StoreResult<Vec<Uuid>> {
+        Ok(self
+            .query(
+                "UPDATE terminals SET state = 'error', error = 'launch not acknowledged', ended_at = now() \
+                 WHERE state = 'launching' AND launched_at < now() - make_interval(secs => $1::float8) RETURNING id",
+                &[&secs(older_than)],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    async fn put_snapshot(&self, host_id: Uuid, terminal_id: Uuid, snapshot: &TerminalSnapshot) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO terminal_snapshots (terminal_id, data, cols, rows) \
+             SELECT id, $3, $4, $5 FROM terminals WHERE id = $1 AND host_id = $2 \
+             ON CONFLICT (terminal_id) DO UPDATE SET data = excluded.data, cols = excluded.cols, \
+               rows = excluded.rows, created_at = now()",
+            &[&terminal_id, &host_id, &snapshot.data, &i32::from(snapshot.cols), &i32::from(snapshot.rows)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn get_snapshot(&self, terminal_id: Uuid) -> StoreResult<Option<TerminalSnapshot>> {
+        Ok(self
+            .query_opt("SELECT data, cols, rows FROM terminal_snapshots WHERE terminal_id = $1", &[&terminal_id])
+            .await?
+            .map(|r| TerminalSnapshot { data: r.get(0), cols: small(r.get(1)), rows: small(r.get(2)) }))
+    }
+
+    async fn set_terminal_size(&self, host_id: Uuid, id: Uuid, cols: u16, rows: u16) -> StoreResult<()> {
+        self.execute(
+            "UPDATE terminals SET cols = $3, rows = $4 WHERE id = $1 AND host_id = $2",
+            &[&id, &host_id, &i32::from(cols), &i32::from(rows)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn insert_run(&self, new: &NewRun) -> StoreResult<Run> {
+        let row = self
+            .query_opt(
+                &format!(
+                    "INSERT INTO runs (id, user_id, host_id, argv, dir, state) VALUES ($1, $2, $3, $4, $5, 'queued') \
+                     RETURNING {RUN_COLS}"
+                ),
+                &[&Uuid::new_v4(), &new.user_id, &new.host_id, &to_json(&new.argv), &new.dir],
+            )
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("run insert returned nothing".into()))?;
+        run_row(&row)
+    }
+
+    async fn get_run(&self, user_id: Uuid, id: Uuid) -> StoreResult<Option<Run>> {
+        self.query_opt(&format!("SELECT {RUN_COLS} FROM runs WHERE id = $1 AND user_id = $2"), &[&id, &user_id])
+            .await?
+            .as_ref()
+            .map(run_row)
+            .transpose()
+    }
+
+    async fn list_runs(&self, user_id: Uuid, host_id: Option<Uuid>) -> StoreResult<Vec<Run>> {
+        self.query(
+            &format!(
+                "SELECT {RUN_COLS} FROM runs WHERE user_id = $1 AND ($2::uuid IS NULL OR host_id = $2) \
+                 ORDER BY created_at, id"
+            ),
+            &[&user_id, &host_id],
+        )
+        .await?
+        .iter()
+        .map(run_row)
+        .collect()
+    }
+
+    async fn claim_queued_runs(&self, online_hosts: &[Uuid], limit: usize) -> StoreResult<Vec<Run>> {
+        if online_hosts.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut runs: Vec<Run> = self
+            .query(
+                &format!(
+                    "UPDATE runs SET state = 'dispatched', dispatched_at = now() WHERE id IN ( \
+                       SELECT id FROM runs WHERE state = 'queued' AND host_id = ANY($1) \
+                       ORDER BY created_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                     RETURNING {RUN_COLS}"
+                ),
+                &[&online_hosts, &limit],
+            )
+            .await?
+            .iter()
+            .map(run_row)
+            .collect::<StoreResult<_>>()?;
+        runs.sort_by_key(|r| (r.created_at, r.id));
+        Ok(runs)
+    }
+
+    async fn set_run_terminal(&self, run_id: Uuid, terminal_id: Uuid) -> StoreResult<()> {
+        self.execute("UPDATE runs SET terminal_id = $2 WHERE id = $1", &[&run_id, &terminal_id]).await?;
+        Ok(())
+    }
+
+    async fn mark_run_running(&self, run_id: Uuid) -> StoreResult<bool> {
+        Ok(self.execute("UPDATE runs SET state = 'running' WHERE id = $1 AND state = 'dispatched'", &[&run_id]).await?
+            == 1)
+    }
+
+    async fn finish_run(&self, run_id: Uuid, state: RunState, exit_code: Option<i32>) -> StoreResult<bool> {
+        Ok(self
+            .execute(
+                "UPDATE runs SET state = $2, exit_code = $3, finished_at = now() \
+                 WHERE id = $1 AND state IN ('queued', 'dispatched', 'running')",
+                &[&run_id, &state.as_str(), &exit_code],
+            )
+            .await?
+            == 1)
+    }
+
+    async fn set_run_usage(&self, run_id: Uuid, usage: &RunUsage) -> StoreResult<()> {
+        self.execute(
+            "UPDATE runs SET cpu_ms = $2, max_rss_kb = $3, output_bytes = $4, wall_ms = $5 WHERE id = $1",
+            &[&run_id, &usage.cpu_ms, &usage.max_rss_kb, &usage.output_bytes, &usage.wall_ms],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn append_run_log(&self, run_id: Uuid, data: &[u8], max_bytes: usize) -> StoreResult<()> {
+        let max = i32::try_from(max_bytes).unwrap_or(i32::MAX);
+        self.execute(
+            "UPDATE runs SET log = log || substring($2 FROM 1 FOR GREATEST(0, $3 - length(log))) \
+             WHERE id = $1 AND length(log) < $3",
+            &[&run_id, &data, &max],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn run_log(&self, user_id: Uuid, run_id: Uuid) -> StoreResult<Option<Vec<u8>>> {
+        Ok(self
+            .query_opt("SELECT log FROM runs WHERE id = $1 AND user_id = $2", &[&run_id, &user_id])
+            .await?
+            .map(|r| r.get(0)))
+    }
+
+    async fn claim_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<bool> {
+        Ok(self
+            .execute(
+                "INSERT INTO leases (key, holder, expires_at) \
+                 VALUES ($1, $2, now() + make_interval(secs => $3::float8)) \
+                 ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at \
+                 WHERE leases.holder = excluded.holder OR leases.expires_at <= now()",
+                &[&key, &holder, &secs(ttl)],
+            )
+            .await?
+            == 1)
+    }
+
+    async fn seize_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<Option<String>> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let previous: Option<String> = tx
+            .query_opt("SELECT holder FROM leases WHERE key = $1 AND expires_at > now() FOR UPDATE", &[&key])
+            .await?
+            .map(|r| r.get(0));
+        tx.execute(
+            "INSERT INTO leases (key, holder, expires_at) VALUES ($1, $2, now() + make_interval(secs => $3::float8)) \
+             ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at",
+            &[&key, &holder, &secs(ttl)],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(previous)
+    }
+
+    async fn renew_leases(&self, leases: &[(String, String)], ttl: Duration) -> StoreResult<Vec<String>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<&str> = leases.iter().map(|(k, _)| k.as_str()).collect();
+        let holders: Vec<&str> = leases.iter().map(|(_, h)| h.as_str()).collect();
+        Ok(self
+            .query(
+                "UPDATE leases l SET expires_at = now() + make_interval(secs => $3::float8) \
+                 FROM unnest($1::text[], $2::text[]) AS mine(key, holder) \
+                 WHERE l.key = mine.key AND l.holder = mine.holder RETURNING l.key",
+                &[&keys, &holders, &secs(ttl)],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    async fn release_lease(&self, key: &str, holder: &str) -> StoreResult<bool> {
+        Ok(self.execute("DELETE FROM leases WHERE key = $1 AND holder = $2", &[&key, &holder]).await? == 1)
+    }
+
+    async fn lease_holder(&self, key: &str) -> StoreResult<Option<String>> {
+        Ok(self
+            .query_opt("SELECT holder FROM leases WHERE key = $1 AND expires_at > now()", &[&key])
+            .await?
+            .map(|r| r.get(0)))
+    }
+
+    async fn lease_holders(&self, keys: &[String]) -> StoreResult<Vec<(String, String)>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .query("SELECT key, holder FROM leases WHERE key = ANY($1) AND expires_at > now()", &[&keys])
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect())
+    }
+
+    async fn delete_expired_leases(&self, older_than: Duration) -> StoreResult<u64> {
+        self.execute(
+            "DELETE FROM leases WHERE expires_at < now() - make_interval(secs => $1::float8)",
+            &[&secs(older_than)],
+        )
+        .await
+    }
+
+    async fn put_credentials(&self, host_id: Uuid, sealed: &SealedCredentials) -> StoreResult<()> {
+        self.execute(
+            "INSERT INTO host_credentials (host_id, nonce, ciphertext) VALUES ($1, $2, $3) \
+             ON CONFLICT (host_id) DO UPDATE SET nonce = excluded.nonce, ciphertext = excluded.ciphertext, \
+               updated_at = now()",
+            &[&host_id, &sealed.nonce, &sealed.ciphertext],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn get_credentials(&self, host_id: Uuid) -> StoreResult<Option<SealedCredentials>> {
+        Ok(self
+            .query_opt("SELECT nonce, ciphertext FROM host_credentials WHERE host_id = $1", &[&host_id])
+            .await?
+            .map(|r| SealedCredentials { nonce: r.get(0), ciphertext: r.get(1) }))
+    }
+}

@@ -1,0 +1,954 @@
+//! The embedded SQLite backend: the default when `database.url` is unset, so
+//! `tether serve` needs no service.
+//!
+//! One connection in WAL mode behind a mutex; every call runs on tokio's
+//! blocking pool. Uuids are stored as text and times as integer milliseconds
+//! since the epoch. Only one instance uses an embedded file, so lease
+//! expiry is judged by this process's clock.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, TimeZone, Utc};
+use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
+use uuid::Uuid;
+
+use super::migrate::{latest, too_new, MIGRATIONS_SQLITE};
+use super::types::{parse_capabilities, parse_json_list, to_json};
+use super::*;
+
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+}
+
+fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+fn ts(ms: i64) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
+}
+
+fn opt_ts(ms: Option<i64>) -> Option<DateTime<Utc>> {
+    ms.map(ts)
+}
+
+fn uuid_col(row: &Row<'_>, idx: usize) -> rusqlite::Result<Uuid> {
+    let text: String = row.get(idx)?;
+    Uuid::parse_str(&text)
+        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e)))
+}
+
+fn opt_uuid_col(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<Uuid>> {
+    let text: Option<String> = row.get(idx)?;
+    text.map(|t| {
+        Uuid::parse_str(&t)
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e)))
+    })
+    .transpose()
+}
+
+fn ttl_ms(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+const USER_COLS: &str = "id, name, created_at";
+const HOST_COLS: &str =
+    "id, user_id, name, hostname, platform, arch, state, capabilities, dirs, last_seen_at, created_at";
+const TERMINAL_COLS: &str = "id, user_id, host_id, title, dir, argv, state, pending_reason, exit_code, \
+     exit_signal, error, cols, rows, run_id, created_at, started_at, ended_at";
+const RUN_COLS: &str = "id, user_id, host_id, argv, dir, state, exit_code, cpu_ms, max_rss_kb, \
+     output_bytes, wall_ms, terminal_id, created_at, finished_at";
+
+fn user_row(row: &Row<'_>) -> rusqlite::Result<User> {
+    Ok(User { id: uuid_col(row, 0)?, name: row.get(1)?, created_at: ts(row.get(2)?) })
+}
+
+/// Raw host columns; text fields are parsed after the row is read.
+type HostRaw = (Uuid, Uuid, String, String, String, String, String, String, String, Option<i64>, i64);
+
+fn host_raw(row: &Row<'_>) -> rusqlite::Result<HostRaw> {
+    Ok((
+        uuid_col(row, 0)?,
+        uuid_col(row, 1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+        row.get(5)?,
+        row.get(6)?,
+        row.get(7)?,
+        row.get(8)?,
+        row.get(9)?,
+        row.get(10)?,
+    ))
+}
+
+fn host_from_raw(raw: HostRaw) -> StoreResult<Host> {
+    let (id, user_id, name, hostname, platform, arch, state, caps, dirs, last_seen, created) = raw;
+    Ok(Host {
+        id,
+        user_id,
+        name,
+        hostname,
+        platform,
+        arch,
+        state: if state == "online" { HostState::Online } else { HostState::Offline },
+        capabilities: parse_capabilities(&caps)?,
+        dirs: parse_json_list(&dirs)?,
+        last_seen_at: opt_ts(last_seen),
+        created_at: ts(created),
+    })
+}
+
+struct TerminalRaw {
+    terminal: Terminal,
+    argv: String,
+    state: String,
+}
+
+fn terminal_raw(row: &Row<'_>) -> rusqlite::Result<TerminalRaw> {
+    Ok(TerminalRaw {
+        terminal: Terminal {
+            id: uuid_col(row, 0)?,
+            user_id: uuid_col(row, 1)?,
+            host_id: uuid_col(row, 2)?,
+            title: row.get(3)?,
+            dir: row.get(4)?,
+            argv: Vec::new(),
+            state: TerminalState::Pending,
+            pending_reason: row.get(7)?,
+            exit_code: row.get(8)?,
+            exit_signal: row.get(9)?,
+            error: row.get(10)?,
+            cols: row.get(11)?,
+            rows: row.get(12)?,
+            run_id: opt_uuid_col(row, 13)?,
+            created_at: ts(row.get(14)?),
+            started_at: opt_ts(row.get(15)?),
+            ended_at: opt_ts(row.get(16)?),
+        },
+        argv: row.get(5)?,
+        state: row.get(6)?,
+    })
+}
+
+fn terminal_from_raw(raw: TerminalRaw) -> StoreResult<Terminal> {
+    let mut t = raw.terminal;
+    t.argv = parse_json_list(&raw.argv)?;
+    t.state = raw.state.parse()?;
+    Ok(t)
+}
+
+struct RunRaw {
+    run: Run,
+    argv: String,
+    state: String,
+    usage: [Option<i64>; 4],
+}
+
+fn run_raw(row: &Row<'_>) -> rusqlite::Result<RunRaw> {
+    Ok(RunRaw {
+        run: Run {
+            id: uuid_col(row, 0)?,
+            user_id: uuid_col(row, 1)?,
+            host_id: uuid_col(row, 2)?,
+            argv: Vec::new(),
+            dir: row.get(4)?,
+            state: RunState::Queued,
+            exit_code: row.get(6)?,
+            usage: None,
+            terminal_id: opt_uuid_col(row, 11)?,
+            created_at: ts(row.get(12)?),
+            finished_at: opt_ts(row.get(13)?),
+        },
+        argv: row.get(3)?,
+        state: row.get(5)?,
+        usage: [row.get(7)?, row.get(8)?, row.get(9)?, row.get(10)?],
+    })
+}
+
+fn run_from_raw(raw: RunRaw) -> StoreResult<Run> {
+    let mut run = raw.run;
+    run.argv = parse_json_list(&raw.argv)?;
+    run.state = raw.state.parse()?;
+    if let [Some(cpu_ms), Some(max_rss_kb), Some(output_bytes), Some(wall_ms)] = raw.usage {
+        run.usage = Some(RunUsage { cpu_ms, max_rss_kb, output_bytes, wall_ms });
+    }
+    Ok(run)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file.
+    pub fn open(path: &Path) -> StoreResult<Self> {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| StoreError::Migration(format!("cannot create {}: {e}", parent.display())))?;
+        }
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(5))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        Ok(Self { conn: Arc::new(Mutex::new(conn)) })
+    }
+
+    async fn call<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
+    {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut guard = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            f(&mut guard)
+        })
+        .await
+        .map_err(|e| StoreError::Corrupt(format!("sqlite task failed: {e}")))?
+    }
+}
+
+fn terminal_by(conn: &Connection, clause: &str, args: &[&dyn rusqlite::ToSql]) -> StoreResult<Option<Terminal>> {
+    let sql = format!("SELECT {TERMINAL_COLS} FROM terminals WHERE {clause}");
+    conn.query_row(&sql, args, terminal_raw).optional()?.map(terminal_from_raw).transpose()
+}
+
+fn run_by(conn: &Connection, clause: &str, args: &[&dyn rusqlite::ToSql]) -> StoreResult<Option<Run>> {
+    let sql = format!("SELECT {RUN_COLS} FROM runs WHERE {clause}");
+    conn.query_row(&sql, args, run_raw).optional()?.map(run_from_raw).transpose()
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.call(|c| Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?)).await
+    }
+
+    async fn migrate(&self) -> StoreResult<usize> {
+        self.call(|c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute_batch(
+                "CREATE TABLE IF NOT EXISTS schema_migrations (
+                    version integer PRIMARY KEY, name text NOT NULL, applied_at integer NOT NULL)",
+            )?;
+            let current: i64 = tx.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))?;
+            let known = latest(MIGRATIONS_SQLITE);
+            if current > known {
+                return Err(too_new(current, known));
+            }
+            let mut applied = 0;
+            for m in MIGRATIONS_SQLITE.iter().filter(|m| m.version > current) {
+                tx.execute_batch(m.sql)
+                    .map_err(|e| StoreError::Migration(format!("{:04}_{}: {e}", m.version, m.name)))?;
+                tx.execute(
+                    "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?1, ?2, ?3)",
+                    params![m.version, m.name, now_ms()],
+                )?;
+                applied += 1;
+            }
+            tx.commit()?;
+            Ok(applied)
+        })
+        .await
+    }
+
+    async fn schema_version(&self) -> StoreResult<i64> {
+        self.call(|c| {
+            let exists: bool = c.query_row(
+                "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_migrations')",
+                [],
+                |r| r.get(0),
+            )?;
+            if !exists {
+                return Ok(0);
+            }
+            Ok(c.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))?)
+        })
+        .await
+    }
+
+    fn pool_status(&self) -> PoolStatus {
+        let available = usize::from(self.conn.try_lock().is_ok());
+        PoolStatus { size: 1, available, waiting: 0, max_size: 1 }
+    }
+
+    async fn ensure_user(&self, name: &str) -> StoreResult<User> {
+        let name = name.to_string();
+        self.call(move |c| {
+            c.execute(
+                "INSERT INTO users (id, name, created_at) VALUES (?1, ?2, ?3) ON CONFLICT (name) DO NOTHING",
+                params![Uuid::new_v4().to_string(), name, now_ms()],
+            )?;
+            Ok(c.query_row(&format!("SELECT {USER_COLS} FROM users WHERE name = ?1"), [name], user_row)?)
+        })
+        .await
+    }
+
+    async fn insert_token(&self, user_id: Uuid, token_hash: &str) -> StoreResult<()> {
+        let hash = token_hash.to_string();
+        self.call(move |c| {
+            c.execute(
+                "INSERT INTO api_tokens (token_hash, user_id, created_at) VALUES (?1, ?2, ?3)",
+                params![hash, user_id.to_string(), now_ms()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn user_by_token(&self, token_hash: &str) -> StoreResult<Option<User>> {
+        let hash = token_hash.to_string();
+        self.call(move |c| {
+            Ok(c.query_row(
+                "SELECT u.id, u.name, u.created_at FROM api_tokens t JOIN users u ON u.id = t.user_id \
+                 WHERE t.token_hash = ?1",
+                [hash],
+                user_row,
+            )
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn upsert_host(&self, new: &NewHost) -> StoreResult<Host> {
+        let new = new.clone();
+        self.call(move |c| {
+            c.execute(
+                "INSERT INTO hosts (id, user_id, name, hostname, platform, arch, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+                 ON CONFLICT (user_id, hostname) DO UPDATE SET \
+                   name = excluded.name, platform = excluded.platform, arch = excluded.arch",
+                params![
+                    Uuid::new_v4().to_string(),
+                    new.user_id.to_string(),
+                    new.name,
+                    new.hostname,
+                    new.platform,
+                    new.arch,
+                    now_ms()
+                ],
+            )?;
+            let raw = c.query_row(
+                &format!("SELECT {HOST_COLS} FROM hosts WHERE user_id = ?1 AND hostname = ?2"),
+                params![new.user_id.to_string(), new.hostname],
+                host_raw,
+            )?;
+            host_from_raw(raw)
+        })
+        .await
+    }
+
+    async fn list_hosts(&self, user_id: Uuid) -> StoreResult<Vec<Host>> {
+        self.call(move |c| {
+            let mut stmt =
+                c.prepare(&format!("SELECT {HOST_COLS} FROM hosts WHERE user_id = ?1 ORDER BY created_at, id"))?;
+            let raws = stmt.query_map([user_id.to_string()], host_raw)?.collect::<Result<Vec<_>, _>>()?;
+            raws.into_iter().map(host_from_raw).collect()
+        })
+        .await
+    }
+
+    async fn get_host(&self, user_id: Uuid, host_id: Uuid) -> StoreResult<Option<Host>> {
+        self.call(move |c| {
+            c.query_row(
+                &format!("SELECT {HOST_COLS} FROM hosts WHERE id = ?1 AND user_id = ?2"),
+                [host_id.to_string(), user_id.to_string()],
+                host_raw,
+            )
+            .optional()?
+            .map(host_from_raw)
+            .transpose()
+        })
+        .await
+    }
+
+    async fn host_by_id(&self, host_id: Uuid) -> StoreResult<Option<Host>> {
+        self.call(move |c| {
+            c.query_row(&format!("SELECT {HOST_COLS} FROM hosts WHERE id = ?1"), [host_id.to_string()], host_raw)
+                .optional()?
+                .map(host_from_raw)
+                .transpose()
+        })
+        .await
+    }
+
+    async fn delete_host(&self, user_id: Uuid, host_id: Uuid) -> StoreResult<bool> {
+        self.call(move |c| {
+            let tx = c.transaction()?;
+            let exists = tx
+                .query_row(
+                    "SELECT 1 FROM hosts WHERE id = ?1 AND user_id = ?2",
+                    [host_id.to_string(), user_id.to_string()],
+                    |_| Ok(()),
+                )
+                .optional()?
+                .is_some();
+            if exists {
+                // Terminals reference runs; remove them first so no cascade order matters.
+                tx.execute("DELETE FROM terminals WHERE host_id = ?1", [host_id.to_string()])?;
+                tx.execute("DELETE FROM runs WHERE host_id = ?1", [host_id.to_string()])?;
+                tx.execute("DELETE FROM relay_assignments WHERE host_id = ?1", [host_id.to_string()])?;
+                tx.execute("DELETE FROM hosts WHERE id = ?1", [host_id.to_string()])?;
+            }
+            tx.commit()?;
+            Ok(exists)
+        })
+        .await
+    }
+
+    async fn host_connected(&self, host_id: Uuid, capabilities: &Capabilities, dirs: &[String]) -> StoreResult<()> {
+        let caps = to_json(capabilities);
+        let dirs = to_json(&dirs);
+        self.call(move |c| {
+            c.execute(
+                "UPDATE hosts SET state = 'online', capabilities = ?2, dirs = ?3, last_seen_at = ?4 WHERE id = ?1",
+                params![host_id.to_string(), caps, dirs, now_ms()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_host_dirs(&self, host_id: Uuid, dirs: &[String]) -> StoreResult<()> {
+        let dirs = to_json(&dirs);
+        self.call(move |c| {
+            c.execute("UPDATE hosts SET dirs = ?2 WHERE id = ?1", params![host_id.to_string(), dirs])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn set_host_state(&self, host_id: Uuid, state: HostState) -> StoreResult<()> {
+        let state = if state == HostState::Online { "online" } else { "offline" };
+        self.call(move |c| {
+            c.execute(
+                "UPDATE hosts SET state = ?2, last_seen_at = ?3 WHERE id = ?1",
+                params![host_id.to_string(), state, now_ms()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn touch_hosts(&self, host_ids: &[Uuid]) -> StoreResult<()> {
+        if host_ids.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<String> = host_ids.iter().map(Uuid::to_string).collect();
+        self.call(move |c| {
+            let json = to_json(&ids);
+            c.execute(
+                "UPDATE hosts SET last_seen_at = ?2 WHERE id IN (SELECT value FROM json_each(?1))",
+                params![json, now_ms()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn insert_terminal(&self, new: &NewTerminal) -> StoreResult<Terminal> {
+        let new = new.clone();
+        self.call(move |c| {
+            let id = Uuid::new_v4();
+            c.execute(
+                "INSERT INTO terminals (id, user_id, host_id, title, dir, argv, state, pending_reason, cols, rows, \
+                 run_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?8, ?9, ?10, ?11)",
+                params![
+                    id.to_string(),
+                    new.user_id.to_string(),
+                    new.host_id.to_string(),
+                    new.title,
+                    new.dir,
+                    to_json(&new.argv),
+                    PENDING_HOST_OFFLINE,
+                    new.cols,
+                    new.rows,
+                    new.run_id.map(|r| r.to_string()),
+                    now_ms()
+                ],
+            )?;
+            terminal_by(c, "id = ?1", &[&id.to_string()])?
+                .ok_or_else(|| StoreError::Corrupt("inserted terminal vanished".into()))
+        })
+        .await
+    }
+
+    async fn get_terminal(&self, user_id: Uuid, id: Uuid) -> StoreResult<Option<Terminal>> {
+        self.call(move |c| terminal_by(c, "id = ?1 AND user_id = ?2", &[&id.to_string(), &user_id.to_string()]))
+            .await
+    }
+
+    async fn terminal_by_id(&self, id: Uuid) -> StoreResult<Option<Terminal>> {
+        self.call(move |c| terminal_by(c, "id = ?1", &[&id.to_string()])).await
+    }
+
+    async fn list_terminals(&self, user_id: Uuid, filter: &TerminalFilter) -> StoreResult<Vec<Terminal>> {
+        let filter = filter.clone();
+        self.call(move |c| {
+            let sql = format!(
+                "SELECT {TERMINAL_COLS} FROM terminals WHERE user_id = ?1 \
+                 AND (?2 IS NULL OR host_id = ?2) AND (?3 IS NULL OR state = ?3) ORDER BY created_at, id"
+            );
+            let mut stmt = c.prepare(&sql)?;
+            let raws = stmt
+                .query_map(
+                    params![
+                        user_id.to_string(),
+                        filter.host_id.map(|h| h.to_string()),
+                        filter.state.map(|s| s.as_str())
+                    ],
+                    terminal_raw,
+                )?
+                .collect::<Result<Vec<_>, _>>()?;
+            raws.into_iter().map(terminal_from_raw).collect()
+        })
+        .await
+    }
+
+    async fn delete_terminal(&self, user_id: Uuid, id: Uuid) -> StoreResult<DeleteOutcome> {
+        self.call(move |c| {
+            let deleted = c.execute(
+                "DELETE FROM terminals WHERE id = ?1 AND user_id = ?2 AND state NOT IN ('launching', 'running')",
+                [id.to_string(), user_id.to_string()],
+            )?;
+            if deleted > 0 {
+                return Ok(DeleteOutcome::Deleted);
+            }
+            let exists = c
+                .query_row(
+                    "SELECT 1 FROM terminals WHERE id = ?1 AND user_id = ?2",
+                    [id.to_string(), user_id.to_string()],
+                    |_| Ok(()),
+                )
+                .optional()?
+                .is_some();
+            Ok(if exists { DeleteOutcome::Conflict } else { DeleteOutcome::NotFound })
+        })
+        .await
+    }
+
+    async fn claim_launch(&self, host_id: Uuid, id: Uuid) -> StoreResult<bool> {
+        self.call(move |c| {
+            Ok(c.execute(
+                "UPDATE terminals SET state = 'launching', pending_reason = NULL, launched_at = ?3 \
+                 WHERE id = ?1 AND host_id = ?2 AND state = 'pending'",
+                params![id.to_string(), host_id.to_string(), now_ms()],
+            )? == 1)
+        })
+        .await
+    }
+
+    async fn park_terminal(&self, host_id: Uuid, id: Uuid, reason: &str) -> StoreResult<bool> {
+        let reason = reason.to_string();
+        self.call(move |c| {
+            Ok(c.execute(
+                "UPDATE terminals SET state = 'pending', pending_reason = ?3, launched_at = NULL \
+                 WHERE id = ?1 AND host_id = ?2 AND state = 'launching'",
+                params![id.to_string(), host_id.to_string(), reason],
+            )? == 1)
+        })
+        .await
+    }
+
+    async fn mark_started(&self, host_id: Uuid, id: Uuid) -> StoreResult<bool> {
+        self.call(move |c| {
+            Ok(c.execute(
+                "UPDATE terminals SET state = 'running', pending_reason = NULL, started_at = ?3 \
+                 WHERE id = ?1 AND host_id = ?2 AND state IN ('pending', 'launching')",
+                params![id.to_string(), host_id.to_string(), now_ms()],
+            )? == 1)
+        })
+        .await
+    }
+
+    async fn mark_spawn_failed(&self, host_id: Uuid, id: Uuid, message: &str) -> StoreResult<bool> {
+        let message = message.to_string();
+        self.call(move |c| {
+            Ok(c.execute(
+                "UPDATE terminals SET state = 'error', error = ?3, pending_reason = NULL, ended_at = ?4 \
+                 WHERE id = ?1 AND host_id = ?2 AND state IN ('pending', 'launching')",
+                params![id.to_string(), host_id.to_string(), message, now_ms()],
+            )? == 1)
+        })
+        .await
+    }
+
+    async fn mark_exited(&self, host_id: Uuid, id: Uuid, exit: ExitStatus) -> StoreResult<bool> {
+        self.call(move |c| {
+            Ok(c.execute(
+                "UPDATE terminals SET state = 'exited', exit_code = ?3, exit_signal = ?4, pending_reason = NULL, \
+                 ended_at = ?5 WHERE id = ?1 AND host_id = ?2 AND state IN ('pending', 'launching', 'running')",
+                params![id.to_string(), host_id.to_string(), exit.code, exit.signal, now_ms()],
+            )? == 1)
+        })
+        .await
+    }
+
+    async fn reconcile_terminals(&self, host_id: Uuid, reported_running: &[Uuid]) -> StoreResult<Vec<Uuid>> {
+        let reported = to_json(&reported_running.iter().map(Uuid::to_string).collect::<Vec<_>>());
+        self.call(move |c| {
+            let tx = c.transaction()?;
+            let gone: Vec<String> = {
+                let mut stmt = tx.prepare(
+                    "UPDATE terminals SET state = 'exited', ended_at = ?3 WHERE host_id = ?1 \
+                     AND state IN ('launching', 'running') AND id NOT IN (SELECT value FROM json_each(?2)) \
+                     RETURNING id",
+                )?;
+                let rows = stmt.query_map(params![host_id.to_string(), reported, now_ms()], |r| r.get(0))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            tx.execute(
+                "UPDATE terminals SET state = 'running', started_at = COALESCE(started_at, ?3) WHERE host_id = ?1 \
+                 AND state = 'launching' AND id IN (SELECT value FROM json_each(?2))",
+                params![host_id.to_string(), reported, now_ms()],
+            )?;
+            tx.commit()?;
+            gone.iter()
+                .map(|s| Uuid::parse_str(s).map_err(|e| StoreError::Corrupt(format!("terminal id: {e}"))))
+                .collect()
+        })
+        .await
+    }
+
+    async fn parked_terminals(&self, host_id: Uuid) -> StoreResult<Vec<Terminal>> {
+        self.call(move |c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT {TERMINAL_COLS} FROM terminals WHERE host_id = ?1 AND state = 'pending' ORDER BY created_at, id"
+            ))?;
+            let raws = stmt.query_map([host_id.to_string()], terminal_raw)?.collect::<Result<Vec<_>, _>>()?;
+            raws.into_iter().map(terminal_from_raw).collect()
+        })
+        .await
+    }
+
+    async fn fail_stuck_launches(&self, older_than: Duration) -> StoreResult<Vec<Uuid>> {
+        self.call(move |c| {
+            let now = now_ms();
+            let mut stmt = c.prepare(
+                "UPDATE terminals SET state = 'error', error = 'launch not acknowledged', ended_at = ?2 \
+                 WHERE state = 'launching' AND launched_at < ?1 RETURNING id",
+            )?;
+            let ids: Vec<String> =
+                stmt.query_map(params![now - ttl_ms(older_than), now], |r| r.get(0))?.collect::<Result<_, _>>()?;
+            ids.iter()
+                .map(|s| Uuid::parse_str(s).map_err(|e| StoreError::Corrupt(format!("terminal id: {e}"))))
+                .collect()
+        })
+        .await
+    }
+
+    async fn put_snapshot(&self, host_id: Uuid, terminal_id: Uuid, snapshot: &TerminalSnapshot) -> StoreResult<()> {
+        let snapshot = snapshot.clone();
+        self.call(move |c| {
+            c.execute(
+                "INSERT INTO terminal_snapshots (terminal_id, data, cols, rows, created_at) \
+                 SELECT id, ?3, ?4, ?5, ?6 FROM terminals WHERE id = ?1 AND host_id = ?2 \
+                 ON CONFLICT (terminal_id) DO UPDATE SET data = excluded.data, cols = excluded.cols, \
+                   rows = excluded.rows, created_at = excluded.created_at",
+                params![
+                    terminal_id.to_string(),
+                    host_id.to_string(),
+                    snapshot.data,
+                    snapshot.cols,
+                    snapshot.rows,
+                    now_ms()
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_snapshot(&self, terminal_id: Uuid) -> StoreResult<Option<TerminalSnapshot>> {
+        self.call(move |c| {
+            Ok(c.query_row(
+                "SELECT data, cols, rows FROM terminal_snapshots WHERE terminal_id = ?1",
+                [terminal_id.to_string()],
+                |r| Ok(TerminalSnapshot { data: r.get(0)?, cols: r.get(1)?, rows: r.get(2)? }),
+            )
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn set_terminal_size(&self, host_id: Uuid, id: Uuid, cols: u16, rows: u16) -> StoreResult<()> {
+        self.call(move |c| {
+            c.execute(
+                "UPDATE terminals SET cols = ?3, rows = ?4 WHERE id = ?1 AND host_id = ?2",
+                params![id.to_string(), host_id.to_string(), cols, rows],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn insert_run(&self, new: &NewRun) -> StoreResult<Run> {
+        let new = new.clone();
+        self.call(move |c| {
+            let id = Uuid::new_v4();
+            c.execute(
+                "INSERT INTO runs (id, user_id, host_id, argv, dir, state, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6)",
+                params![
+                    id.to_string(),
+                    new.user_id.to_string(),
+                    new.host_id.to_string(),
+                    to_json(&new.argv),
+                    new.dir,
+                    now_ms()
+                ],
+            )?;
+            run_by(c, "id = ?1", &[&id.to_string()])?.ok_or_else(|| StoreError::Corrupt("inserted run vanished".into()))
+        })
+        .await
+    }
+
+    async fn get_run(&self, user_id: Uuid, id: Uuid) -> StoreResult<Option<Run>> {
+        self.call(move |c| run_by(c, "id = ?1 AND user_id = ?2", &[&id.to_string(), &user_id.to_string()])).await
+    }
+
+    async fn list_runs(&self, user_id: Uuid, host_id: Option<Uuid>) -> StoreResult<Vec<Run>> {
+        self.call(move |c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT {RUN_COLS} FROM runs WHERE user_id = ?1 AND (?2 IS NULL OR host_id = ?2) \
+                 ORDER BY created_at, id"
+            ))?;
+            let raws = stmt
+                .query_map(params![user_id.to_string(), host_id.map(|h| h.to_string())], run_raw)?
+                .collect::<Result<Vec<_>, _>>()?;
+            raws.into_iter().map(run_from_raw).collect()
+        })
+        .await
+    }
+
+    async fn claim_queued_runs(&self, online_hosts: &[Uuid], limit: usize) -> StoreResult<Vec<Run>> {
+        if online_hosts.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let hosts = to_json(&online_hosts.iter().map(Uuid::to_string).collect::<Vec<_>>());
+        self.call(move |c| {
+            // An IMMEDIATE transaction takes SQLite's write lock up front: the
+            // embedded analogue of FOR UPDATE SKIP LOCKED.
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let ids: Vec<String> = {
+                let mut stmt = tx.prepare(
+                    "UPDATE runs SET state = 'dispatched', dispatched_at = ?3 WHERE id IN ( \
+                       SELECT id FROM runs WHERE state = 'queued' \
+                       AND host_id IN (SELECT value FROM json_each(?1)) ORDER BY created_at, id LIMIT ?2) \
+                     RETURNING id",
+                )?;
+                let rows = stmt.query_map(params![hosts, limit as i64, now_ms()], |r| r.get(0))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            let mut runs = Vec::with_capacity(ids.len());
+            for id in &ids {
+                if let Some(run) = run_by(&tx, "id = ?1", &[id])? {
+                    runs.push(run);
+                }
+            }
+            tx.commit()?;
+            runs.sort_by_key(|r| (r.created_at, r.id));
+            Ok(runs)
+        })
+        .await
+    }
+
+    async fn set_run_terminal(&self, run_id: Uuid, terminal_id: Uuid) -> StoreResult<()> {
+        self.call(move |c| {
+            c.execute(
+                "UPDATE runs SET terminal_id = ?2 WHERE id = ?1",
+                [run_id.to_string(), terminal_id.to_string()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn mark_run_running(&self, run_id: Uuid) -> StoreResult<bool> {
+        self.call(move |c| {
+            Ok(c.execute("UPDATE runs SET state = 'running' WHERE id = ?1 AND state = 'dispatched'", [
+                run_id.to_string()
+            ])? == 1)
+        })
+        .await
+    }
+
+    async fn finish_run(&self, run_id: Uuid, state: RunState, exit_code: Option<i32>) -> StoreResult<bool> {
+        self.call(move |c| {
+            Ok(c.execute(
+                "UPDATE runs SET state = ?2, exit_code = ?3, finished_at = ?4 \
+                 WHERE id = ?1 AND state IN ('queued', 'dispatched', 'running')",
+                params![run_id.to_string(), state.as_str(), exit_code, now_ms()],
+            )? == 1)
+        })
+        .await
+    }
+
+    async fn set_run_usage(&self, run_id: Uuid, usage: &RunUsage) -> StoreResult<()> {
+        let u = *usage;
+        self.call(move |c| {
+            c.execute(
+                "UPDATE runs SET cpu_ms = ?2, max_rss_kb = ?3, output_bytes = ?4, wall_ms = ?5 WHERE id = ?1",
+                params![run_id.to_string(), u.cpu_ms, u.max_rss_kb, u.output_bytes, u.wall_ms],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn append_run_log(&self, run_id: Uuid, data: &[u8], max_bytes: usize) -> StoreResult<()> {
+        let data = data.to_vec();
+        self.call(move |c| {
+            // Read-modify-write: SQLite's `||` turns blobs into text.
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let log: Option<Vec<u8>> = tx
+                .query_row("SELECT log FROM runs WHERE id = ?1", [run_id.to_string()], |r| r.get(0))
+                .optional()?;
+            if let Some(mut log) = log {
+                let room = max_bytes.saturating_sub(log.len());
+                if room > 0 {
+                    log.extend_from_slice(&data[..data.len().min(room)]);
+                    tx.execute("UPDATE runs SET log = ?2 WHERE id = ?1", params![run_id.to_string(), log])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn run_log(&self, user_id: Uuid, run_id: Uuid) -> StoreResult<Option<Vec<u8>>> {
+        self.call(move |c| {
+            Ok(c.query_row(
+                "SELECT log FROM runs WHERE id = ?1 AND user_id = ?2",
+                [run_id.to_string(), user_id.to_string()],
+                |r| r.get(0),
+            )
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn claim_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<bool> {
+        let (key, holder) = (key.to_string(), holder.to_string());
+        self.call(move |c| {
+            let now = now_ms();
+            Ok(c.execute(
+                "INSERT INTO leases (key, holder, expires_at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at \
+                 WHERE leases.holder = excluded.holder OR leases.expires_at <= ?4",
+                params![key, holder, now + ttl_ms(ttl), now],
+            )? == 1)
+        })
+        .await
+    }
+
+    async fn seize_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<Option<String>> {
+        let (key, holder) = (key.to_string(), holder.to_string());
+        self.call(move |c| {
+            let now = now_ms();
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let previous: Option<String> = tx
+                .query_row("SELECT holder FROM leases WHERE key = ?1 AND expires_at > ?2", params![key, now], |r| {
+                    r.get(0)
+                })
+                .optional()?;
+            tx.execute(
+                "INSERT INTO leases (key, holder, expires_at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at",
+                params![key, holder, now + ttl_ms(ttl)],
+            )?;
+            tx.commit()?;
+            Ok(previous)
+        })
+        .await
+    }
+
+    async fn renew_leases(&self, leases: &[(String, String)], ttl: Duration) -> StoreResult<Vec<String>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let pairs = to_json(&leases.iter().map(|(k, h)| [k.as_str(), h.as_str()]).collect::<Vec<_>>());
+        self.call(move |c| {
+            let mut stmt = c.prepare(
+                "UPDATE leases SET expires_at = ?2 WHERE EXISTS ( \
+                   SELECT 1 FROM json_each(?1) p \
+                   WHERE json_extract(p.value, '$[0]') = leases.key AND json_extract(p.value, '$[1]') = leases.holder) \
+                 RETURNING key",
+            )?;
+            let keys = stmt.query_map(params![pairs, now_ms() + ttl_ms(ttl)], |r| r.get(0))?;
+            Ok(keys.collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn release_lease(&self, key: &str, holder: &str) -> StoreResult<bool> {
+        let (key, holder) = (key.to_string(), holder.to_string());
+        self.call(move |c| Ok(c.execute("DELETE FROM leases WHERE key = ?1 AND holder = ?2", [key, holder])? == 1))
+            .await
+    }
+
+    async fn lease_holder(&self, key: &str) -> StoreResult<Option<String>> {
+        let key = key.to_string();
+        self.call(move |c| {
+            Ok(c.query_row("SELECT holder FROM leases WHERE key = ?1 AND expires_at > ?2", params![key, now_ms()], |r| {
+                r.get(0)
+            })
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn lease_holders(&self, keys: &[String]) -> StoreResult<Vec<(String, String)>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys = to_json(&keys);
+        self.call(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT key, holder FROM leases WHERE key IN (SELECT value FROM json_each(?1)) AND expires_at > ?2",
+            )?;
+            let rows = stmt.query_map(params![keys, now_ms()], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
+        .await
+    }
+
+    async fn delete_expired_leases(&self, older_than: Duration) -> StoreResult<u64> {
+        self.call(move |c| {
+            Ok(c.execute("DELETE FROM leases WHERE expires_at < ?1", [now_ms() - ttl_ms(older_than)])? as u64)
+        })
+        .await
+    }
+
+    async fn put_credentials(&self, host_id: Uuid, sealed: &SealedCredentials) -> StoreResult<()> {
+        let sealed = sealed.clone();
+        self.call(move |c| {
+            c.execute(
+                "INSERT INTO host_credentials (host_id, nonce, ciphertext, updated_at) VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT (host_id) DO UPDATE SET nonce = excluded.nonce, ciphertext = excluded.ciphertext, \
+                   updated_at = excluded.updated_at",
+                params![host_id.to_string(), sealed.nonce, sealed.ciphertext, now_ms()],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_credentials(&self, host_id: Uuid) -> StoreResult<Option<SealedCredentials>> {
+        self.call(move |c| {
+            Ok(c.query_row(
+                "SELECT nonce, ciphertext FROM host_credentials WHERE host_id = ?1",
+                [host_id.to_string()],
+                |r| Ok(SealedCredentials { nonce: r.get(0)?, ciphertext: r.get(1)? }),
+            )
+            .optional()?)
+        })
+        .await
+    }
+}

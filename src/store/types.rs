@@ -1,0 +1,277 @@
+//! Row types shared by both store backends and the REST layer.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::StoreError;
+
+/// An account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    pub id: Uuid,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Last-known host state (liveness itself comes from the lease).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HostState {
+    Online,
+    Offline,
+}
+
+/// What a daemon says it can do (from its Hello).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Capabilities {
+    pub manage_dirs: bool,
+    pub refresh_limits: bool,
+    pub credentials: bool,
+    pub usage: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Host {
+    pub id: Uuid,
+    pub user_id: Uuid,
+    pub name: String,
+    pub hostname: String,
+    pub platform: String,
+    pub arch: String,
+    pub state: HostState,
+    pub capabilities: Capabilities,
+    pub dirs: Vec<String>,
+    pub last_seen_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewHost {
+    pub user_id: Uuid,
+    pub name: String,
+    pub hostname: String,
+    pub platform: String,
+    pub arch: String,
+}
+
+/// Terminal lifecycle (SPEC §6.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TerminalState {
+    Pending,
+    Launching,
+    Running,
+    Exited,
+    Error,
+}
+
+impl TerminalState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Launching => "launching",
+            Self::Running => "running",
+            Self::Exited => "exited",
+            Self::Error => "error",
+        }
+    }
+
+    /// True while a PTY may exist or is about to (`DELETE` refuses these).
+    pub fn is_live(self) -> bool {
+        matches!(self, Self::Launching | Self::Running)
+    }
+}
+
+impl fmt::Display for TerminalState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for TerminalState {
+    type Err = StoreError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "pending" => Self::Pending,
+            "launching" => Self::Launching,
+            "running" => Self::Running,
+            "exited" => Self::Exited,
+            "error" => Self::Error,
+            other => return Err(StoreError::Corrupt(format!("terminal state `{other}`"))),
+        })
+    }
+}
+
+/// Why a pending terminal waits.
+pub const PENDING_HOST_OFFLINE: &str = "host_offline";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Terminal {
+    pub id: Uuid,
+    pub user_id: Uuid,
+    pub host_id: Uuid,
+    pub title: Option<String>,
+    pub dir: Option<String>,
+    pub argv: Vec<String>,
+    pub state: TerminalState,
+    pub pending_reason: Option<String>,
+    pub exit_code: Option<i32>,
+    pub exit_signal: Option<i32>,
+    pub error: Option<String>,
+    pub cols: u16,
+    pub rows: u16,
+    pub run_id: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewTerminal {
+    pub user_id: Uuid,
+    pub host_id: Uuid,
+    pub title: Option<String>,
+    pub dir: Option<String>,
+    pub argv: Vec<String>,
+    pub cols: u16,
+    pub rows: u16,
+    pub run_id: Option<Uuid>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct TerminalFilter {
+    pub host_id: Option<Uuid>,
+    pub state: Option<TerminalState>,
+}
+
+/// How a PTY process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExitStatus {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+/// The final screen of an exited terminal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TerminalSnapshot {
+    pub data: Vec<u8>,
+    pub cols: u16,
+    pub rows: u16,
+}
+
+/// Result of a conditional delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    Deleted,
+    NotFound,
+    /// The row is in a state that forbids deletion (live terminal).
+    Conflict,
+}
+
+/// Run lifecycle (SPEC §6.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    Queued,
+    Dispatched,
+    Running,
+    Succeeded,
+    Failed,
+    Lost,
+}
+
+impl RunState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Dispatched => "dispatched",
+            Self::Running => "running",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Lost => "lost",
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Lost)
+    }
+}
+
+impl fmt::Display for RunState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for RunState {
+    type Err = StoreError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "queued" => Self::Queued,
+            "dispatched" => Self::Dispatched,
+            "running" => Self::Running,
+            "succeeded" => Self::Succeeded,
+            "failed" => Self::Failed,
+            "lost" => Self::Lost,
+            other => return Err(StoreError::Corrupt(format!("run state `{other}`"))),
+        })
+    }
+}
+
+/// Resource usage of a finished run, as the daemon measured it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunUsage {
+    pub cpu_ms: i64,
+    pub max_rss_kb: i64,
+    pub output_bytes: i64,
+    pub wall_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    pub id: Uuid,
+    pub user_id: Uuid,
+    pub host_id: Uuid,
+    pub argv: Vec<String>,
+    pub dir: Option<String>,
+    pub state: RunState,
+    pub exit_code: Option<i32>,
+    pub usage: Option<RunUsage>,
+    pub terminal_id: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub user_id: Uuid,
+    pub host_id: Uuid,
+    pub argv: Vec<String>,
+    pub dir: Option<String>,
+}
+
+/// Host credentials as stored: AES-256-GCM ciphertext and its nonce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedCredentials {
+    pub nonce: Vec<u8>,
+    pub ciphertext: Vec<u8>,
+}
+
+pub(crate) fn parse_json_list(text: &str) -> Result<Vec<String>, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("json list: {e}")))
+}
+
+pub(crate) fn parse_capabilities(text: &str) -> Result<Capabilities, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt(format!("capabilities: {e}")))
+}
+
+pub(crate) fn to_json<T: Serialize>(value: &T) -> String {
+    // Serialising plain structs and string lists cannot fail.
+    serde_json::to_string(value).unwrap_or_else(|_| "null".into())
+}
