@@ -631,7 +631,7 @@ impl Store for PgStore {
     async fn append_run_log(&self, run_id: Uuid, data: &[u8], max_bytes: usize) -> StoreResult<()> {
         let max = i32::try_from(max_bytes).unwrap_or(i32::MAX);
         self.execute(
-            "UPDATE runs SET log = log || substring($2 FROM 1 FOR GREATEST(0, $3 - length(log))) \
+            "UPDATE runs SET log = log || substring($2::bytea FROM 1 FOR GREATEST(0, $3 - length(log))) \
              WHERE id = $1 AND length(log) < $3",
             &[&run_id, &data, &max],
         )

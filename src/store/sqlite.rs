@@ -346,7 +346,7 @@ impl Store for SqliteStore {
     async fn list_hosts(&self, user_id: Uuid) -> StoreResult<Vec<Host>> {
         self.call(move |c| {
             let mut stmt =
-                c.prepare(&format!("SELECT {HOST_COLS} FROM hosts WHERE user_id = ?1 ORDER BY created_at, id"))?;
+                c.prepare(&format!("SELECT {HOST_COLS} FROM hosts WHERE user_id = ?1 ORDER BY created_at, rowid"))?;
             let raws = stmt.query_map([user_id.to_string()], host_raw)?.collect::<Result<Vec<_>, _>>()?;
             raws.into_iter().map(host_from_raw).collect()
         })
@@ -492,7 +492,7 @@ impl Store for SqliteStore {
         self.call(move |c| {
             let sql = format!(
                 "SELECT {TERMINAL_COLS} FROM terminals WHERE user_id = ?1 \
-                 AND (?2 IS NULL OR host_id = ?2) AND (?3 IS NULL OR state = ?3) ORDER BY created_at, id"
+                 AND (?2 IS NULL OR host_id = ?2) AND (?3 IS NULL OR state = ?3) ORDER BY created_at, rowid"
             );
             let mut stmt = c.prepare(&sql)?;
             let raws = stmt
@@ -618,7 +618,7 @@ impl Store for SqliteStore {
     async fn parked_terminals(&self, host_id: Uuid) -> StoreResult<Vec<Terminal>> {
         self.call(move |c| {
             let mut stmt = c.prepare(&format!(
-                "SELECT {TERMINAL_COLS} FROM terminals WHERE host_id = ?1 AND state = 'pending' ORDER BY created_at, id"
+                "SELECT {TERMINAL_COLS} FROM terminals WHERE host_id = ?1 AND state = 'pending' ORDER BY created_at, rowid"
             ))?;
             let raws = stmt.query_map([host_id.to_string()], terminal_raw)?.collect::<Result<Vec<_>, _>>()?;
             raws.into_iter().map(terminal_from_raw).collect()
@@ -716,7 +716,7 @@ impl Store for SqliteStore {
         self.call(move |c| {
             let mut stmt = c.prepare(&format!(
                 "SELECT {RUN_COLS} FROM runs WHERE user_id = ?1 AND (?2 IS NULL OR host_id = ?2) \
-                 ORDER BY created_at, id"
+                 ORDER BY created_at, rowid"
             ))?;
             let raws = stmt
                 .query_map(params![user_id.to_string(), host_id.map(|h| h.to_string())], run_raw)?
@@ -739,7 +739,7 @@ impl Store for SqliteStore {
                 let mut stmt = tx.prepare(
                     "UPDATE runs SET state = 'dispatched', dispatched_at = ?3 WHERE id IN ( \
                        SELECT id FROM runs WHERE state = 'queued' \
-                       AND host_id IN (SELECT value FROM json_each(?1)) ORDER BY created_at, id LIMIT ?2) \
+                       AND host_id IN (SELECT value FROM json_each(?1)) ORDER BY created_at, rowid LIMIT ?2) \
                      RETURNING id",
                 )?;
                 let rows = stmt.query_map(params![hosts, limit as i64, now_ms()], |r| r.get(0))?;
@@ -752,7 +752,7 @@ impl Store for SqliteStore {
                 }
             }
             tx.commit()?;
-            runs.sort_by_key(|r| (r.created_at, r.id));
+            runs.sort_by_key(|r| r.created_at);
             Ok(runs)
         })
         .await

@@ -1,0 +1,441 @@
+//! One conformance suite for both store backends: every test below runs
+//! against the embedded SQLite file and against a real PostgreSQL database
+//! (a fresh database per test, from tests/support).
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tether::store::postgres::PgStore;
+use tether::store::sqlite::SqliteStore;
+use tether::store::*;
+use uuid::Uuid;
+
+/// A store plus whatever must outlive it (the SQLite temp dir).
+struct Fixture {
+    store: Arc<dyn Store>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn sqlite() -> Fixture {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(&dir.path().join("t.db")).expect("open sqlite");
+    store.migrate().await.expect("migrate sqlite");
+    Fixture { store: Arc::new(store), _dir: Some(dir) }
+}
+
+async fn postgres() -> Fixture {
+    let url = support::pg_database().await;
+    let store = PgStore::connect(&url, 8).await.expect("connect postgres");
+    store.migrate().await.expect("migrate postgres");
+    Fixture { store: Arc::new(store), _dir: None }
+}
+
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite_backend {
+            $(#[actix_rt::test] async fn $name() { super::$name(&super::sqlite().await.store).await })*
+        }
+        mod postgres_backend {
+            $(#[actix_rt::test] async fn $name() { super::$name(&super::postgres().await.store).await })*
+        }
+    };
+}
+
+conformance!(
+    migrations_are_recorded_once,
+    users_and_tokens,
+    hosts_upsert_and_scope,
+    host_delete_removes_dependents,
+    terminal_lifecycle_compares_state,
+    terminal_writes_are_scoped_by_host,
+    terminal_delete_refuses_live,
+    hello_reconciliation,
+    parked_terminals_and_stuck_launches,
+    snapshots,
+    lease_claim_and_renew_check_the_holder,
+    lease_release_only_own,
+    lease_seize_replaces_any_holder,
+    lease_expiry,
+    runs_queue_and_finish,
+    run_claims_never_overlap,
+    run_log_is_capped,
+    credentials_round_trip,
+);
+
+const TTL: Duration = Duration::from_secs(30);
+
+async fn user(store: &Arc<dyn Store>, name: &str) -> User {
+    store.ensure_user(name).await.expect("user")
+}
+
+async fn host(store: &Arc<dyn Store>, user: &User, hostname: &str) -> Host {
+    store
+        .upsert_host(&NewHost {
+            user_id: user.id,
+            name: hostname.into(),
+            hostname: hostname.into(),
+            platform: "linux".into(),
+            arch: "x86_64".into(),
+        })
+        .await
+        .expect("host")
+}
+
+async fn terminal(store: &Arc<dyn Store>, host: &Host) -> Terminal {
+    store
+        .insert_terminal(&NewTerminal {
+            user_id: host.user_id,
+            host_id: host.id,
+            title: Some("t".into()),
+            dir: None,
+            argv: vec!["sh".into(), "-c".into(), "echo hi".into()],
+            cols: 80,
+            rows: 24,
+            run_id: None,
+        })
+        .await
+        .expect("terminal")
+}
+
+async fn state_of(store: &Arc<dyn Store>, id: Uuid) -> TerminalState {
+    store.terminal_by_id(id).await.expect("read").expect("exists").state
+}
+
+async fn migrations_are_recorded_once(store: &Arc<dyn Store>) {
+    assert_eq!(store.migrate().await.expect("second migrate"), 0, "a second run applies nothing");
+    assert_eq!(store.schema_version().await.expect("version"), 1);
+}
+
+async fn users_and_tokens(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    assert_eq!(user(store, "ann").await.id, ann.id, "ensure_user is idempotent");
+    store.insert_token(ann.id, "hash-1").await.expect("token");
+    assert_eq!(store.user_by_token("hash-1").await.expect("lookup").map(|u| u.id), Some(ann.id));
+    assert_eq!(store.user_by_token("hash-2").await.expect("lookup"), None);
+}
+
+async fn hosts_upsert_and_scope(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let bob = user(store, "bob").await;
+    let h1 = host(store, &ann, "box").await;
+    let again = store
+        .upsert_host(&NewHost {
+            user_id: ann.id,
+            name: "renamed".into(),
+            hostname: "box".into(),
+            platform: "linux".into(),
+            arch: "aarch64".into(),
+        })
+        .await
+        .expect("upsert");
+    assert_eq!(again.id, h1.id, "upsert by user + hostname keeps the id");
+    assert_eq!(again.name, "renamed");
+    assert_eq!(again.arch, "aarch64");
+    let bobs = host(store, &bob, "box").await;
+    assert_ne!(bobs.id, h1.id, "the same hostname under another user is another host");
+    assert!(store.get_host(bob.id, h1.id).await.expect("get").is_none(), "another user's host is invisible");
+    assert_eq!(store.list_hosts(ann.id).await.expect("list").len(), 1);
+    let caps = Capabilities { manage_dirs: true, refresh_limits: true, credentials: false, usage: true };
+    store.host_connected(h1.id, &caps, &["/home/ann".into()]).await.expect("connected");
+    let h = store.host_by_id(h1.id).await.expect("get").expect("exists");
+    assert_eq!(h.capabilities, caps);
+    assert_eq!(h.dirs, vec!["/home/ann".to_string()]);
+    assert_eq!(h.state, HostState::Online);
+    assert!(h.last_seen_at.is_some());
+}
+
+async fn host_delete_removes_dependents(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let bob = user(store, "bob").await;
+    let h = host(store, &ann, "box").await;
+    let t = terminal(store, &h).await;
+    let run = store.insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["true".into()], dir: None }).await;
+    let run = run.expect("run");
+    assert!(!store.delete_host(bob.id, h.id).await.expect("delete"), "bob cannot delete ann's host");
+    assert!(store.delete_host(ann.id, h.id).await.expect("delete"));
+    assert!(store.terminal_by_id(t.id).await.expect("read").is_none());
+    assert!(store.get_run(ann.id, run.id).await.expect("read").is_none());
+    assert!(!store.delete_host(ann.id, h.id).await.expect("delete twice"));
+}
+
+async fn terminal_lifecycle_compares_state(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let h = host(store, &ann, "box").await;
+    let t = terminal(store, &h).await;
+    assert_eq!(t.state, TerminalState::Pending);
+    assert_eq!(t.pending_reason.as_deref(), Some(PENDING_HOST_OFFLINE));
+    assert_eq!(t.argv, vec!["sh", "-c", "echo hi"]);
+    assert!(store.claim_launch(h.id, t.id).await.expect("claim"));
+    assert!(!store.claim_launch(h.id, t.id).await.expect("claim twice"), "compare-and-set: only one claim wins");
+    assert_eq!(state_of(store, t.id).await, TerminalState::Launching);
+    assert!(store.mark_started(h.id, t.id).await.expect("started"));
+    assert!(!store.mark_started(h.id, t.id).await.expect("started twice"));
+    let exit = ExitStatus { code: Some(3), signal: None };
+    assert!(store.mark_exited(h.id, t.id, exit).await.expect("exited"));
+    assert!(!store.mark_exited(h.id, t.id, ExitStatus::default()).await.expect("late exit"), "no blind overwrite");
+    let t = store.terminal_by_id(t.id).await.expect("read").expect("exists");
+    assert_eq!((t.state, t.exit_code, t.exit_signal), (TerminalState::Exited, Some(3), None));
+    assert!(t.started_at.is_some() && t.ended_at.is_some());
+    assert!(!store.mark_started(h.id, t.id).await.expect("started after exit"), "an exited terminal stays exited");
+
+    let t2 = terminal(store, &h).await;
+    assert!(store.mark_started(h.id, t2.id).await.expect("Started accepts pending"));
+    let t3 = terminal(store, &h).await;
+    assert!(store.claim_launch(h.id, t3.id).await.expect("claim"));
+    assert!(store.mark_spawn_failed(h.id, t3.id, "no such dir").await.expect("spawn error"));
+    let t3 = store.terminal_by_id(t3.id).await.expect("read").expect("exists");
+    assert_eq!((t3.state, t3.error.as_deref()), (TerminalState::Error, Some("no such dir")));
+    let t4 = terminal(store, &h).await;
+    assert!(store.claim_launch(h.id, t4.id).await.expect("claim"));
+    assert!(store.park_terminal(h.id, t4.id, PENDING_HOST_OFFLINE).await.expect("park"));
+    assert_eq!(state_of(store, t4.id).await, TerminalState::Pending);
+}
+
+async fn terminal_writes_are_scoped_by_host(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let h = host(store, &ann, "box").await;
+    let other = host(store, &ann, "other").await;
+    let t = terminal(store, &h).await;
+    assert!(!store.claim_launch(other.id, t.id).await.expect("claim"));
+    assert!(!store.mark_started(other.id, t.id).await.expect("started"));
+    assert!(!store.mark_exited(other.id, t.id, ExitStatus::default()).await.expect("exit"));
+    let snap = TerminalSnapshot { data: b"x".to_vec(), cols: 80, rows: 24 };
+    store.put_snapshot(other.id, t.id, &snap).await.expect("snapshot");
+    assert!(store.get_snapshot(t.id).await.expect("read").is_none(), "another host cannot write this terminal");
+    store.set_terminal_size(other.id, t.id, 10, 10).await.expect("size");
+    assert_eq!(state_of(store, t.id).await, TerminalState::Pending);
+    assert_eq!(store.terminal_by_id(t.id).await.expect("read").expect("exists").cols, 80);
+}
+
+async fn terminal_delete_refuses_live(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let bob = user(store, "bob").await;
+    let h = host(store, &ann, "box").await;
+    let t = terminal(store, &h).await;
+    assert!(store.mark_started(h.id, t.id).await.expect("started"));
+    assert_eq!(store.delete_terminal(ann.id, t.id).await.expect("delete"), DeleteOutcome::Conflict);
+    assert_eq!(store.delete_terminal(bob.id, t.id).await.expect("delete"), DeleteOutcome::NotFound);
+    assert!(store.mark_exited(h.id, t.id, ExitStatus::default()).await.expect("exit"));
+    assert_eq!(store.delete_terminal(ann.id, t.id).await.expect("delete"), DeleteOutcome::Deleted);
+    assert_eq!(store.delete_terminal(ann.id, t.id).await.expect("delete"), DeleteOutcome::NotFound);
+    let pending = terminal(store, &h).await;
+    assert_eq!(store.delete_terminal(ann.id, pending.id).await.expect("delete"), DeleteOutcome::Deleted);
+}
+
+async fn hello_reconciliation(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let h = host(store, &ann, "box").await;
+    let kept = terminal(store, &h).await;
+    let gone = terminal(store, &h).await;
+    let launching = terminal(store, &h).await;
+    let parked = terminal(store, &h).await;
+    store.mark_started(h.id, kept.id).await.expect("started");
+    store.mark_started(h.id, gone.id).await.expect("started");
+    store.claim_launch(h.id, launching.id).await.expect("claim");
+    let exited = store.reconcile_terminals(h.id, &[kept.id, launching.id]).await.expect("reconcile");
+    assert_eq!(exited, vec![gone.id]);
+    assert_eq!(state_of(store, kept.id).await, TerminalState::Running);
+    assert_eq!(state_of(store, gone.id).await, TerminalState::Exited);
+    assert_eq!(state_of(store, launching.id).await, TerminalState::Running, "reported launching becomes running");
+    assert_eq!(state_of(store, parked.id).await, TerminalState::Pending, "parked rows are untouched");
+}
+
+async fn parked_terminals_and_stuck_launches(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let h = host(store, &ann, "box").await;
+    let a = terminal(store, &h).await;
+    let b = terminal(store, &h).await;
+    let parked: Vec<Uuid> = store.parked_terminals(h.id).await.expect("parked").iter().map(|t| t.id).collect();
+    assert_eq!(parked, vec![a.id, b.id], "oldest first");
+    store.claim_launch(h.id, a.id).await.expect("claim");
+    assert!(store.fail_stuck_launches(Duration::from_secs(60)).await.expect("sweep").is_empty());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(store.fail_stuck_launches(Duration::from_millis(10)).await.expect("sweep"), vec![a.id]);
+    assert_eq!(state_of(store, a.id).await, TerminalState::Error);
+    assert_eq!(state_of(store, b.id).await, TerminalState::Pending);
+}
+
+async fn snapshots(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let h = host(store, &ann, "box").await;
+    let t = terminal(store, &h).await;
+    let snap = TerminalSnapshot { data: vec![0, 27, b'[', b'H', 255], cols: 100, rows: 30 };
+    store.put_snapshot(h.id, t.id, &snap).await.expect("put");
+    assert_eq!(store.get_snapshot(t.id).await.expect("get"), Some(snap.clone()));
+    let newer = TerminalSnapshot { data: b"final".to_vec(), cols: 80, rows: 24 };
+    store.put_snapshot(h.id, t.id, &newer).await.expect("replace");
+    assert_eq!(store.get_snapshot(t.id).await.expect("get"), Some(newer));
+}
+
+async fn lease_claim_and_renew_check_the_holder(store: &Arc<dyn Store>) {
+    assert!(store.claim_lease("host:1", "a#1", TTL).await.expect("claim"));
+    assert!(store.claim_lease("host:1", "a#1", TTL).await.expect("reclaim by holder"));
+    assert!(!store.claim_lease("host:1", "b#1", TTL).await.expect("claim by other"), "a live lease is not claimable");
+    assert_eq!(store.lease_holder("host:1").await.expect("holder").as_deref(), Some("a#1"));
+    let renewed = store
+        .renew_leases(&[("host:1".into(), "b#1".into())], TTL)
+        .await
+        .expect("renew by non-holder");
+    assert!(renewed.is_empty(), "a renew by a non-holder fails");
+    store.claim_lease("host:2", "a#2", TTL).await.expect("claim");
+    store.claim_lease("host:3", "c#1", TTL).await.expect("claim");
+    let mut renewed = store
+        .renew_leases(&[("host:1".into(), "a#1".into()), ("host:2".into(), "a#2".into()), ("host:3".into(), "a#3".into())], TTL)
+        .await
+        .expect("renew");
+    renewed.sort();
+    assert_eq!(renewed, vec!["host:1", "host:2"], "only the leases this holder holds are renewed");
+    let mut holders = store
+        .lease_holders(&["host:1".into(), "host:3".into(), "host:9".into()])
+        .await
+        .expect("holders");
+    holders.sort();
+    assert_eq!(holders, vec![("host:1".to_string(), "a#1".to_string()), ("host:3".to_string(), "c#1".to_string())]);
+}
+
+async fn lease_release_only_own(store: &Arc<dyn Store>) {
+    store.claim_lease("host:1", "a#1", TTL).await.expect("claim");
+    assert!(!store.release_lease("host:1", "b#1").await.expect("release by other"));
+    assert_eq!(store.lease_holder("host:1").await.expect("holder").as_deref(), Some("a#1"));
+    assert!(store.release_lease("host:1", "a#1").await.expect("release"));
+    assert_eq!(store.lease_holder("host:1").await.expect("holder"), None);
+    assert!(!store.release_lease("host:1", "a#1").await.expect("release twice"));
+}
+
+async fn lease_seize_replaces_any_holder(store: &Arc<dyn Store>) {
+    assert_eq!(store.seize_lease("host:1", "a#1", TTL).await.expect("seize free"), None);
+    assert_eq!(store.seize_lease("host:1", "b#7", TTL).await.expect("seize").as_deref(), Some("a#1"));
+    assert_eq!(store.lease_holder("host:1").await.expect("holder").as_deref(), Some("b#7"));
+    assert!(!store.release_lease("host:1", "a#1").await.expect("old holder release"), "the old holder releases nothing");
+    assert!(store.renew_leases(&[("host:1".into(), "a#1".into())], TTL).await.expect("renew").is_empty());
+    assert_eq!(store.lease_holder("host:1").await.expect("holder").as_deref(), Some("b#7"));
+}
+
+async fn lease_expiry(store: &Arc<dyn Store>) {
+    assert!(store.claim_lease("host:1", "a#1", Duration::from_millis(50)).await.expect("claim"));
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(store.lease_holder("host:1").await.expect("holder"), None, "an expired lease has no holder");
+    assert_eq!(store.seize_lease("host:1", "c#1", TTL).await.expect("seize").as_deref(), None);
+    assert!(store.release_lease("host:1", "c#1").await.expect("release"));
+    assert!(store.claim_lease("host:2", "a#1", Duration::from_millis(10)).await.expect("claim"));
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert!(store.claim_lease("host:2", "b#1", TTL).await.expect("claim after expiry"));
+    assert!(store.claim_lease("host:3", "a#1", Duration::from_millis(10)).await.expect("claim"));
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(store.delete_expired_leases(Duration::from_millis(20)).await.expect("delete"), 1);
+    assert_eq!(store.lease_holder("host:2").await.expect("holder").as_deref(), Some("b#1"));
+}
+
+async fn runs_queue_and_finish(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let bob = user(store, "bob").await;
+    let h = host(store, &ann, "box").await;
+    let run = store
+        .insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["sh".into(), "-c".into(), "exit 7".into()], dir: None })
+        .await
+        .expect("run");
+    assert_eq!(run.state, RunState::Queued);
+    assert!(store.get_run(bob.id, run.id).await.expect("get").is_none());
+    assert!(store.claim_queued_runs(&[], 10).await.expect("claim").is_empty(), "no online host, nothing claimed");
+    let claimed = store.claim_queued_runs(&[h.id], 10).await.expect("claim");
+    assert_eq!(claimed.iter().map(|r| r.id).collect::<Vec<_>>(), vec![run.id]);
+    assert_eq!(claimed[0].state, RunState::Dispatched);
+    assert!(store.claim_queued_runs(&[h.id], 10).await.expect("claim").is_empty());
+    let t = terminal(store, &h).await;
+    store.set_run_terminal(run.id, t.id).await.expect("link");
+    assert!(store.mark_run_running(run.id).await.expect("running"));
+    let usage = RunUsage { cpu_ms: 3, max_rss_kb: 1000, output_bytes: 12, wall_ms: 40 };
+    store.set_run_usage(run.id, &usage).await.expect("usage");
+    assert!(store.finish_run(run.id, RunState::Failed, Some(7)).await.expect("finish"));
+    assert!(!store.finish_run(run.id, RunState::Succeeded, Some(0)).await.expect("finish twice"), "final is final");
+    let run = store.get_run(ann.id, run.id).await.expect("get").expect("exists");
+    assert_eq!((run.state, run.exit_code, run.usage, run.terminal_id), (RunState::Failed, Some(7), Some(usage), Some(t.id)));
+    assert!(run.finished_at.is_some());
+    assert_eq!(store.list_runs(ann.id, Some(h.id)).await.expect("list").len(), 1);
+    assert!(store.list_runs(bob.id, None).await.expect("list").is_empty());
+}
+
+async fn run_claims_never_overlap(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let h = host(store, &ann, "box").await;
+    for _ in 0..40 {
+        store.insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["true".into()], dir: None }).await.expect("run");
+    }
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let store = store.clone();
+        let host_id = h.id;
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let batch = store.claim_queued_runs(&[host_id], 3).await.expect("claim");
+                if batch.is_empty() {
+                    return mine;
+                }
+                mine.extend(batch.into_iter().map(|r| r.id));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.expect("task"));
+    }
+    let total = all.len();
+    all.sort();
+    all.dedup();
+    assert_eq!(total, 40, "every run claimed");
+    assert_eq!(all.len(), 40, "no run claimed twice");
+}
+
+async fn run_log_is_capped(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let h = host(store, &ann, "box").await;
+    let run = store.insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["x".into()], dir: None }).await;
+    let run = run.expect("run");
+    store.append_run_log(run.id, b"out\x00\xff\n", 10).await.expect("append");
+    store.append_run_log(run.id, b"more-bytes", 10).await.expect("append");
+    store.append_run_log(run.id, b"dropped", 10).await.expect("append");
+    assert_eq!(store.run_log(ann.id, run.id).await.expect("log").as_deref(), Some(&b"out\x00\xff\nmore"[..]));
+    let bob = user(store, "bob").await;
+    assert_eq!(store.run_log(bob.id, run.id).await.expect("log"), None);
+}
+
+async fn credentials_round_trip(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let h = host(store, &ann, "box").await;
+    assert_eq!(store.get_credentials(h.id).await.expect("get"), None);
+    let sealed = SealedCredentials { nonce: vec![1; 12], ciphertext: vec![9, 8, 7] };
+    store.put_credentials(h.id, &sealed).await.expect("put");
+    let newer = SealedCredentials { nonce: vec![2; 12], ciphertext: vec![6] };
+    store.put_credentials(h.id, &newer).await.expect("put");
+    assert_eq!(store.get_credentials(h.id).await.expect("get"), Some(newer));
+}
+
+/// A database migrated by a newer binary is refused with a clear message.
+#[actix_rt::test]
+async fn newer_schema_is_refused_sqlite() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("t.db");
+    SqliteStore::open(&path).expect("open").migrate().await.expect("migrate");
+    let conn = rusqlite::Connection::open(&path).expect("raw open");
+    conn.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (999, 'future', 0)", [])
+        .expect("insert");
+    let err = SqliteStore::open(&path).expect("open").migrate().await.expect_err("must refuse");
+    assert!(err.to_string().contains("newer than this binary"), "{err}");
+}
+
+#[actix_rt::test]
+async fn newer_schema_is_refused_postgres() {
+    let url = support::pg_database().await;
+    let store = PgStore::connect(&url, 2).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("raw connect");
+    let driver = tokio::spawn(conn);
+    client.execute("INSERT INTO schema_migrations (version, name) VALUES (999, 'future')", &[]).await.expect("insert");
+    drop(client);
+    let _ = driver.await;
+    let err = store.migrate().await.expect_err("must refuse");
+    assert!(err.to_string().contains("newer than this binary"), "{err}");
+}
