@@ -1,0 +1,416 @@
+//! The REST API of SPEC §6 against both real store backends, in process:
+//! each request goes through the same actix-web app `tether serve` runs.
+//! Every error path asserts the status and the error code.
+
+mod support;
+
+use std::sync::Arc;
+
+use actix_web::dev::ServiceResponse;
+use actix_web::http::StatusCode;
+use actix_web::test::{call_service, init_service, read_body, TestRequest};
+use actix_web::{web, App};
+use serde_json::{json, Value};
+use tether::config::Settings;
+use tether::http::state::{AppState, Instance, Role};
+use tether::metrics::Metrics;
+use tether::store::{self, host_lease_key, Store};
+
+/// A store plus whatever must outlive it.
+struct Fixture {
+    state: web::Data<AppState>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+async fn fixture(postgres: bool) -> Fixture {
+    let mut settings = Settings::default();
+    settings.http.max_body_bytes = 4096;
+    let dir = if postgres {
+        settings.database.url = Some(support::pg_database().await);
+        None
+    } else {
+        let dir = tempfile::tempdir().expect("temp dir");
+        settings.database.sqlite_path = dir.path().join("t.db");
+        Some(dir)
+    };
+    let store: Arc<dyn Store> = store::open(&settings).await.expect("open store");
+    let state = web::Data::new(AppState {
+        settings: Arc::new(settings),
+        store,
+        instance: Instance::new("cell-a".into(), Role::Combined),
+        metrics: Metrics::install(),
+    });
+    Fixture { state, _dir: dir }
+}
+
+macro_rules! app {
+    ($fx:expr) => {
+        init_service(
+            App::new()
+                .app_data($fx.state.clone())
+                .wrap_fn(tether::http::record_metrics)
+                .configure(|cfg| tether::http::configure(cfg, 4096)),
+        )
+        .await
+    };
+}
+
+async fn token(state: &AppState, user: &str) -> String {
+    let user = state.store.ensure_user(user).await.expect("user");
+    let token = tether::auth::generate_token();
+    state.store.insert_token(user.id, &tether::auth::hash_token(&token)).await.expect("token");
+    token
+}
+
+async fn json_body(res: ServiceResponse) -> Value {
+    let bytes = read_body(res).await;
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
+}
+
+/// Asserts an error response: status and `error.code`.
+async fn expect_error(res: ServiceResponse, status: StatusCode, code: &str) {
+    assert_eq!(res.status(), status, "status");
+    let body = json_body(res).await;
+    assert_eq!(body["error"]["code"], code, "error code in {body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "error message in {body}");
+}
+
+fn auth(req: TestRequest, token: &str) -> TestRequest {
+    req.insert_header(("Authorization", format!("Bearer {token}")))
+}
+
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite_backend {
+            $(#[actix_rt::test] async fn $name() { super::$name(super::fixture(false).await).await })*
+        }
+        mod postgres_backend {
+            $(#[actix_rt::test] async fn $name() { super::$name(super::fixture(true).await).await })*
+        }
+    };
+}
+
+both_backends!(
+    hosts_register_list_get_delete,
+    terminals_create_pending_list_get_delete,
+    runs_create_list_get_log,
+    unauthorized_is_401,
+    other_users_resources_are_404,
+    bad_input_is_400,
+    oversized_body_is_413,
+    conflicts_are_409,
+    ops_endpoints,
+);
+
+async fn register_host<S>(app: &S, token: &str, hostname: &str) -> Value
+where
+    S: actix_web::dev::Service<actix_http::Request, Response = ServiceResponse, Error = actix_web::Error>,
+{
+    let res = call_service(
+        app,
+        auth(TestRequest::post().uri("/api/v1/hosts"), token)
+            .set_json(json!({"name": "n", "hostname": hostname, "platform": "linux", "arch": "x86_64"}))
+            .to_request(),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    json_body(res).await["host"].clone()
+}
+
+async fn hosts_register_list_get_delete(fx: Fixture) {
+    let app = app!(fx);
+    let t = token(&fx.state, "ann").await;
+    let host = register_host(&app, &t, "box").await;
+    assert_eq!(host["state"], "offline");
+    assert_eq!(host["hostname"], "box");
+    assert!(host["capabilities"].is_object() && host["dirs"].is_array());
+    assert!(host.get("lastSeenAt").is_some(), "camelCase field names");
+    let again = register_host(&app, &t, "box").await;
+    assert_eq!(again["id"], host["id"], "upsert by user + hostname");
+    let id = host["id"].as_str().expect("id");
+
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/hosts"), &t).to_request()).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(json_body(res).await["hosts"].as_array().map(Vec::len), Some(1));
+    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/hosts/{id}")), &t).to_request()).await;
+    assert_eq!(json_body(res).await["host"]["id"], id);
+
+    let res = call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/hosts/{id}")), &t).to_request()).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/hosts/{id}")), &t).to_request()).await;
+    expect_error(res, StatusCode::NOT_FOUND, "not_found").await;
+}
+
+async fn terminals_create_pending_list_get_delete(fx: Fixture) {
+    let app = app!(fx);
+    let t = token(&fx.state, "ann").await;
+    let host = register_host(&app, &t, "box").await;
+    let res = call_service(
+        &app,
+        auth(TestRequest::post().uri("/api/v1/terminals"), &t)
+            .set_json(json!({"hostId": host["id"], "argv": ["sh"], "cols": 100, "rows": 30, "title": "build"}))
+            .to_request(),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let term = json_body(res).await["terminal"].clone();
+    assert_eq!(term["state"], "pending");
+    assert_eq!(term["pendingReason"], "host_offline");
+    assert_eq!((term["cols"].as_u64(), term["rows"].as_u64()), (Some(100), Some(30)));
+    assert_eq!(term["hostId"], host["id"]);
+    let id = term["id"].as_str().expect("id");
+
+    let uri = format!("/api/v1/terminals?hostId={}&state=pending", host["id"].as_str().expect("id"));
+    let res = call_service(&app, auth(TestRequest::get().uri(&uri), &t).to_request()).await;
+    assert_eq!(json_body(res).await["terminals"].as_array().map(Vec::len), Some(1));
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/terminals?state=running"), &t).to_request()).await;
+    assert_eq!(json_body(res).await["terminals"].as_array().map(Vec::len), Some(0));
+    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/terminals/{id}")), &t).to_request()).await;
+    assert_eq!(json_body(res).await["terminal"]["id"], id);
+    let res =
+        call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/terminals/{id}")), &t).to_request()).await;
+    assert_eq!(res.status(), StatusCode::NO_CONTENT);
+    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/terminals/{id}")), &t).to_request()).await;
+    expect_error(res, StatusCode::NOT_FOUND, "not_found").await;
+}
+
+async fn runs_create_list_get_log(fx: Fixture) {
+    let app = app!(fx);
+    let t = token(&fx.state, "ann").await;
+    let host = register_host(&app, &t, "box").await;
+    let res = call_service(
+        &app,
+        auth(TestRequest::post().uri("/api/v1/runs"), &t)
+            .set_json(json!({"hostId": host["id"], "argv": ["sh", "-c", "echo out"]}))
+            .to_request(),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let run = json_body(res).await["run"].clone();
+    assert_eq!(run["state"], "queued");
+    assert_eq!(run["usage"], Value::Null);
+    let id = run["id"].as_str().expect("id");
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/runs"), &t).to_request()).await;
+    assert_eq!(json_body(res).await["runs"].as_array().map(Vec::len), Some(1));
+    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/runs/{id}")), &t).to_request()).await;
+    assert_eq!(json_body(res).await["run"]["argv"], json!(["sh", "-c", "echo out"]));
+    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/runs/{id}/log")), &t).to_request()).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(read_body(res).await.is_empty());
+}
+
+async fn unauthorized_is_401(fx: Fixture) {
+    let app = app!(fx);
+    let res = call_service(&app, TestRequest::get().uri("/api/v1/hosts").to_request()).await;
+    expect_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/hosts"), "tth_notarealtoken").to_request()).await;
+    expect_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    let res = call_service(
+        &app,
+        TestRequest::get().uri("/api/v1/hosts").insert_header(("Authorization", "Basic abc")).to_request(),
+    )
+    .await;
+    expect_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    let t = token(&fx.state, "ann").await;
+    let res = call_service(&app, TestRequest::get().uri(&format!("/api/v1/hosts?token={t}")).to_request()).await;
+    expect_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    let res = call_service(
+        &app,
+        TestRequest::post().uri("/api/v1/terminals").set_json(json!({"hostId": "x"})).to_request(),
+    )
+    .await;
+    expect_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
+}
+
+async fn other_users_resources_are_404(fx: Fixture) {
+    let app = app!(fx);
+    let ann = token(&fx.state, "ann").await;
+    let bob = token(&fx.state, "bob").await;
+    let host = register_host(&app, &ann, "box").await;
+    let hid = host["id"].as_str().expect("id");
+    let res = call_service(
+        &app,
+        auth(TestRequest::post().uri("/api/v1/terminals"), &ann).set_json(json!({"hostId": hid})).to_request(),
+    )
+    .await;
+    let tid = json_body(res).await["terminal"]["id"].as_str().expect("id").to_string();
+    let res = call_service(
+        &app,
+        auth(TestRequest::post().uri("/api/v1/runs"), &ann).set_json(json!({"hostId": hid, "argv": ["true"]})).to_request(),
+    )
+    .await;
+    let rid = json_body(res).await["run"]["id"].as_str().expect("id").to_string();
+
+    for uri in [
+        format!("/api/v1/hosts/{hid}"),
+        format!("/api/v1/terminals/{tid}"),
+        format!("/api/v1/runs/{rid}"),
+        format!("/api/v1/runs/{rid}/log"),
+    ] {
+        let res = call_service(&app, auth(TestRequest::get().uri(&uri), &bob).to_request()).await;
+        expect_error(res, StatusCode::NOT_FOUND, "not_found").await;
+    }
+    let res = call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/hosts/{hid}")), &bob).to_request()).await;
+    expect_error(res, StatusCode::NOT_FOUND, "not_found").await;
+    let res =
+        call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/terminals/{tid}")), &bob).to_request()).await;
+    expect_error(res, StatusCode::NOT_FOUND, "not_found").await;
+    let res = call_service(
+        &app,
+        auth(TestRequest::post().uri("/api/v1/terminals"), &bob).set_json(json!({"hostId": hid})).to_request(),
+    )
+    .await;
+    expect_error(res, StatusCode::NOT_FOUND, "not_found").await;
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/hosts"), &bob).to_request()).await;
+    assert_eq!(json_body(res).await["hosts"], json!([]));
+    // Nothing of ann's changed.
+    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/terminals/{tid}")), &ann).to_request()).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/no-such-route"), &ann).to_request()).await;
+    expect_error(res, StatusCode::NOT_FOUND, "not_found").await;
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/hosts/not-a-uuid"), &ann).to_request()).await;
+    expect_error(res, StatusCode::NOT_FOUND, "not_found").await;
+}
+
+async fn bad_input_is_400(fx: Fixture) {
+    let app = app!(fx);
+    let t = token(&fx.state, "ann").await;
+    let host = register_host(&app, &t, "box").await;
+    let hid = host["id"].as_str().expect("id").to_string();
+    // Record an allowlist as a daemon hello would.
+    let host_uuid = uuid::Uuid::parse_str(&hid).expect("uuid");
+    fx.state
+        .store
+        .host_connected(host_uuid, &Default::default(), &["/home/ann".into()])
+        .await
+        .expect("dirs");
+
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("/api/v1/hosts", json!({"hostname": ""}), "missing_field"),
+        ("/api/v1/hosts", json!({"platform": "linux"}), "bad_json"),
+        ("/api/v1/hosts", json!({"hostname": "x".repeat(300)}), "field_too_long"),
+        ("/api/v1/hosts", json!({"hostname": "a\u{7}b"}), "invalid_field"),
+        ("/api/v1/terminals", json!({"hostId": "nope"}), "invalid_id"),
+        ("/api/v1/terminals", json!({"hostId": hid, "cols": 0}), "invalid_grid"),
+        ("/api/v1/terminals", json!({"hostId": hid, "rows": 1001}), "invalid_grid"),
+        ("/api/v1/terminals", json!({"hostId": hid, "argv": "sh"}), "bad_json"),
+        ("/api/v1/terminals", json!({"hostId": hid, "argv": ["a\u{0}b"]}), "invalid_argv"),
+        ("/api/v1/terminals", json!({"hostId": hid, "dir": "/etc"}), "dir_not_allowed"),
+        ("/api/v1/terminals", json!({"hostId": hid, "dir": "/home/ann/../bob"}), "invalid_dir"),
+        ("/api/v1/terminals", json!({"hostId": hid, "dir": "relative"}), "invalid_dir"),
+        ("/api/v1/runs", json!({"hostId": hid, "argv": []}), "missing_field"),
+        ("/api/v1/runs", json!({"hostId": hid}), "bad_json"),
+        ("/api/v1/runs", json!({"hostId": hid, "argv": ["ls"], "dir": "/root"}), "dir_not_allowed"),
+    ];
+    for (uri, body, code) in cases {
+        let res = call_service(&app, auth(TestRequest::post().uri(uri), &t).set_json(&body).to_request()).await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{uri} {body}");
+        let got = json_body(res).await;
+        assert_eq!(got["error"]["code"], code, "{uri} {body} -> {got}");
+    }
+    let res = call_service(
+        &app,
+        auth(TestRequest::post().uri("/api/v1/hosts"), &t)
+            .insert_header(("Content-Type", "application/json"))
+            .set_payload("{not json")
+            .to_request(),
+    )
+    .await;
+    expect_error(res, StatusCode::BAD_REQUEST, "bad_json").await;
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/terminals?state=sleeping"), &t).to_request()).await;
+    expect_error(res, StatusCode::BAD_REQUEST, "invalid_state").await;
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/terminals?hostId=zzz"), &t).to_request()).await;
+    expect_error(res, StatusCode::BAD_REQUEST, "invalid_id").await;
+    // Nothing was created by the refused requests.
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/terminals"), &t).to_request()).await;
+    assert_eq!(json_body(res).await["terminals"], json!([]));
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/runs"), &t).to_request()).await;
+    assert_eq!(json_body(res).await["runs"], json!([]));
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/hosts"), &t).to_request()).await;
+    assert_eq!(json_body(res).await["hosts"].as_array().map(Vec::len), Some(1));
+    // A dir inside the allowlist is accepted.
+    let res = call_service(
+        &app,
+        auth(TestRequest::post().uri("/api/v1/terminals"), &t)
+            .set_json(json!({"hostId": hid, "dir": "/home/ann/src"}))
+            .to_request(),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+}
+
+async fn oversized_body_is_413(fx: Fixture) {
+    let app = app!(fx);
+    let t = token(&fx.state, "ann").await;
+    let res = call_service(
+        &app,
+        auth(TestRequest::post().uri("/api/v1/hosts"), &t)
+            .set_json(json!({"hostname": "box", "name": "x".repeat(8000)}))
+            .to_request(),
+    )
+    .await;
+    expect_error(res, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large").await;
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/hosts"), &t).to_request()).await;
+    assert_eq!(json_body(res).await["hosts"], json!([]), "nothing registered");
+}
+
+async fn conflicts_are_409(fx: Fixture) {
+    let app = app!(fx);
+    let t = token(&fx.state, "ann").await;
+    let host = register_host(&app, &t, "box").await;
+    let hid = host["id"].as_str().expect("id").to_string();
+    let host_uuid = uuid::Uuid::parse_str(&hid).expect("uuid");
+    // A live lease means a daemon holds the host somewhere in the cluster.
+    fx.state
+        .store
+        .claim_lease(&host_lease_key(host_uuid), "other#abc123#1", std::time::Duration::from_secs(30))
+        .await
+        .expect("lease");
+    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/hosts/{hid}")), &t).to_request()).await;
+    assert_eq!(json_body(res).await["host"]["state"], "online", "state is live, from the lease");
+    let res = call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/hosts/{hid}")), &t).to_request()).await;
+    expect_error(res, StatusCode::CONFLICT, "host_online").await;
+    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/hosts/{hid}")), &t).to_request()).await;
+    assert_eq!(res.status(), StatusCode::OK, "the host is still there");
+
+    let res = call_service(
+        &app,
+        auth(TestRequest::post().uri("/api/v1/terminals"), &t).set_json(json!({"hostId": hid})).to_request(),
+    )
+    .await;
+    let tid = json_body(res).await["terminal"]["id"].as_str().expect("id").to_string();
+    let term_uuid = uuid::Uuid::parse_str(&tid).expect("uuid");
+    assert!(fx.state.store.mark_started(host_uuid, term_uuid).await.expect("started"));
+    let res =
+        call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/terminals/{tid}")), &t).to_request()).await;
+    expect_error(res, StatusCode::CONFLICT, "terminal_live").await;
+    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/terminals/{tid}")), &t).to_request()).await;
+    assert_eq!(json_body(res).await["terminal"]["state"], "running");
+}
+
+async fn ops_endpoints(fx: Fixture) {
+    let app = app!(fx);
+    let res = call_service(&app, TestRequest::get().uri("/healthz").to_request()).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let res = call_service(&app, TestRequest::get().uri("/readyz").to_request()).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let body = json_body(res).await;
+    assert_eq!(body["checks"]["database"], "ok");
+    assert_eq!(body["checks"]["bus"], "not_configured");
+    let res = call_service(&app, TestRequest::get().uri("/api/v1/instance").to_request()).await;
+    let body = json_body(res).await;
+    assert_eq!(body["cellId"], "cell-a");
+    assert_eq!(body["role"], "combined");
+    assert_eq!(body["admitMode"], "db");
+    let id = body["instanceId"].as_str().expect("instanceId");
+    let (cell, suffix) = id.rsplit_once('#').expect("cell#suffix");
+    assert_eq!(cell, "cell-a");
+    assert!(suffix.len() == 6 && suffix.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+    let res = call_service(&app, TestRequest::get().uri("/metrics").to_request()).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let text = String::from_utf8(read_body(res).await.to_vec()).expect("utf8");
+    assert!(text.contains("tether_http_requests_total"), "{text}");
+    assert!(text.contains("route=\"/api/v1/instance\""), "{text}");
+    assert!(text.contains("tether_http_request_duration_seconds"), "{text}");
+    assert!(text.contains("tether_store_pool_size"), "{text}");
+}
