@@ -1,0 +1,35 @@
+//! The test harness: real servers for integration tests.
+//!
+//! Integration tests include it with `mod support;`. It gives them
+//!
+//! - [`pg_database`]: a new, empty PostgreSQL database per call;
+//! - [`redis_url`]: a standalone Redis;
+//! - [`redis_cluster_nodes`] / [`redis_cluster_hosts`]: a three-master Redis Cluster;
+//! - [`unique_prefix`]: a random prefix for keys and channels, so tests can share servers;
+//! - [`TetherServer`] / [`tether_cmd`]: real `tether` processes.
+//!
+//! No mocks: the servers are real `postgres` and `redis-server` processes.
+//! When `TETHER_TEST_DATABASE_URL`, `TETHER_TEST_REDIS_URL` or
+//! `TETHER_TEST_REDIS_CLUSTER` is set (scripts/test sets all three) the
+//! harness uses those servers; otherwise it starts each kind once per test
+//! process, on first use, on free ports. Servers it starts die with the test
+//! process, however that ends (see `process`). A missing server binary is a
+//! loud failure naming the Debian package to install, never a skip.
+
+// Each test binary uses a different part of the harness.
+#![allow(dead_code, unused_imports)]
+
+mod postgres;
+mod process;
+mod redis;
+mod tether;
+
+pub use postgres::{pg_database, url_with_database};
+pub use process::free_port;
+pub use redis::{redis_cluster_hosts, redis_cluster_nodes, redis_url};
+pub use tether::{tether_cmd, TetherServer};
+
+/// A short random prefix for the keys and channels of one test, e.g. `t3fa90c1d`.
+pub fn unique_prefix() -> String {
+    format!("t{:08x}", rand::random::<u32>())
+}

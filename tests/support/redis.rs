@@ -1,0 +1,239 @@
+//! Redis for tests: a standalone server and a three-master Redis Cluster.
+//!
+//! Each comes from its environment variable when set (scripts/test starts
+//! them once for the whole run), else is started lazily once per test
+//! process. Tests share them and keep apart by using `unique_prefix()` in
+//! their keys and channel names.
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use super::process::{self, StartError};
+
+const STANDALONE_ENV: &str = "TETHER_TEST_REDIS_URL";
+const CLUSTER_ENV: &str = "TETHER_TEST_REDIS_CLUSTER";
+
+/// A standalone Redis as `redis://127.0.0.1:PORT`.
+pub fn redis_url() -> String {
+    if let Some(url) = non_empty_env(STANDALONE_ENV) {
+        return url;
+    }
+    static STANDALONE: OnceLock<Result<String, String>> = OnceLock::new();
+    STANDALONE
+        .get_or_init(start_standalone)
+        .clone()
+        .unwrap_or_else(|message| panic!("{message}"))
+}
+
+/// The three masters of a Redis Cluster as `127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3`.
+pub fn redis_cluster_nodes() -> String {
+    if let Some(nodes) = non_empty_env(CLUSTER_ENV) {
+        return nodes;
+    }
+    static CLUSTER: OnceLock<Result<String, String>> = OnceLock::new();
+    CLUSTER
+        .get_or_init(start_cluster)
+        .clone()
+        .unwrap_or_else(|message| panic!("{message}"))
+}
+
+/// `redis_cluster_nodes()` as (host, port) pairs, the shape
+/// `fred::types::config::ServerConfig::new_clustered` takes.
+pub fn redis_cluster_hosts() -> Vec<(String, u16)> {
+    redis_cluster_nodes()
+        .split(',')
+        .map(|node| {
+            let (host, port) = node
+                .trim()
+                .rsplit_once(':')
+                .unwrap_or_else(|| panic!("cluster node {node:?} is not HOST:PORT"));
+            let port = port
+                .parse()
+                .unwrap_or_else(|e| panic!("cluster node {node:?} has a bad port: {e}"));
+            (host.to_string(), port)
+        })
+        .collect()
+}
+
+fn non_empty_env(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .filter(|value| !value.trim().is_empty())
+}
+
+fn start_standalone() -> Result<String, String> {
+    let started = Instant::now();
+    let dir = process::scratch_dir("redis", None);
+    let mut last_error = String::new();
+    for _attempt in 0..3 {
+        let port = process::free_port();
+        match start_node(&dir, port, false) {
+            Ok(child) => {
+                process::stop_at_exit(child, libc::SIGKILL);
+                eprintln!(
+                    "tests/support: redis on 127.0.0.1:{port} ready in {:.1?}",
+                    started.elapsed()
+                );
+                return Ok(format!("redis://127.0.0.1:{port}"));
+            }
+            Err(StartError::PortTaken(message)) => last_error = message,
+            Err(StartError::Failed(message)) => return Err(message),
+        }
+    }
+    Err(last_error)
+}
+
+/// Starts one redis-server on `port` (a cluster node if `cluster`) and waits
+/// until it answers PING.
+fn start_node(dir: &Path, port: u16, cluster: bool) -> Result<Child, StartError> {
+    let redis_server = process::require_binary("redis-server", "redis-server");
+    let log = dir.join(format!("redis-{port}.log"));
+    let (out, err) = process::log_file(&log);
+    let mut command = Command::new(redis_server);
+    command
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    if cluster {
+        command
+            .args(["--cluster-enabled", "yes"])
+            .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+            .args(["--cluster-node-timeout", "5000"]);
+    }
+    let mut child = process::spawn_tied(command, None)
+        .map_err(|e| StartError::Failed(format!("spawn redis-server: {e}")))?;
+    let ready = process::wait_until_ready(
+        "redis-server",
+        &mut child,
+        &log,
+        Duration::from_secs(30),
+        || process::redis_command(port, &["PING"]).is_ok_and(|reply| reply == "PONG"),
+    );
+    match ready {
+        Ok(()) => Ok(child),
+        Err(error) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(error)
+        }
+    }
+}
+
+fn start_cluster() -> Result<String, String> {
+    let started = Instant::now();
+    let redis_cli = process::require_binary("redis-cli", "redis-tools");
+    let dir = process::scratch_dir("redis-cluster", None);
+    let mut last_error = String::new();
+    'attempt: for _attempt in 0..3 {
+        let mut ports = Vec::new();
+        while ports.len() < 3 {
+            let port = process::free_cluster_port();
+            if !ports.contains(&port) {
+                ports.push(port);
+            }
+        }
+        let mut nodes = Vec::new();
+        for &port in &ports {
+            match start_node(&dir, port, true) {
+                Ok(child) => nodes.push(child),
+                Err(error) => {
+                    for mut node in nodes {
+                        let _ = node.kill();
+                        let _ = node.wait();
+                    }
+                    match error {
+                        StartError::PortTaken(message) => {
+                            last_error = message;
+                            continue 'attempt;
+                        }
+                        StartError::Failed(message) => return Err(message),
+                    }
+                }
+            }
+        }
+        for node in nodes {
+            process::stop_at_exit(node, libc::SIGKILL);
+        }
+
+        let addresses: Vec<String> = ports
+            .iter()
+            .map(|port| format!("127.0.0.1:{port}"))
+            .collect();
+        create_cluster(&redis_cli, &dir, &addresses)?;
+        wait_for_cluster_ok(&ports)?;
+        eprintln!(
+            "tests/support: Redis Cluster {} ready in {:.1?}",
+            addresses.join(","),
+            started.elapsed()
+        );
+        return Ok(addresses.join(","));
+    }
+    Err(last_error)
+}
+
+/// `redis-cli --cluster create`: assigns the slots and joins the nodes.
+fn create_cluster(redis_cli: &Path, dir: &Path, addresses: &[String]) -> Result<(), String> {
+    let log = dir.join("cluster-create.log");
+    let (out, err) = process::log_file(&log);
+    let mut command = Command::new(redis_cli);
+    command
+        .args(["--cluster", "create"])
+        .args(addresses)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    let mut child =
+        process::spawn_tied(command, None).map_err(|e| format!("spawn redis-cli: {e}"))?;
+    match process::wait_timeout(&mut child, Duration::from_secs(60)) {
+        Some(status) if status.success() => Ok(()),
+        outcome => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(format!(
+                "redis-cli --cluster create {} failed ({outcome:?}); its output:\n{}",
+                addresses.join(" "),
+                process::read_log(&log)
+            ))
+        }
+    }
+}
+
+/// Waits until every node reports `cluster_state:ok`, all 16384 slots
+/// assigned and served, and knows all three masters.
+fn wait_for_cluster_ok(ports: &[u16]) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut last_info = String::new();
+    loop {
+        let mut all_ok = true;
+        for &port in ports {
+            let info = process::redis_command(port, &["CLUSTER", "INFO"])
+                .unwrap_or_else(|e| e.to_string());
+            let ok = info.contains("cluster_state:ok")
+                && info.contains("cluster_slots_assigned:16384")
+                && info.contains("cluster_slots_ok:16384")
+                && info.contains(&format!("cluster_known_nodes:{}", ports.len()));
+            if !ok {
+                all_ok = false;
+                last_info = format!("127.0.0.1:{port} says:\n{info}");
+                break;
+            }
+        }
+        if all_ok {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("Redis Cluster not ok after 30 s; {last_info}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
