@@ -11,3 +11,6 @@ pub mod auth;
 pub mod metrics;
 pub mod http;
 pub mod server;
+pub mod relay;
+pub mod jobs;
+pub mod crypto;

@@ -9,7 +9,6 @@ use actix_web::{web, App, HttpServer};
 
 use crate::config::{ms, Settings};
 use crate::http::state::{AppState, Instance, Role};
-use crate::metrics::Metrics;
 use crate::store::{self, StoreError};
 
 /// Why `serve` could not run.
@@ -45,7 +44,7 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     let store = store::open(&settings).await?;
     let instance = Instance::new(settings.cell_id(), role);
     tracing::info!(instance_id = %instance.instance_id, backend = store.backend(), "tether_instance_starting");
-    let state = web::Data::new(AppState { settings: settings.clone(), store, instance, metrics: Metrics::install() });
+    let state = AppState::start(settings.clone(), store, instance);
     let app_state = state.clone();
     let max_body = settings.http.max_body_bytes;
     let addr = settings.listen_addr();

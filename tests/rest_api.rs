@@ -13,7 +13,6 @@ use actix_web::{web, App};
 use serde_json::{json, Value};
 use tether::config::Settings;
 use tether::http::state::{AppState, Instance, Role};
-use tether::metrics::Metrics;
 use tether::store::{self, host_lease_key, Store};
 
 /// A store plus whatever must outlive it.
@@ -34,12 +33,7 @@ async fn fixture(postgres: bool) -> Fixture {
         Some(dir)
     };
     let store: Arc<dyn Store> = store::open(&settings).await.expect("open store");
-    let state = web::Data::new(AppState {
-        settings: Arc::new(settings),
-        store,
-        instance: Instance::new("cell-a".into(), Role::Combined),
-        metrics: Metrics::install(),
-    });
+    let state = AppState::start(Arc::new(settings), store, Instance::new("cell-a".into(), Role::Combined));
     Fixture { state, _dir: dir }
 }
 

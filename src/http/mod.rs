@@ -6,6 +6,7 @@ pub mod ops;
 pub mod rest;
 pub mod state;
 pub mod views;
+pub mod ws;
 
 use std::time::Instant;
 
@@ -24,6 +25,8 @@ pub fn configure(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
     .route("/healthz", web::get().to(ops::healthz))
     .route("/readyz", web::get().to(ops::readyz))
     .route("/metrics", web::get().to(ops::metrics))
+    .route("/ws/v1/daemon", web::get().to(ws::daemon))
+    .route("/ws/v1/terminals/{id}", web::get().to(ws::terminal))
     .configure(rest::configure)
     .default_service(web::to(|| async { Err::<actix_web::HttpResponse, _>(error::ApiError::not_found("route")) }));
 }

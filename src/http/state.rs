@@ -5,12 +5,19 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use actix::{Actor, Addr};
 use actix_web::{web, FromRequest, HttpRequest};
 use uuid::Uuid;
 
 use super::error::ApiError;
 use crate::auth;
-use crate::config::Settings;
+use crate::config::{ms, Settings};
+use crate::jobs::runs::RunDispatcher;
+use crate::relay::arbiter::ArbiterConfig;
+use crate::relay::grid::GridTimings;
+use crate::relay::limiter::AddressLimiter;
+use crate::relay::registry::HostRegistry;
+use crate::relay::RelayContext;
 use crate::metrics::Metrics;
 use crate::store::{Store, User};
 
@@ -58,6 +65,50 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub instance: Instance,
     pub metrics: Metrics,
+    pub relay: RelayContext,
+    pub limiter: AddressLimiter,
+    pub runs: Addr<RunDispatcher>,
+}
+
+impl AppState {
+    /// Starts this instance's relay actors (the registry, the run
+    /// dispatcher) on the current actix system.
+    pub fn start(settings: Arc<Settings>, store: Arc<dyn Store>, instance: Instance) -> web::Data<Self> {
+        let arbiter_config = ArbiterConfig {
+            timings: GridTimings {
+                in_use: ms(settings.viewer.in_use_ms),
+                fresh: ms(settings.viewer.fresh_ms),
+                ping_timeout: ms(settings.viewer.ping_timeout_ms),
+            },
+            ring_bytes: 512 * 1024,
+            input_queue_limit: 4 * 1024 * 1024,
+            run_log_max_bytes: settings.runs.log_max_bytes,
+        };
+        let registry = HostRegistry::new(
+            store.clone(),
+            instance.instance_id.clone(),
+            ms(settings.lease.ttl_ms),
+            ms(settings.lease.renew_ms),
+            arbiter_config,
+        )
+        .start();
+        let relay = RelayContext {
+            store: store.clone(),
+            registry,
+            settings: settings.clone(),
+            instance_id: instance.instance_id.clone(),
+        };
+        let runs = RunDispatcher::new(relay.clone()).start();
+        web::Data::new(Self {
+            settings,
+            store,
+            instance,
+            metrics: Metrics::install(),
+            relay,
+            limiter: AddressLimiter::default(),
+            runs,
+        })
+    }
 }
 
 /// The user behind the request's Bearer token; 401 without a valid one.

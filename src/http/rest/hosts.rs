@@ -1,14 +1,16 @@
-//! `/api/v1/hosts` (SPEC §6.1): register (upsert by user + hostname), list
-//! and get with live state, delete (409 while online).
+//! `/api/v1/hosts` (SPEC §6.1-6.3, §6.5): register (upsert by user +
+//! hostname), list and get with live state, delete (409 while online), and
+//! the requests answered by the daemon: dirs, limits, credentials.
 
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{check_text, online_hosts, path_id};
+use super::{ask_daemon, check_text, online_hosts, path_id};
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::http::views::HostView;
+use crate::relay::{DaemonAnswer, DaemonRequestKind};
 use crate::store::NewHost;
 
 #[derive(Debug, Deserialize)]
@@ -83,4 +85,99 @@ pub async fn delete(
         return Err(ApiError::not_found("host"));
     }
     Ok(HttpResponse::NoContent().finish())
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DirBody {
+    path: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DirQuery {
+    path: String,
+}
+
+fn check_path(path: &str) -> Result<(), ApiError> {
+    if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
+        return Err(ApiError::bad_request("invalid_dir", "`path` must be an absolute path"));
+    }
+    Ok(())
+}
+
+async fn own_host(state: &AppState, user: &AuthUser, raw: &str) -> Result<uuid::Uuid, ApiError> {
+    let id = path_id(raw, "host")?;
+    state.store.get_host(user.id(), id).await?.ok_or_else(|| ApiError::not_found("host"))?;
+    Ok(id)
+}
+
+fn dirs_response(answer: DaemonAnswer) -> Result<HttpResponse, ApiError> {
+    match answer {
+        DaemonAnswer::Dirs(dirs) => Ok(HttpResponse::Ok().json(json!({ "dirs": dirs }))),
+        _ => Err(ApiError::internal()),
+    }
+}
+
+/// `POST /hosts/{id}/dirs {path}`: the daemon adds an allowed dir (10 s).
+pub async fn add_dir(
+    state: web::Data<AppState>,
+    user: AuthUser,
+    id: web::Path<String>,
+    body: web::Json<DirBody>,
+) -> Result<HttpResponse, ApiError> {
+    let id = own_host(&state, &user, &id).await?;
+    check_path(&body.path)?;
+    dirs_response(ask_daemon(&state, id, DaemonRequestKind::AddDir(body.into_inner().path)).await?)
+}
+
+/// `DELETE /hosts/{id}/dirs?path=`: the daemon removes an allowed dir (10 s).
+pub async fn remove_dir(
+    state: web::Data<AppState>,
+    user: AuthUser,
+    id: web::Path<String>,
+    query: web::Query<DirQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let id = own_host(&state, &user, &id).await?;
+    check_path(&query.path)?;
+    dirs_response(ask_daemon(&state, id, DaemonRequestKind::RemoveDir(query.into_inner().path)).await?)
+}
+
+/// `POST /hosts/{id}/limits/refresh`: the daemon's resource limits (30 s).
+pub async fn refresh_limits(
+    state: web::Data<AppState>,
+    user: AuthUser,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = own_host(&state, &user, &id).await?;
+    match ask_daemon(&state, id, DaemonRequestKind::RefreshLimits).await? {
+        DaemonAnswer::Limits(limits) => Ok(HttpResponse::Ok().json(json!({ "limits": limits }))),
+        _ => Err(ApiError::internal()),
+    }
+}
+
+/// `POST /hosts/{id}/credentials/refresh`: asks the daemon for its
+/// credentials, checks they are a JSON object, stores them encrypted. The
+/// credentials never appear in a response or a log line.
+pub async fn refresh_credentials(
+    state: web::Data<AppState>,
+    user: AuthUser,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = own_host(&state, &user, &id).await?;
+    let key = state.settings.encryption_key().ok_or_else(|| {
+        ApiError::conflict("encryption_not_configured", "set encryption.key to store host credentials")
+    })?;
+    let DaemonAnswer::Credentials(plaintext) = ask_daemon(&state, id, DaemonRequestKind::Credentials).await? else {
+        return Err(ApiError::internal());
+    };
+    let valid = serde_json::from_slice::<serde_json::Value>(&plaintext).is_ok_and(|v| v.is_object());
+    if !valid || plaintext.len() > 64 * 1024 {
+        return Err(ApiError::new(
+            actix_web::http::StatusCode::BAD_GATEWAY,
+            "daemon_refused",
+            "the daemon's credentials are not a JSON object of at most 64 KiB",
+        ));
+    }
+    let sealed = crate::crypto::seal(&key, id, &plaintext).map_err(|_| ApiError::internal())?;
+    state.store.put_credentials(id, &sealed).await?;
+    Ok(HttpResponse::Ok().json(json!({ "ok": true, "hostId": id })))
 }

@@ -8,11 +8,16 @@ mod terminals;
 
 use std::collections::HashSet;
 
+use actix::Addr;
+use actix_web::http::StatusCode;
 use actix_web::web;
 use uuid::Uuid;
 
 use super::error::ApiError;
 use super::state::AppState;
+use crate::relay::daemon_conn::DaemonConn;
+use crate::relay::registry::HostConn;
+use crate::relay::{DaemonAnswer, DaemonRequest, DaemonRequestKind, RequestError};
 use crate::store::host_lease_key;
 
 /// Registers the `/api/v1` routes.
@@ -24,10 +29,17 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route("/hosts", web::get().to(hosts::list))
             .route("/hosts/{id}", web::get().to(hosts::get))
             .route("/hosts/{id}", web::delete().to(hosts::delete))
+            .route("/hosts/{id}/dirs", web::post().to(hosts::add_dir))
+            .route("/hosts/{id}/dirs", web::delete().to(hosts::remove_dir))
+            .route("/hosts/{id}/limits/refresh", web::post().to(hosts::refresh_limits))
+            .route("/hosts/{id}/credentials/refresh", web::post().to(hosts::refresh_credentials))
             .route("/terminals", web::post().to(terminals::create))
             .route("/terminals", web::get().to(terminals::list))
             .route("/terminals/{id}", web::get().to(terminals::get))
             .route("/terminals/{id}", web::delete().to(terminals::delete))
+            .route("/terminals/{id}/input", web::post().to(terminals::input))
+            .route("/terminals/{id}/resize", web::post().to(terminals::resize))
+            .route("/terminals/{id}/kill", web::post().to(terminals::kill))
             .route("/runs", web::post().to(runs::create))
             .route("/runs", web::get().to(runs::list))
             .route("/runs/{id}", web::get().to(runs::get))
@@ -51,6 +63,41 @@ async fn online_hosts(state: &AppState, hosts: &[Uuid]) -> Result<HashSet<Uuid>,
     let live = state.store.lease_holders(&keys).await?;
     let live: HashSet<&str> = live.iter().map(|(k, _)| k.as_str()).collect();
     Ok(hosts.iter().copied().filter(|h| live.contains(host_lease_key(*h).as_str())).collect())
+}
+
+/// The connection of a host whose daemon is on this instance; 409 otherwise.
+async fn daemon_for(state: &AppState, host_id: Uuid) -> Result<Addr<DaemonConn>, ApiError> {
+    state
+        .relay
+        .registry
+        .send(HostConn(host_id))
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(|| ApiError::conflict("host_offline", "the host is offline"))
+}
+
+/// Maps a daemon request failure to SPEC §6's statuses.
+fn request_error(err: RequestError) -> ApiError {
+    match err {
+        RequestError::Offline => ApiError::conflict("host_offline", "the host is offline"),
+        RequestError::Timeout => {
+            ApiError::new(StatusCode::GATEWAY_TIMEOUT, "daemon_timeout", "the daemon did not answer in time")
+        }
+        RequestError::Refused(message) => ApiError::new(StatusCode::BAD_GATEWAY, "daemon_refused", message),
+        RequestError::Unsupported => {
+            ApiError::new(StatusCode::BAD_GATEWAY, "daemon_unsupported", "the daemon does not support this")
+        }
+    }
+}
+
+/// Sends a request to the host's daemon and waits for its answer.
+async fn ask_daemon(state: &AppState, host_id: Uuid, kind: DaemonRequestKind) -> Result<DaemonAnswer, ApiError> {
+    let conn = daemon_for(state, host_id).await?;
+    conn.send(DaemonRequest(kind))
+        .await
+        .map_err(|_| ApiError::conflict("host_offline", "the host is offline"))?
+        .map_err(request_error)
 }
 
 /// Checks a short free-text field.

@@ -1,16 +1,24 @@
-//! `/api/v1/terminals` (SPEC §6.4): create (inserted `pending` with reason
-//! `host_offline` until a daemon takes it), list with filters, get, and
-//! delete (409 while the terminal is live).
+//! `/api/v1/terminals` (SPEC §6.4): create (inserted `pending`, claimed
+//! `launching` by compare-and-set before Spawn is sent, or parked with
+//! reason `host_offline`), list with filters, get, delete (409 while live),
+//! and input, resize and kill for a running terminal (409 when its host is
+//! offline).
 
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{check_argv, check_dir, check_text, field_id, path_id};
+use actix::Addr;
+
+use super::{check_argv, check_dir, check_text, daemon_for, field_id, path_id};
+use crate::proto::v1::server_frame;
+use crate::relay::daemon_conn::DaemonConn;
+use crate::relay::registry::HostConn;
+use crate::relay::{SpawnTerminal, ToDaemon};
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::http::views::TerminalView;
-use crate::store::{DeleteOutcome, NewTerminal, TerminalFilter, TerminalState};
+use crate::store::{DeleteOutcome, NewTerminal, Terminal, TerminalFilter, TerminalState};
 
 /// Grids are clamped to 1..=1000 everywhere (SPEC §5); the API refuses
 /// anything outside rather than guess.
@@ -70,6 +78,14 @@ pub async fn create(
             run_id: None,
         })
         .await?;
+    // Spawn at once when the daemon is here; otherwise it stays parked
+    // (`pending`, `host_offline`) and is spawned when the host connects.
+    let mut terminal = terminal;
+    if let Ok(Some(conn)) = state.relay.registry.send(HostConn(host_id)).await {
+        if conn.send(SpawnTerminal(terminal.clone())).await.unwrap_or(false) {
+            terminal = state.store.get_terminal(user.id(), terminal.id).await?.unwrap_or(terminal);
+        }
+    }
     Ok(HttpResponse::Created().json(json!({ "terminal": TerminalView::from(terminal) })))
 }
 
@@ -121,4 +137,120 @@ pub async fn delete(
             Err(ApiError::conflict("terminal_live", "the terminal is live; kill it and wait for its exit first"))
         }
     }
+}
+
+/// Largest input accepted by `POST /terminals/{id}/input`.
+pub const MAX_INPUT_BYTES: usize = 64 * 1024;
+
+/// A terminal of this user that is running on a host connected here.
+async fn running_terminal(
+    state: &AppState,
+    user: &AuthUser,
+    raw: &str,
+) -> Result<(Terminal, Addr<DaemonConn>), ApiError> {
+    let id = path_id(raw, "terminal")?;
+    let terminal = state.store.get_terminal(user.id(), id).await?.ok_or_else(|| ApiError::not_found("terminal"))?;
+    if !terminal.state.is_live() {
+        return Err(ApiError::conflict(
+            "terminal_not_running",
+            format!("the terminal is {}", terminal.state),
+        ));
+    }
+    let conn = daemon_for(state, terminal.host_id).await?;
+    Ok((terminal, conn))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InputBody {
+    data: String,
+}
+
+pub async fn input(
+    state: web::Data<AppState>,
+    user: AuthUser,
+    id: web::Path<String>,
+    body: web::Json<InputBody>,
+) -> Result<HttpResponse, ApiError> {
+    if body.data.len() > MAX_INPUT_BYTES {
+        return Err(ApiError::payload_too_large(format!("input over {MAX_INPUT_BYTES} bytes")));
+    }
+    let (terminal, conn) = running_terminal(&state, &user, &id).await?;
+    conn.do_send(ToDaemon(server_frame::Frame::Input(crate::proto::v1::Input {
+        terminal_id: terminal.id.to_string(),
+        data: body.into_inner().data.into_bytes().into(),
+    })));
+    Ok(HttpResponse::Accepted().json(json!({ "terminal": TerminalView::from(terminal) })))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ResizeBody {
+    cols: u32,
+    rows: u32,
+}
+
+pub async fn resize(
+    state: web::Data<AppState>,
+    user: AuthUser,
+    id: web::Path<String>,
+    body: web::Json<ResizeBody>,
+) -> Result<HttpResponse, ApiError> {
+    let cols = grid("cols", Some(body.cols), 80)?;
+    let rows = grid("rows", Some(body.rows), 24)?;
+    let (terminal, conn) = running_terminal(&state, &user, &id).await?;
+    conn.do_send(ToDaemon(server_frame::Frame::Resize(crate::proto::v1::Resize {
+        terminal_id: terminal.id.to_string(),
+        cols: u32::from(cols),
+        rows: u32::from(rows),
+    })));
+    Ok(HttpResponse::Accepted().json(json!({ "terminal": TerminalView::from(terminal) })))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct KillBody {
+    #[serde(default)]
+    signal: Option<serde_json::Value>,
+}
+
+/// A signal by number (1..=64) or name (`TERM`, `SIGKILL`, ...).
+fn signal_number(value: Option<&serde_json::Value>) -> Result<i32, ApiError> {
+    const NAMES: &[(&str, i32)] = &[
+        ("HUP", 1),
+        ("INT", 2),
+        ("QUIT", 3),
+        ("KILL", 9),
+        ("USR1", 10),
+        ("USR2", 12),
+        ("TERM", 15),
+        ("CONT", 18),
+        ("STOP", 19),
+        ("TSTP", 20),
+        ("WINCH", 28),
+    ];
+    let bad = || ApiError::bad_request("invalid_signal", "`signal` must be 1..64 or a name such as TERM or KILL");
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(15),
+        Some(serde_json::Value::Number(n)) => n.as_i64().filter(|n| (1..=64).contains(n)).map(|n| n as i32).ok_or_else(bad),
+        Some(serde_json::Value::String(name)) => {
+            let upper = name.to_ascii_uppercase();
+            let name = upper.strip_prefix("SIG").unwrap_or(&upper);
+            NAMES.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).ok_or_else(bad)
+        }
+        Some(_) => Err(bad()),
+    }
+}
+
+/// Sends a signal; the row stays `running` until the daemon reports the exit.
+pub async fn kill(
+    state: web::Data<AppState>,
+    user: AuthUser,
+    id: web::Path<String>,
+    body: Option<web::Json<KillBody>>,
+) -> Result<HttpResponse, ApiError> {
+    let signal = signal_number(body.as_ref().and_then(|b| b.signal.as_ref()))?;
+    let (terminal, conn) = running_terminal(&state, &user, &id).await?;
+    conn.do_send(ToDaemon(server_frame::Frame::Kill(crate::proto::v1::Kill {
+        terminal_id: terminal.id.to_string(),
+        signal,
+    })));
+    Ok(HttpResponse::Accepted().json(json!({ "terminal": TerminalView::from(terminal) })))
 }

@@ -1,0 +1,110 @@
+//! WebSocket upgrades: `GET /ws/v1/daemon` (SPEC §4) and
+//! `GET /ws/v1/terminals/{id}` (SPEC §5).
+//!
+//! Every refusal happens after the upgrade, as a close code the client can
+//! read (browsers cannot see an HTTP status of a failed upgrade): 4401 bad
+//! token, 4403 foreign, 4404 unknown terminal, 4429 per-address cap.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use actix_ws::{AggregatedMessageStream, Session};
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::state::{user_for_token, AppState};
+use crate::auth;
+use crate::relay::outbox::close_reason;
+use crate::relay::{close, daemon_conn, viewer, MAX_FRAME_BYTES};
+
+pub const DAEMON_PROTOCOL: &str = "tether.daemon.v1";
+pub const VIEWER_PROTOCOL: &str = "tether.v1";
+
+/// Closes a freshly upgraded socket with a code, keeping its reader alive
+/// until the close frame is out.
+fn refuse(session: Session, stream: AggregatedMessageStream, code: u16, reason: &'static str) {
+    actix_rt::spawn(async move {
+        let _ = session.close(Some(close_reason(code, reason))).await;
+        drop(stream);
+    });
+}
+
+fn upgrade(
+    req: &HttpRequest,
+    body: web::Payload,
+    protocol: &str,
+) -> Result<(HttpResponse, Session, AggregatedMessageStream), actix_web::Error> {
+    let (res, session, stream) = actix_ws::handle_with_protocols(req, body, &[protocol])?;
+    let stream = stream.max_frame_size(MAX_FRAME_BYTES).aggregate_continuations().max_continuation_size(MAX_FRAME_BYTES);
+    Ok((res, session, stream))
+}
+
+pub async fn daemon(req: HttpRequest, body: web::Payload, state: web::Data<AppState>) -> Result<HttpResponse, actix_web::Error> {
+    let (res, session, stream) = upgrade(&req, body, DAEMON_PROTOCOL)?;
+    let peer = req.peer_addr().map(|a| a.ip());
+    let Some(guard) = state.limiter.acquire(peer, state.settings.http.ws_per_address) else {
+        refuse(session, stream, close::TOO_MANY, "too many connections from this address");
+        return Ok(res);
+    };
+    match user_for_token(&state, auth::websocket_token(&req)).await {
+        Ok(user) => {
+            daemon_conn::start(state.relay.clone(), user.id, session, stream, guard);
+        }
+        Err(e) if e.status == actix_web::http::StatusCode::UNAUTHORIZED => {
+            refuse(session, stream, close::BAD_TOKEN, "bad token");
+        }
+        Err(_) => refuse(session, stream, close::INTERNAL, "server error"),
+    }
+    Ok(res)
+}
+
+#[derive(Deserialize)]
+pub struct ViewerQuery {
+    from: Option<String>,
+}
+
+pub async fn terminal(
+    req: HttpRequest,
+    body: web::Payload,
+    path: web::Path<String>,
+    query: web::Query<ViewerQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, actix_web::Error> {
+    let (res, session, stream) = upgrade(&req, body, VIEWER_PROTOCOL)?;
+    let peer = req.peer_addr().map(|a| a.ip());
+    let Some(guard) = state.limiter.acquire(peer, state.settings.http.ws_per_address) else {
+        refuse(session, stream, close::TOO_MANY, "too many connections from this address");
+        return Ok(res);
+    };
+    let user = match user_for_token(&state, auth::websocket_token(&req)).await {
+        Ok(user) => user,
+        Err(e) if e.status == actix_web::http::StatusCode::UNAUTHORIZED => {
+            refuse(session, stream, close::BAD_TOKEN, "bad token");
+            return Ok(res);
+        }
+        Err(_) => {
+            refuse(session, stream, close::INTERNAL, "server error");
+            return Ok(res);
+        }
+    };
+    let Ok(id) = Uuid::parse_str(&path) else {
+        refuse(session, stream, close::UNKNOWN_TERMINAL, "unknown terminal");
+        return Ok(res);
+    };
+    let terminal = match state.store.terminal_by_id(id).await {
+        Ok(Some(t)) if t.user_id == user.id => t,
+        Ok(Some(_)) => {
+            refuse(session, stream, close::FORBIDDEN, "not your terminal");
+            return Ok(res);
+        }
+        Ok(None) => {
+            refuse(session, stream, close::UNKNOWN_TERMINAL, "unknown terminal");
+            return Ok(res);
+        }
+        Err(_) => {
+            refuse(session, stream, close::INTERNAL, "server error");
+            return Ok(res);
+        }
+    };
+    let resume_from = query.from.as_deref().and_then(|f| f.parse::<u64>().ok());
+    viewer::start(state.relay.clone(), terminal, resume_from, session, stream, guard);
+    Ok(res)
+}

@@ -1,0 +1,113 @@
+//! `RunDispatcher`: claims queued runs of the hosts connected to this
+//! instance (`FOR UPDATE SKIP LOCKED` on PostgreSQL, a write transaction on
+//! SQLite, so two instances never take the same run) and dispatches each
+//! as a terminal whose output the terminal's arbiter captures into the
+//! run's log until it exits (SPEC §6.6).
+//!
+//! It looks every second, and at once when nudged (a run was queued for a
+//! host here, or a host connected). A run whose host is offline stays
+//! queued until the host returns.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use crate::relay::registry::{ConnectedHosts, HostConn, OpenTerminal};
+use crate::relay::{CaptureRun, RelayContext, SpawnTerminal};
+use crate::store::{NewTerminal, Run};
+
+/// Runs claimed per look.
+const BATCH: usize = 16;
+
+pub struct RunDispatcher {
+    relay: RelayContext,
+    busy: bool,
+    again: bool,
+}
+
+impl RunDispatcher {
+    pub fn new(relay: RelayContext) -> Self {
+        Self { relay, busy: false, again: false }
+    }
+
+    fn look(&mut self, ctx: &mut Context<Self>) {
+        if self.busy {
+            self.again = true;
+            return;
+        }
+        self.busy = true;
+        let relay = self.relay.clone();
+        async move {
+            let hosts = relay.registry.send(ConnectedHosts).await.unwrap_or_default();
+            let runs = match relay.store.claim_queued_runs(&hosts, BATCH).await {
+                Ok(runs) => runs,
+                Err(e) => {
+                    tracing::warn!(error = %e, "tether_runs_claim_failed");
+                    return false;
+                }
+            };
+            let full = runs.len() == BATCH;
+            for run in runs {
+                if let Err(e) = dispatch(&relay, run).await {
+                    tracing::error!(error = %e, "tether_run_dispatch_failed");
+                }
+            }
+            full
+        }
+        .into_actor(self)
+        .map(|more, act, ctx| {
+            act.busy = false;
+            if more || std::mem::take(&mut act.again) {
+                act.look(ctx);
+            }
+        })
+        .spawn(ctx);
+    }
+}
+
+/// Creates the run's terminal, starts its capture and asks the daemon to spawn it.
+async fn dispatch(relay: &RelayContext, run: Run) -> Result<(), crate::store::StoreError> {
+    let terminal = relay
+        .store
+        .insert_terminal(&NewTerminal {
+            user_id: run.user_id,
+            host_id: run.host_id,
+            title: Some(format!("run {}", run.id)),
+            dir: run.dir.clone(),
+            argv: run.argv.clone(),
+            cols: 80,
+            rows: 24,
+            run_id: Some(run.id),
+        })
+        .await?;
+    relay.store.set_run_terminal(run.id, terminal.id).await?;
+    tracing::info!(run_id = %run.id, terminal_id = %terminal.id, "tether_run_dispatched");
+    if let Ok(arbiter) = relay.registry.send(OpenTerminal { terminal_id: terminal.id, host_id: run.host_id }).await {
+        arbiter.do_send(CaptureRun { run_id: run.id, logged: 0 });
+    }
+    // If the host left meanwhile the terminal stays parked and is spawned on its return.
+    if let Ok(Some(conn)) = relay.registry.send(HostConn(run.host_id)).await {
+        let _ = conn.send(SpawnTerminal(terminal)).await;
+    }
+    Ok(())
+}
+
+impl Actor for RunDispatcher {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(Duration::from_secs(1), |act, ctx| act.look(ctx));
+    }
+}
+
+/// Look for work now.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Nudge;
+
+impl Handler<Nudge> for RunDispatcher {
+    type Result = ();
+    fn handle(&mut self, _: Nudge, ctx: &mut Context<Self>) {
+        self.look(ctx);
+    }
+}

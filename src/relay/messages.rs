@@ -1,0 +1,172 @@
+//! Typed messages between the relay's actors.
+
+use actix::prelude::*;
+use bytes::Bytes;
+use uuid::Uuid;
+
+use super::arbiter::TerminalArbiter;
+use super::daemon_conn::DaemonConn;
+use crate::store::{ExitStatus, Terminal};
+
+// ------------------------------------------------------------ to a DaemonConn
+
+/// A frame for the daemon that needs no answer (input, resize, kill).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ToDaemon(pub crate::proto::v1::server_frame::Frame);
+
+/// Claim `pending -> launching` and send Spawn (SPEC §6.4); true when sent.
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct SpawnTerminal(pub Terminal);
+
+/// Start the daemon's output stream of a terminal towards `arbiter`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct AttachArbiter {
+    pub terminal_id: Uuid,
+    pub attach_id: String,
+    /// Resume the raw stream from this offset when the daemon still has it.
+    pub resume_from: Option<u64>,
+    pub arbiter: Addr<TerminalArbiter>,
+}
+
+/// Stop the output stream, if `arbiter` is still the one attached.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct DetachArbiter {
+    pub terminal_id: Uuid,
+    pub arbiter: Addr<TerminalArbiter>,
+}
+
+/// Close the socket with a code (4000 replaced, 4503 draining).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CloseDaemon {
+    pub code: u16,
+    pub reason: &'static str,
+}
+
+/// A request answered by the daemon (SPEC §6.2, §6.3, §6.5).
+#[derive(Debug, Clone)]
+pub enum DaemonRequestKind {
+    AddDir(String),
+    RemoveDir(String),
+    RefreshLimits,
+    Credentials,
+}
+
+/// The daemon's answer to a [`DaemonRequestKind`].
+#[derive(Debug, Clone)]
+pub enum DaemonAnswer {
+    Dirs(Vec<String>),
+    Limits(serde_json::Value),
+    Credentials(Vec<u8>),
+}
+
+/// Why a daemon request produced no answer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RequestError {
+    #[error("the host is offline")]
+    Offline,
+    #[error("the daemon did not answer in time")]
+    Timeout,
+    #[error("the daemon refused: {0}")]
+    Refused(String),
+    #[error("the daemon does not support this")]
+    Unsupported,
+}
+
+#[derive(Message)]
+#[rtype(result = "Result<DaemonAnswer, RequestError>")]
+pub struct DaemonRequest(pub DaemonRequestKind);
+
+// ------------------------------------------------------------ to a TerminalArbiter
+
+/// Output and control from the daemon's stream for one terminal.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub enum StreamEvent {
+    Output { offset: u64, data: Bytes },
+    Scrollback { attach_id: String, data: Bytes, cols: u16, rows: u16, offset: u64, resumed: bool },
+    AttachError { attach_id: String, message: String },
+    Size { cols: u16, rows: u16 },
+}
+
+/// A terminal's lifecycle as the owner records it.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub enum LifecycleEvent {
+    Started,
+    SpawnFailed(String),
+    Exited { status: ExitStatus, snapshot: Option<(Bytes, u16, u16)> },
+}
+
+/// The host's daemon connection is (again) available on this instance.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct HostOnline {
+    pub conn: Addr<DaemonConn>,
+    pub daemon_queue: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// The host's daemon connection ended or was replaced.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct HostOffline;
+
+/// What a viewer tells the arbiter.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub enum FromViewer {
+    View { viewer: u64, view: ViewReport },
+    Resize { viewer: u64, cols: u16, rows: u16 },
+    Input { viewer: u64, data: Bytes },
+    Pong { viewer: u64 },
+    Leave { viewer: u64 },
+}
+
+/// A viewer's `view` message (SPEC §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ViewReport {
+    pub cols: u16,
+    pub rows: u16,
+    pub visible: bool,
+    pub idle_ms: u64,
+    pub open: bool,
+}
+
+/// A viewer joins; `Err(Retired)` means ask the registry again.
+#[derive(Message)]
+#[rtype(result = "Result<(), Retired>")]
+pub struct Join {
+    pub viewer: u64,
+    pub out: Recipient<ViewerOut>,
+    pub resume_from: Option<u64>,
+}
+
+/// The arbiter is shutting down; the caller should open the terminal again.
+#[derive(Debug, Clone, Copy)]
+pub struct Retired;
+
+/// Keep the terminal attached and write its output to the run's log.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct CaptureRun {
+    pub run_id: Uuid,
+    /// Bytes of output already in the log (resume point after a restart).
+    pub logged: u64,
+}
+
+// ------------------------------------------------------------ to a Viewer
+
+/// What the arbiter sends a viewer socket.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub enum ViewerOut {
+    Text(String),
+    Binary(Bytes),
+    /// A WebSocket ping (the arbiter checks whether the holder is alive).
+    Ping,
+    Close { code: u16, reason: String },
+}

@@ -1,0 +1,60 @@
+//! The relay on an instance: the actors that connect daemons, terminals and
+//! viewers (SPEC §4, §5, §7.1).
+//!
+//! - [`daemon_conn::DaemonConn`]: one per daemon socket; handles its frames
+//!   strictly in order and owns its lease.
+//! - [`registry::HostRegistry`]: this instance's connected hosts (newest
+//!   wins, batched lease renew) and its terminal arbiters.
+//! - [`arbiter::TerminalArbiter`]: one per terminal with viewers, on the
+//!   owner: fan-out, snapshot-then-live, resume, the grid.
+//! - [`viewer::Viewer`]: one per viewer socket, with a bounded outbound queue.
+//!
+//! The owner-side logic never asks where a viewer or a request came from:
+//! viewers are `Recipient<ViewerOut>`s and requests are messages.
+
+pub mod arbiter;
+pub mod daemon_conn;
+pub mod grid;
+pub mod limiter;
+pub mod messages;
+pub mod outbox;
+pub mod registry;
+pub mod viewer;
+
+pub use messages::*;
+
+/// Close codes of SPEC §4 and §5.
+pub mod close {
+    pub const REPLACED: u16 = 4000;
+    pub const BAD_TOKEN: u16 = 4401;
+    pub const FORBIDDEN: u16 = 4403;
+    pub const UNKNOWN_TERMINAL: u16 = 4404;
+    pub const NO_HELLO: u16 = 4408;
+    pub const WRONG_CELL: u16 = 4409;
+    pub const TOO_LARGE: u16 = 4413;
+    pub const TOO_MANY: u16 = 4429;
+    pub const DRAINING: u16 = 4503;
+    pub const HOST_GONE: u16 = 4503;
+    pub const POLICY: u16 = 1008;
+    pub const INTERNAL: u16 = 1011;
+    pub const NORMAL: u16 = 1000;
+}
+
+/// Largest WebSocket frame accepted from a daemon or a viewer.
+pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
+
+use std::sync::Arc;
+
+use actix::Addr;
+
+use crate::config::Settings;
+use crate::store::Store;
+
+/// What every relay actor needs from its instance.
+#[derive(Clone)]
+pub struct RelayContext {
+    pub store: Arc<dyn Store>,
+    pub registry: Addr<registry::HostRegistry>,
+    pub settings: Arc<Settings>,
+    pub instance_id: String,
+}

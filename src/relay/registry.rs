@@ -1,0 +1,326 @@
+//! `HostRegistry`: this instance's live daemon connections and terminal
+//! arbiters (SPEC §7.1).
+//!
+//! - Newest daemon wins: registering a host replaces (4000) the connection
+//!   this instance already had for it.
+//! - Every `lease.renew_ms` all held host leases are renewed in ONE store
+//!   statement; a connection whose lease was not renewed (another instance
+//!   seized it) is closed 4000.
+//! - Arbiters are created on demand, one per terminal, and told when their
+//!   host's connection comes and goes.
+//!
+//! The registry never awaits another actor, so nothing can deadlock on it.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use uuid::Uuid;
+
+use super::arbiter::{ArbiterConfig, TerminalArbiter};
+use super::daemon_conn::DaemonConn;
+use super::{close, CloseDaemon, HostOffline, HostOnline, LifecycleEvent};
+use crate::store::{host_lease_key, Store};
+
+struct HostEntry {
+    conn_no: u64,
+    conn: Addr<DaemonConn>,
+    /// Set once the connection holds its lease and finished its hello.
+    ready: Option<Arc<AtomicUsize>>,
+}
+
+pub struct HostRegistry {
+    store: Arc<dyn Store>,
+    instance_id: String,
+    lease_ttl: Duration,
+    renew_every: Duration,
+    arbiter_config: ArbiterConfig,
+    next_conn: u64,
+    hosts: HashMap<Uuid, HostEntry>,
+    terminals: HashMap<Uuid, (Uuid, Addr<TerminalArbiter>)>,
+    renewing: bool,
+}
+
+impl HostRegistry {
+    pub fn new(
+        store: Arc<dyn Store>,
+        instance_id: String,
+        lease_ttl: Duration,
+        renew_every: Duration,
+        arbiter_config: ArbiterConfig,
+    ) -> Self {
+        Self {
+            store,
+            instance_id,
+            lease_ttl,
+            renew_every,
+            arbiter_config,
+            next_conn: 0,
+            hosts: HashMap::new(),
+            terminals: HashMap::new(),
+            renewing: false,
+        }
+    }
+
+    /// The lease holder string of a connection: `<instance id>#<conn no>`.
+    pub fn holder(instance_id: &str, conn_no: u64) -> String {
+        format!("{instance_id}#{conn_no}")
+    }
+
+    fn renew(&mut self, ctx: &mut Context<Self>) {
+        if self.renewing {
+            return; // never overlap: a slow database must not stack renewals
+        }
+        let leases: Vec<(String, String, Uuid, u64)> = self
+            .hosts
+            .iter()
+            .filter(|(_, e)| e.ready.is_some())
+            .map(|(h, e)| (host_lease_key(*h), Self::holder(&self.instance_id, e.conn_no), *h, e.conn_no))
+            .collect();
+        if leases.is_empty() {
+            return;
+        }
+        self.renewing = true;
+        let store = self.store.clone();
+        let ttl = self.lease_ttl;
+        let pairs: Vec<(String, String)> = leases.iter().map(|(k, h, _, _)| (k.clone(), h.clone())).collect();
+        let host_ids: Vec<Uuid> = leases.iter().map(|(_, _, h, _)| *h).collect();
+        async move {
+            let renewed = store.renew_leases(&pairs, ttl).await;
+            if renewed.is_ok() {
+                if let Err(e) = store.touch_hosts(&host_ids).await {
+                    tracing::warn!(error = %e, "tether_host_touch_failed");
+                }
+            }
+            renewed
+        }
+        .into_actor(self)
+        .map(move |renewed, act, _ctx| {
+            act.renewing = false;
+            match renewed {
+                Ok(keys) => {
+                    metrics::gauge!("tether_leases_held").set(keys.len() as f64);
+                    for (key, _, host_id, conn_no) in leases {
+                        if keys.contains(&key) {
+                            continue;
+                        }
+                        // Someone else holds the lease now: this connection lost the host.
+                        if let Some(entry) = act.hosts.get(&host_id).filter(|e| e.conn_no == conn_no) {
+                            tracing::info!(%host_id, "tether_daemon_lease_lost");
+                            entry.conn.do_send(CloseDaemon { code: close::REPLACED, reason: "lease taken by a newer connection" });
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "tether_lease_renew_failed"),
+            }
+        })
+        .spawn(ctx);
+    }
+}
+
+impl Actor for HostRegistry {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.run_interval(self.renew_every, |act, ctx| act.renew(ctx));
+    }
+}
+
+/// A daemon connection wants the host; returns its connection number.
+#[derive(Message)]
+#[rtype(result = "u64")]
+pub struct Register {
+    pub host_id: Uuid,
+    pub conn: Addr<DaemonConn>,
+}
+
+impl Handler<Register> for HostRegistry {
+    type Result = u64;
+    fn handle(&mut self, msg: Register, _: &mut Context<Self>) -> u64 {
+        self.next_conn += 1;
+        let conn_no = self.next_conn;
+        let entry = HostEntry { conn_no, conn: msg.conn, ready: None };
+        if let Some(old) = self.hosts.insert(msg.host_id, entry) {
+            tracing::info!(host_id = %msg.host_id, "tether_daemon_replaced");
+            metrics::counter!("tether_daemon_replaced_total").increment(1);
+            old.conn.do_send(CloseDaemon { code: close::REPLACED, reason: "replaced by a newer connection" });
+            if old.ready.is_some() {
+                self.notify_arbiters(msg.host_id, None);
+            }
+        }
+        conn_no
+    }
+}
+
+impl HostRegistry {
+    fn notify_arbiters(&self, host_id: Uuid, online: Option<(&Addr<DaemonConn>, &Arc<AtomicUsize>)>) {
+        for (h, arbiter) in self.terminals.values() {
+            if *h != host_id {
+                continue;
+            }
+            match online {
+                Some((conn, queue)) => arbiter.do_send(HostOnline { conn: conn.clone(), daemon_queue: queue.clone() }),
+                None => arbiter.do_send(HostOffline),
+            }
+        }
+    }
+}
+
+/// The connection holds its lease and finished its hello.
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct Ready {
+    pub host_id: Uuid,
+    pub conn_no: u64,
+    pub daemon_queue: Arc<AtomicUsize>,
+}
+
+impl Handler<Ready> for HostRegistry {
+    type Result = bool;
+    fn handle(&mut self, msg: Ready, _: &mut Context<Self>) -> bool {
+        let Some(entry) = self.hosts.get_mut(&msg.host_id).filter(|e| e.conn_no == msg.conn_no) else {
+            return false; // replaced while it said hello
+        };
+        entry.ready = Some(msg.daemon_queue.clone());
+        let conn = entry.conn.clone();
+        self.notify_arbiters(msg.host_id, Some((&conn, &msg.daemon_queue)));
+        true
+    }
+}
+
+/// A connection ended; returns true if it was the host's current one.
+#[derive(Message)]
+#[rtype(result = "bool")]
+pub struct Unregister {
+    pub host_id: Uuid,
+    pub conn_no: u64,
+}
+
+impl Handler<Unregister> for HostRegistry {
+    type Result = bool;
+    fn handle(&mut self, msg: Unregister, _: &mut Context<Self>) -> bool {
+        let current = self.hosts.get(&msg.host_id).is_some_and(|e| e.conn_no == msg.conn_no);
+        if current {
+            if let Some(entry) = self.hosts.remove(&msg.host_id) {
+                if entry.ready.is_some() {
+                    self.notify_arbiters(msg.host_id, None);
+                }
+            }
+        }
+        current
+    }
+}
+
+/// The ready connection of a host on this instance.
+#[derive(Message)]
+#[rtype(result = "Option<Addr<DaemonConn>>")]
+pub struct HostConn(pub Uuid);
+
+impl Handler<HostConn> for HostRegistry {
+    type Result = Option<Addr<DaemonConn>>;
+    fn handle(&mut self, msg: HostConn, _: &mut Context<Self>) -> Self::Result {
+        self.hosts.get(&msg.0).filter(|e| e.ready.is_some()).map(|e| e.conn.clone())
+    }
+}
+
+/// Hosts with a ready connection on this instance.
+#[derive(Message)]
+#[rtype(result = "Vec<Uuid>")]
+pub struct ConnectedHosts;
+
+impl Handler<ConnectedHosts> for HostRegistry {
+    type Result = Vec<Uuid>;
+    fn handle(&mut self, _: ConnectedHosts, _: &mut Context<Self>) -> Vec<Uuid> {
+        self.hosts.iter().filter(|(_, e)| e.ready.is_some()).map(|(h, _)| *h).collect()
+    }
+}
+
+/// The arbiter of a terminal, created if needed.
+#[derive(Message)]
+#[rtype(result = "Addr<TerminalArbiter>")]
+pub struct OpenTerminal {
+    pub terminal_id: Uuid,
+    pub host_id: Uuid,
+}
+
+impl Handler<OpenTerminal> for HostRegistry {
+    type Result = MessageResult<OpenTerminal>;
+    fn handle(&mut self, msg: OpenTerminal, ctx: &mut Context<Self>) -> Self::Result {
+        if let Some((_, addr)) = self.terminals.get(&msg.terminal_id) {
+            return MessageResult(addr.clone());
+        }
+        let online = self
+            .hosts
+            .get(&msg.host_id)
+            .and_then(|e| e.ready.as_ref().map(|q| HostOnline { conn: e.conn.clone(), daemon_queue: q.clone() }));
+        let arbiter = TerminalArbiter::new(
+            msg.terminal_id,
+            self.arbiter_config.clone(),
+            self.store.clone(),
+            ctx.address(),
+            online,
+        )
+        .start();
+        self.terminals.insert(msg.terminal_id, (msg.host_id, arbiter.clone()));
+        metrics::gauge!("tether_terminal_arbiters").set(self.terminals.len() as f64);
+        MessageResult(arbiter)
+    }
+}
+
+/// An arbiter with no members asks to be dropped; it stops when told.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ArbiterIdle {
+    pub terminal_id: Uuid,
+    pub arbiter: Addr<TerminalArbiter>,
+}
+
+/// Tells an idle arbiter it is no longer reachable and may stop.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Retire;
+
+impl Handler<ArbiterIdle> for HostRegistry {
+    type Result = ();
+    fn handle(&mut self, msg: ArbiterIdle, _: &mut Context<Self>) {
+        if self.terminals.get(&msg.terminal_id).is_some_and(|(_, a)| *a == msg.arbiter) {
+            self.terminals.remove(&msg.terminal_id);
+            metrics::gauge!("tether_terminal_arbiters").set(self.terminals.len() as f64);
+        }
+        msg.arbiter.do_send(Retire);
+    }
+}
+
+/// A lifecycle event for a terminal, delivered to its arbiter if it has one.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct TerminalLifecycle {
+    pub terminal_id: Uuid,
+    pub event: LifecycleEvent,
+}
+
+impl Handler<TerminalLifecycle> for HostRegistry {
+    type Result = ();
+    fn handle(&mut self, msg: TerminalLifecycle, _: &mut Context<Self>) {
+        if let Some((_, arbiter)) = self.terminals.get(&msg.terminal_id) {
+            arbiter.do_send(msg.event);
+        }
+    }
+}
+
+/// Closes every daemon connection (drain, SPEC §7.7).
+#[derive(Message)]
+#[rtype(result = "usize")]
+pub struct DrainAll;
+
+impl Handler<DrainAll> for HostRegistry {
+    type Result = usize;
+    fn handle(&mut self, _: DrainAll, _: &mut Context<Self>) -> usize {
+        for entry in self.hosts.values() {
+            entry.conn.do_send(CloseDaemon { code: close::DRAINING, reason: "instance draining" });
+        }
+        self.hosts.len()
+    }
+}

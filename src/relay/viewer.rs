@@ -1,0 +1,255 @@
+//! `Viewer`: one actor per viewer socket (SPEC §5).
+//!
+//! It parses the client's JSON and binary frames into typed messages for the
+//! terminal's arbiter, and writes what the arbiter sends through a bounded
+//! outbound queue: a client that stops reading is closed 1008 and never
+//! grows the server's memory. An exited terminal is answered from the store
+//! (status, size, final snapshot, exit) without an arbiter.
+
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_ws::{AggregatedMessage, AggregatedMessageStream, ProtocolError};
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::arbiter::{next_viewer_id, TerminalArbiter};
+use super::grid::clamp;
+use super::limiter::AddressGuard;
+use super::outbox::{Frame, Outbox};
+use super::registry::OpenTerminal;
+use super::*;
+use crate::store::{Terminal, TerminalState};
+
+/// The largest outbound queue any viewer reached, in bytes (for /metrics).
+pub static QUEUE_HIGH_WATER: AtomicUsize = AtomicUsize::new(0);
+
+/// Client -> server control messages.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+enum ClientMessage {
+    Input {
+        data: String,
+    },
+    Resize {
+        cols: u32,
+        rows: u32,
+    },
+    #[serde(rename_all = "camelCase")]
+    View {
+        cols: u32,
+        rows: u32,
+        #[serde(default = "yes")]
+        visible: bool,
+        #[serde(default)]
+        idle_ms: u64,
+        #[serde(default = "yes")]
+        open: bool,
+    },
+}
+
+fn yes() -> bool {
+    true
+}
+
+pub struct Viewer {
+    id: u64,
+    relay: RelayContext,
+    terminal: Terminal,
+    resume_from: Option<u64>,
+    outbox: Outbox,
+    stream: Option<AggregatedMessageStream>,
+    arbiter: Option<Addr<TerminalArbiter>>,
+    closed_by_arbiter: bool,
+    _guard: AddressGuard,
+}
+
+impl Viewer {
+    pub fn new(
+        relay: RelayContext,
+        terminal: Terminal,
+        resume_from: Option<u64>,
+        outbox: Outbox,
+        stream: AggregatedMessageStream,
+        guard: AddressGuard,
+    ) -> Self {
+        Self {
+            id: next_viewer_id(),
+            relay,
+            terminal,
+            resume_from,
+            outbox,
+            stream: Some(stream),
+            arbiter: None,
+            closed_by_arbiter: false,
+            _guard: guard,
+        }
+    }
+
+    fn push(&mut self, frame: Frame, ctx: &mut Context<Self>) {
+        if self.outbox.push(frame).is_err() {
+            tracing::info!(terminal_id = %self.terminal.id, "tether_viewer_too_slow");
+            metrics::counter!("tether_viewer_slow_closed_total").increment(1);
+            self.outbox.abort(close::POLICY, "too slow a reader");
+            ctx.stop();
+        }
+    }
+
+    fn close(&mut self, code: u16, reason: &str, ctx: &mut Context<Self>) {
+        self.outbox.close(code, reason);
+        ctx.stop();
+    }
+
+    /// An exited or failed terminal: status, size, final snapshot, exit.
+    fn replay_ended(&mut self, ctx: &mut Context<Self>) {
+        let store = self.relay.store.clone();
+        let id = self.terminal.id;
+        async move { store.get_snapshot(id).await }
+            .into_actor(self)
+            .map(|snapshot, act, ctx| {
+                let t = act.terminal.clone();
+                let status = json!({"type": "status", "state": t.state.as_str(), "host": "offline"});
+                act.push(Frame::Text(status.to_string()), ctx);
+                let snapshot = snapshot.ok().flatten();
+                let (cols, rows) = snapshot.as_ref().map_or((t.cols, t.rows), |s| (s.cols, s.rows));
+                let size = json!({"type": "size", "cols": cols, "rows": rows, "yours": false});
+                act.push(Frame::Text(size.to_string()), ctx);
+                if let Some(s) = snapshot {
+                    act.push(Frame::Binary(Bytes::from(s.data)), ctx);
+                }
+                if act.terminal.state == TerminalState::Error {
+                    let message = act.terminal.error.clone().unwrap_or_else(|| "the terminal failed to start".into());
+                    act.push(Frame::Text(json!({"type": "error", "message": message}).to_string()), ctx);
+                } else {
+                    let exit = json!({"type": "exit", "exitCode": act.terminal.exit_code});
+                    act.push(Frame::Text(exit.to_string()), ctx);
+                }
+                act.close(close::NORMAL, "terminal ended", ctx);
+            })
+            .wait(ctx);
+    }
+
+    fn join(&mut self, attempt: u32, ctx: &mut Context<Self>) {
+        let registry = self.relay.registry.clone();
+        let open = OpenTerminal { terminal_id: self.terminal.id, host_id: self.terminal.host_id };
+        let out = ctx.address().recipient::<ViewerOut>();
+        let join = Join { viewer: self.id, out, resume_from: self.resume_from };
+        async move {
+            let arbiter = registry.send(open).await.ok()?;
+            match arbiter.send(join).await {
+                Ok(Ok(())) => Some(Ok(arbiter)),
+                Ok(Err(Retired)) => Some(Err(())),
+                Err(_) => Some(Err(())),
+            }
+        }
+        .into_actor(self)
+        .map(move |joined, act, ctx| match joined {
+            Some(Ok(arbiter)) => act.arbiter = Some(arbiter),
+            Some(Err(())) if attempt < 20 => act.join(attempt + 1, ctx),
+            _ => act.close(close::INTERNAL, "could not join the terminal", ctx),
+        })
+        .wait(ctx);
+    }
+
+    fn to_arbiter(&self, msg: FromViewer) {
+        if let Some(arbiter) = &self.arbiter {
+            arbiter.do_send(msg);
+        }
+    }
+
+    fn on_text(&mut self, text: &str, ctx: &mut Context<Self>) {
+        match serde_json::from_str::<ClientMessage>(text) {
+            Ok(ClientMessage::Input { data }) => {
+                self.to_arbiter(FromViewer::Input { viewer: self.id, data: Bytes::from(data.into_bytes()) });
+            }
+            Ok(ClientMessage::Resize { cols, rows }) => {
+                self.to_arbiter(FromViewer::Resize { viewer: self.id, cols: clamp(cols), rows: clamp(rows) });
+            }
+            Ok(ClientMessage::View { cols, rows, visible, idle_ms, open }) => {
+                let view = ViewReport { cols: clamp(cols), rows: clamp(rows), visible, idle_ms, open };
+                self.to_arbiter(FromViewer::View { viewer: self.id, view });
+            }
+            Err(e) => {
+                let message = format!("bad message: {e}");
+                self.push(Frame::Text(json!({"type": "error", "message": message}).to_string()), ctx);
+                self.close(close::POLICY, "bad message", ctx);
+            }
+        }
+    }
+}
+
+impl Actor for Viewer {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        metrics::gauge!("tether_viewer_connections").increment(1.0);
+        if let Some(stream) = self.stream.take() {
+            ctx.add_stream(stream);
+        }
+        if matches!(self.terminal.state, TerminalState::Exited | TerminalState::Error) {
+            self.replay_ended(ctx);
+            return;
+        }
+        self.join(0, ctx);
+        // Keepalive for proxies and dead-peer detection.
+        ctx.run_interval(Duration::from_secs(30), |act, ctx| act.push(Frame::Ping(Bytes::new()), ctx));
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        metrics::gauge!("tether_viewer_connections").decrement(1.0);
+        if !self.closed_by_arbiter {
+            self.to_arbiter(FromViewer::Leave { viewer: self.id });
+        }
+    }
+}
+
+impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for Viewer {
+    fn handle(&mut self, msg: Result<AggregatedMessage, ProtocolError>, ctx: &mut Context<Self>) {
+        match msg {
+            Ok(AggregatedMessage::Text(text)) => self.on_text(&text, ctx),
+            Ok(AggregatedMessage::Binary(data)) => self.to_arbiter(FromViewer::Input { viewer: self.id, data }),
+            Ok(AggregatedMessage::Ping(data)) => {
+                self.push(Frame::Pong(data), ctx);
+                self.to_arbiter(FromViewer::Pong { viewer: self.id });
+            }
+            Ok(AggregatedMessage::Pong(_)) => self.to_arbiter(FromViewer::Pong { viewer: self.id }),
+            Ok(AggregatedMessage::Close(_)) => ctx.stop(),
+            Err(ProtocolError::Overflow) => self.close(close::TOO_LARGE, "frame over 1 MiB", ctx),
+            Err(_) => ctx.stop(),
+        }
+    }
+
+    fn finished(&mut self, ctx: &mut Context<Self>) {
+        ctx.stop();
+    }
+}
+
+impl Handler<ViewerOut> for Viewer {
+    type Result = ();
+    fn handle(&mut self, msg: ViewerOut, ctx: &mut Context<Self>) {
+        match msg {
+            ViewerOut::Text(text) => self.push(Frame::Text(text), ctx),
+            ViewerOut::Binary(data) => self.push(Frame::Binary(data), ctx),
+            ViewerOut::Ping => self.push(Frame::Ping(Bytes::from_static(b"grid")), ctx),
+            ViewerOut::Close { code, reason } => {
+                self.closed_by_arbiter = true;
+                self.close(code, &reason, ctx);
+            }
+        }
+    }
+}
+
+/// Starts a viewer actor for an upgraded socket.
+pub fn start(
+    relay: RelayContext,
+    terminal: Terminal,
+    resume_from: Option<u64>,
+    session: actix_ws::Session,
+    stream: AggregatedMessageStream,
+    guard: AddressGuard,
+) -> Addr<Viewer> {
+    let outbox = Outbox::start(session, relay.settings.viewer.queue_bytes, Some(&QUEUE_HIGH_WATER));
+    Viewer::new(relay, terminal, resume_from, outbox, stream, guard).start()
+}
