@@ -4,6 +4,7 @@
 //! terminals; viewers attach to those terminals through any instance. See
 //! SPEC.md for the product and DESIGN.md for the layout of this crate.
 
+pub mod attach;
 pub mod proto;
 pub mod config;
 pub mod store;

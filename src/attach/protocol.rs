@@ -1,0 +1,365 @@
+//! The viewer protocol as `tether attach` speaks it (SPEC §5): the JSON
+//! control messages in both directions, what each close code means to a
+//! user, and how the viewer URL is derived from the server's HTTP base URL.
+//!
+//! Kept free of I/O so every rule here is unit-tested on its own.
+
+use serde::{Deserialize, Serialize};
+
+use super::AttachError;
+
+/// The subprotocol every viewer socket asks for.
+pub(super) const SUBPROTOCOL: &str = "tether.v1";
+
+/// Normal closure: what we send on detach and after `exit`.
+pub(super) const CLOSE_NORMAL: u16 = 1000;
+
+/// Used when the server's Close frame carried no code (RFC 6455 §7.1.5).
+pub(super) const CLOSE_NO_STATUS: u16 = 1005;
+
+/// Used when the socket ended without any Close frame (RFC 6455 §7.1.5).
+pub(super) const CLOSE_ABNORMAL: u16 = 1006;
+
+/// Host disconnected or moved: the viewer is expected to reattach.
+pub(super) const CLOSE_HOST_MOVED: u16 = 4503;
+
+/// Grids are clamped to this range by the server; clamping here too keeps a
+/// bogus local size (0x0 from a detached pty) from being sent at all.
+const GRID_MIN: u16 = 1;
+const GRID_MAX: u16 = 1000;
+
+/// A JSON control message from the server (text frame).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub(super) enum ServerControl {
+    Status {
+        state: String,
+        host: String,
+    },
+    /// A screen snapshot taken at `offset` follows as binary frames.
+    Replay {
+        cols: u16,
+        rows: u16,
+        offset: u64,
+    },
+    /// Live bytes from `offset` follow, after a replay.
+    Live {
+        offset: u64,
+    },
+    /// Live bytes from `offset` follow with no repaint (answer to `?from=`).
+    Resume {
+        offset: u64,
+    },
+    Size {
+        cols: u16,
+        rows: u16,
+        yours: bool,
+    },
+    Exit {
+        #[serde(rename = "exitCode")]
+        exit_code: Option<i32>,
+    },
+    Error {
+        message: String,
+    },
+    /// A message type this client does not know: newer servers may add
+    /// some, and an old CLI should keep working rather than fail.
+    #[serde(other)]
+    Unknown,
+}
+
+impl ServerControl {
+    pub(super) fn parse(text: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(text)
+    }
+}
+
+/// A JSON control message to the server (text frame).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "camelCase")]
+pub(super) enum ClientControl {
+    /// Claims the grid for this viewer.
+    Resize { cols: u16, rows: u16 },
+    /// This viewer's natural grid and signs of use, for the grid arbiter.
+    View {
+        cols: u16,
+        rows: u16,
+        visible: bool,
+        #[serde(rename = "idleMs")]
+        idle_ms: u64,
+        open: bool,
+    },
+}
+
+impl ClientControl {
+    pub(super) fn resize((cols, rows): (u16, u16)) -> Self {
+        let (cols, rows) = clamp_grid(cols, rows);
+        Self::Resize { cols, rows }
+    }
+
+    /// A CLI viewer is always open and visible: it is the user's terminal.
+    pub(super) fn view((cols, rows): (u16, u16), idle_ms: u64) -> Self {
+        let (cols, rows) = clamp_grid(cols, rows);
+        Self::View {
+            cols,
+            rows,
+            visible: true,
+            idle_ms,
+            open: true,
+        }
+    }
+
+    pub(super) fn to_json(&self) -> String {
+        // Serializing these plain structs cannot fail; fall back to an empty
+        // object rather than panic so the protocol path stays panic-free.
+        serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"))
+    }
+}
+
+fn clamp_grid(cols: u16, rows: u16) -> (u16, u16) {
+    (
+        cols.clamp(GRID_MIN, GRID_MAX),
+        rows.clamp(GRID_MIN, GRID_MAX),
+    )
+}
+
+/// What a close code means, in words a user can act on.
+pub(super) fn close_reason(code: u16) -> &'static str {
+    match code {
+        1000 => "closed by server",
+        1001 => "server going away",
+        CLOSE_NO_STATUS => "connection closed",
+        CLOSE_ABNORMAL => "connection lost",
+        1008 => "connection too slow or input overflow",
+        1011 => "server error",
+        1012 => "server restarting",
+        4401 => "bad token",
+        4403 => "forbidden",
+        4404 => "terminal not found",
+        4413 => "frame too large",
+        4429 => "too many connections",
+        CLOSE_HOST_MOVED => "host disconnected or moved",
+        _ => "connection closed",
+    }
+}
+
+/// Whether a close with this code is worth reattaching after. 4503 is the
+/// protocol's explicit "come back"; 1001/1012 (server going away or
+/// restarting) and 1006 (socket dropped without a close) are what a drained
+/// or crashed instance looks like from here, and another instance can serve us.
+pub(super) fn should_reattach(code: u16) -> bool {
+    matches!(code, CLOSE_HOST_MOVED | 1001 | 1012 | CLOSE_ABNORMAL)
+}
+
+/// The reason shown for a close: our words for the code, plus the server's
+/// own description when it says something more.
+pub(super) fn describe_close(code: u16, description: Option<&str>) -> String {
+    let ours = close_reason(code);
+    match description.map(str::trim) {
+        Some(theirs) if !theirs.is_empty() && !theirs.eq_ignore_ascii_case(ours) => {
+            format!("{ours}: {theirs}")
+        }
+        _ => ours.to_owned(),
+    }
+}
+
+/// `ws(s)://HOST[/prefix]/ws/v1/terminals/{id}[?from=N]` from the HTTP base URL.
+pub(super) fn viewer_url(
+    server: &str,
+    terminal_id: &str,
+    resume_from: Option<u64>,
+) -> Result<String, AttachError> {
+    let server = server.trim().trim_end_matches('/');
+    let (scheme, rest) = server
+        .split_once("://")
+        .ok_or_else(|| AttachError::InvalidServerUrl(server.to_owned()))?;
+    let ws_scheme = match scheme.to_ascii_lowercase().as_str() {
+        "http" | "ws" => "ws",
+        "https" | "wss" => "wss",
+        _ => return Err(AttachError::InvalidServerUrl(server.to_owned())),
+    };
+    if rest.is_empty() || rest.contains(['?', '#']) {
+        return Err(AttachError::InvalidServerUrl(server.to_owned()));
+    }
+    // Ids are UUIDs; refusing anything that would need escaping keeps a
+    // stray `/` or `?` from silently addressing another route.
+    let id_ok = !terminal_id.is_empty()
+        && terminal_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~'));
+    if !id_ok {
+        return Err(AttachError::InvalidTerminalId(terminal_id.to_owned()));
+    }
+    let mut url = format!("{ws_scheme}://{rest}/ws/v1/terminals/{terminal_id}");
+    if let Some(offset) = resume_from {
+        url.push_str(&format!("?from={offset}"));
+    }
+    Ok(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_server_control_message() {
+        let cases: &[(&str, ServerControl)] = &[
+            (
+                r#"{"type":"status","state":"running","host":"online"}"#,
+                ServerControl::Status {
+                    state: "running".into(),
+                    host: "online".into(),
+                },
+            ),
+            (
+                r#"{"type":"replay","cols":80,"rows":24,"offset":12345}"#,
+                ServerControl::Replay {
+                    cols: 80,
+                    rows: 24,
+                    offset: 12345,
+                },
+            ),
+            (
+                r#"{"type":"live","offset":7}"#,
+                ServerControl::Live { offset: 7 },
+            ),
+            (
+                r#"{"type":"resume","offset":9}"#,
+                ServerControl::Resume { offset: 9 },
+            ),
+            (
+                r#"{"type":"size","cols":100,"rows":30,"yours":false}"#,
+                ServerControl::Size {
+                    cols: 100,
+                    rows: 30,
+                    yours: false,
+                },
+            ),
+            (
+                r#"{"type":"exit","exitCode":3}"#,
+                ServerControl::Exit { exit_code: Some(3) },
+            ),
+            (
+                r#"{"type":"exit","exitCode":null}"#,
+                ServerControl::Exit { exit_code: None },
+            ),
+            (
+                r#"{"type":"exit"}"#,
+                ServerControl::Exit { exit_code: None },
+            ),
+            (
+                r#"{"type":"error","message":"host offline"}"#,
+                ServerControl::Error {
+                    message: "host offline".into(),
+                },
+            ),
+            (r#"{"type":"somethingNew","x":1}"#, ServerControl::Unknown),
+        ];
+        for (json, expected) in cases {
+            assert_eq!(
+                &ServerControl::parse(json.as_bytes()).unwrap(),
+                expected,
+                "{json}"
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_malformed_control_messages() {
+        for bad in [
+            &b"not json"[..],
+            br#"{"state":"running"}"#,
+            br#"{"type":"live"}"#,
+            br#"{"type":"live","offset":-1}"#,
+            br#"{"type":"replay","cols":80,"rows":24,"offset":"x"}"#,
+        ] {
+            assert!(
+                ServerControl::parse(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn client_messages_match_the_spec_shapes() {
+        let view: serde_json::Value =
+            serde_json::from_str(&ClientControl::view((120, 40), 1500).to_json()).unwrap();
+        assert_eq!(
+            view,
+            serde_json::json!({"type":"view","cols":120,"rows":40,"visible":true,"idleMs":1500,"open":true})
+        );
+        let resize: serde_json::Value =
+            serde_json::from_str(&ClientControl::resize((0, 5000)).to_json()).unwrap();
+        assert_eq!(
+            resize,
+            serde_json::json!({"type":"resize","cols":1,"rows":1000})
+        );
+    }
+
+    #[test]
+    fn derives_the_viewer_url() {
+        let id = "0b9f6a7e-2f55-4c1e-9d7b-1c2d3e4f5a6b";
+        assert_eq!(
+            viewer_url("http://127.0.0.1:8080", id, None).unwrap(),
+            format!("ws://127.0.0.1:8080/ws/v1/terminals/{id}")
+        );
+        assert_eq!(
+            viewer_url("https://relay.example.com/tether/", id, Some(42)).unwrap(),
+            format!("wss://relay.example.com/tether/ws/v1/terminals/{id}?from=42")
+        );
+        assert_eq!(
+            viewer_url("WS://h:1", "t1", Some(0)).unwrap(),
+            "ws://h:1/ws/v1/terminals/t1?from=0"
+        );
+        assert!(matches!(
+            viewer_url("127.0.0.1:8080", id, None),
+            Err(AttachError::InvalidServerUrl(_))
+        ));
+        assert!(matches!(
+            viewer_url("ftp://h", id, None),
+            Err(AttachError::InvalidServerUrl(_))
+        ));
+        assert!(matches!(
+            viewer_url("http://h?x=1", id, None),
+            Err(AttachError::InvalidServerUrl(_))
+        ));
+        for bad_id in ["", "a/b", "a?from=1", "a b"] {
+            assert!(matches!(
+                viewer_url("http://h", bad_id, None),
+                Err(AttachError::InvalidTerminalId(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn close_codes_have_clear_reasons() {
+        assert_eq!(close_reason(4401), "bad token");
+        assert_eq!(close_reason(4403), "forbidden");
+        assert_eq!(close_reason(4404), "terminal not found");
+        assert_eq!(close_reason(4503), "host disconnected or moved");
+        assert_eq!(close_reason(4413), "frame too large");
+        assert_eq!(close_reason(4429), "too many connections");
+        assert_eq!(close_reason(1008), "connection too slow or input overflow");
+        assert_eq!(close_reason(1011), "server error");
+        assert_eq!(
+            describe_close(4404, Some("Terminal not found")),
+            "terminal not found"
+        );
+        assert_eq!(describe_close(4404, Some("  ")), "terminal not found");
+        assert_eq!(
+            describe_close(1011, Some("database unavailable")),
+            "server error: database unavailable"
+        );
+    }
+
+    #[test]
+    fn only_moves_and_drops_are_reattached() {
+        for code in [4503, 1001, 1006, 1012] {
+            assert!(should_reattach(code), "{code}");
+        }
+        for code in [1000, 1005, 1008, 1011, 4401, 4403, 4404, 4413, 4429] {
+            assert!(!should_reattach(code), "{code}");
+        }
+    }
+}

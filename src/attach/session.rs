@@ -1,0 +1,557 @@
+//! One attach session: a sequence of viewer connections to the same terminal
+//! that, to the user, looks like one uninterrupted stream.
+//!
+//! A connection ends either for good (detach, exit, a refusal) or in a way
+//! another connection can continue (4503, a dropped socket); then the session
+//! reattaches with `?from=<offset>` after a short backoff, and gives up after
+//! [`MAX_REATTACH_ATTEMPTS`] consecutive connections that never went live.
+//! The detach key works at every moment, including while reconnecting.
+
+use std::future::Future;
+use std::io::Write;
+use std::time::Duration;
+
+use awc::error::{WsClientError, WsProtocolError};
+use awc::ws::{CloseCode, CloseReason, Frame, Message};
+use bytes::{Bytes, BytesMut};
+use futures_util::{Sink, SinkExt as _, Stream, StreamExt as _};
+use tokio::time::{Instant, MissedTickBehavior};
+
+use super::fragments::{Complete, Fragments};
+use super::position::StreamPosition;
+use super::protocol::{
+    describe_close, should_reattach, viewer_url, ClientControl, ServerControl, CLOSE_ABNORMAL,
+    CLOSE_NORMAL, CLOSE_NO_STATUS, SUBPROTOCOL,
+};
+use super::{AttachError, AttachOptions, AttachOutcome, LocalIo};
+
+/// How often a `view` tells the arbiter this viewer is alive and how idle
+/// it is, so a quiet CLI holder is not taken for a vanished one (the arbiter
+/// also pings holders it has not heard from, and our pongs answer that).
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// Consecutive reattach attempts that never reached live before giving up.
+const MAX_REATTACH_ATTEMPTS: u32 = 5;
+
+/// First reattach delay; doubles per failed attempt up to [`REATTACH_MAX_DELAY`].
+const REATTACH_BASE_DELAY: Duration = Duration::from_millis(250);
+const REATTACH_MAX_DELAY: Duration = Duration::from_secs(4);
+
+/// Handshake deadline: a server that accepts TCP but never answers must not
+/// hang the CLI.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long to wait for the server's Close reply after we close.
+const CLOSE_WAIT: Duration = Duration::from_secs(1);
+
+/// Largest frame (and reassembled message) accepted from the server. Daemon
+/// frames are capped at 1 MiB (SPEC §4); a snapshot of a large grid with
+/// attributes can exceed awc's 64 KiB default.
+const MAX_FRAME: usize = 4 * 1024 * 1024;
+
+/// Keystrokes typed while disconnected are sent after the reattach, up to
+/// this much; beyond it they are dropped rather than buffered without bound.
+const MAX_HELD_INPUT: usize = 64 * 1024;
+
+/// How a connection ended.
+enum Ended {
+    /// The session is over.
+    Finished(AttachOutcome),
+    /// The connection is gone, but another one may continue the session.
+    Lost {
+        /// Whether this connection got as far as live bytes (resets the
+        /// failure budget: it was progress, not a failed attempt).
+        went_live: bool,
+        /// What the session ends with if no further attempt is made.
+        if_giving_up: Result<AttachOutcome, AttachError>,
+    },
+}
+
+pub(super) struct Session<I, R, W> {
+    opts: AttachOptions,
+    client: awc::Client,
+    io: LocalIo<I, R, W>,
+    input_open: bool,
+    resizes_open: bool,
+    last_keystroke: Instant,
+    position: StreamPosition,
+    held_input: BytesMut,
+}
+
+impl<I, R, W> Session<I, R, W>
+where
+    I: Stream<Item = Bytes> + Unpin,
+    R: Stream<Item = (u16, u16)> + Unpin,
+    W: Write,
+{
+    pub(super) fn new(opts: AttachOptions, io: LocalIo<I, R, W>) -> Self {
+        Self {
+            opts,
+            client: awc::Client::builder().timeout(CONNECT_TIMEOUT).finish(),
+            io,
+            input_open: true,
+            resizes_open: true,
+            last_keystroke: Instant::now(),
+            position: StreamPosition::new(),
+            held_input: BytesMut::new(),
+        }
+    }
+
+    pub(super) async fn run(mut self) -> Result<AttachOutcome, AttachError> {
+        let mut reattaching = false;
+        // Reattach attempts since a connection last went live: bounded, so a
+        // host that is gone for good ends the session instead of a retry loop.
+        let mut attempts = 0u32;
+        loop {
+            let url = viewer_url(
+                &self.opts.server,
+                &self.opts.terminal_id,
+                self.position.resume_from(),
+            )?;
+            let connecting = self.open_socket(&url);
+            let Some(connected) = self.watch_input_while(connecting).await else {
+                return Ok(AttachOutcome::Detached);
+            };
+            let ended = match connected {
+                Ok(mut socket) => self.serve_connection(&mut socket, reattaching).await?,
+                Err(e) if !reattaching || e.is_permanent() => return Err(e),
+                Err(e) => Ended::Lost {
+                    went_live: false,
+                    if_giving_up: Err(e),
+                },
+            };
+            let if_giving_up = match ended {
+                Ended::Finished(outcome) => return Ok(outcome),
+                Ended::Lost {
+                    went_live,
+                    if_giving_up,
+                } => {
+                    if went_live {
+                        attempts = 0;
+                    }
+                    if_giving_up
+                }
+            };
+            if attempts == MAX_REATTACH_ATTEMPTS {
+                return give_up(if_giving_up, attempts);
+            }
+            attempts += 1;
+            reattaching = true;
+            tracing::debug!(attempt = attempts, "tether_attach_reattaching");
+            let backoff = tokio::time::sleep(reattach_delay(attempts));
+            if self.watch_input_while(backoff).await.is_none() {
+                return Ok(AttachOutcome::Detached);
+            }
+        }
+    }
+
+    /// The handshake, as a future that borrows nothing from `self` so that
+    /// keystrokes can be watched while it runs.
+    fn open_socket(
+        &self,
+        url: &str,
+    ) -> impl Future<
+        Output = Result<
+            impl Stream<Item = Result<Frame, WsProtocolError>>
+                + Sink<Message, Error = WsProtocolError>
+                + Unpin,
+            AttachError,
+        >,
+    > + 'static {
+        let request = self
+            .client
+            .ws(url)
+            .protocols([SUBPROTOCOL])
+            .bearer_auth(&self.opts.token)
+            .max_frame_size(MAX_FRAME);
+        let url = url.to_owned();
+        async move {
+            match request.connect().await {
+                Ok((_response, socket)) => Ok(socket),
+                Err(WsClientError::InvalidResponseStatus(status)) => Err(AttachError::Rejected {
+                    status: status.as_u16(),
+                }),
+                Err(e) => Err(AttachError::Connect {
+                    url,
+                    message: e.to_string(),
+                }),
+            }
+        }
+    }
+
+    /// Runs `fut` to completion while still reading keystrokes: the detach
+    /// key must work during a handshake or a backoff too. Other keystrokes
+    /// are held for the next connection. `None` means the user detached.
+    async fn watch_input_while<F: Future>(&mut self, fut: F) -> Option<F::Output> {
+        tokio::pin!(fut);
+        loop {
+            tokio::select! {
+                output = &mut fut => return Some(output),
+                chunk = self.io.input.next(), if self.input_open => match chunk {
+                    None => self.input_open = false,
+                    Some(chunk) => {
+                        let (keys, detach) = self.take_keystrokes(chunk);
+                        self.hold_input(&keys);
+                        if detach {
+                            return None;
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    async fn serve_connection<S>(
+        &mut self,
+        socket: &mut S,
+        reattaching: bool,
+    ) -> Result<Ended, AttachError>
+    where
+        S: Stream<Item = Result<Frame, WsProtocolError>>
+            + Sink<Message, Error = WsProtocolError>
+            + Unpin,
+    {
+        self.position.on_connect();
+        self.send_control(socket, &self.view()).await;
+        // Only a fresh attach claims the grid: the user just chose this
+        // terminal. A reattach is an arrival like any other, so a viewer that
+        // took the grid while we were away keeps it.
+        if !reattaching {
+            let claim = ClientControl::resize(self.io.size);
+            self.send_control(socket, &claim).await;
+        }
+        if !self.held_input.is_empty() {
+            let held = self.held_input.split().freeze();
+            send(socket, Message::Binary(held)).await;
+        }
+
+        let mut heartbeat = tokio::time::interval_at(Instant::now() + HEARTBEAT, HEARTBEAT);
+        heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut fragments = Fragments::new(MAX_FRAME);
+        loop {
+            tokio::select! {
+                frame = socket.next() => {
+                    let frame = match frame {
+                        Some(Ok(frame)) => frame,
+                        None => return Ok(self.lost(CLOSE_ABNORMAL, None)),
+                        Some(Err(WsProtocolError::Io(e))) => {
+                            return Ok(self.lost(CLOSE_ABNORMAL, Some(&e.to_string())));
+                        }
+                        Some(Err(e)) => return Err(AttachError::Protocol(e.to_string())),
+                    };
+                    let ended = match frame {
+                        Frame::Binary(data) => {
+                            self.show(&data)?;
+                            None
+                        }
+                        Frame::Text(text) => self.on_control(socket, &text, reattaching).await,
+                        Frame::Continuation(item) => match fragments.push(item)? {
+                            Some(Complete::Binary(data)) => {
+                                self.show(&data)?;
+                                None
+                            }
+                            Some(Complete::Text(text)) => {
+                                self.on_control(socket, &text, reattaching).await
+                            }
+                            None => None,
+                        },
+                        Frame::Ping(payload) => {
+                            send(socket, Message::Pong(payload)).await;
+                            None
+                        }
+                        Frame::Pong(_) => None,
+                        Frame::Close(reason) => Some(self.on_close(socket, reason).await),
+                    };
+                    if let Some(ended) = ended {
+                        return Ok(ended);
+                    }
+                }
+                chunk = self.io.input.next(), if self.input_open => match chunk {
+                    // stdin at EOF (a pipe ran dry): keep showing the terminal.
+                    None => self.input_open = false,
+                    Some(chunk) => {
+                        let (keys, detach) = self.take_keystrokes(chunk);
+                        if !keys.is_empty() {
+                            send(socket, Message::Binary(keys)).await;
+                        }
+                        if detach {
+                            close_gracefully(socket).await;
+                            return Ok(Ended::Finished(AttachOutcome::Detached));
+                        }
+                    }
+                },
+                size = self.io.resizes.next(), if self.resizes_open => match size {
+                    None => self.resizes_open = false,
+                    Some(size) => {
+                        self.io.size = size;
+                        self.send_control(socket, &self.view()).await;
+                    }
+                },
+                _ = heartbeat.tick() => self.send_control(socket, &self.view()).await,
+            }
+        }
+    }
+
+    async fn on_control<S>(
+        &mut self,
+        socket: &mut S,
+        text: &[u8],
+        reattaching: bool,
+    ) -> Option<Ended>
+    where
+        S: Stream<Item = Result<Frame, WsProtocolError>>
+            + Sink<Message, Error = WsProtocolError>
+            + Unpin,
+    {
+        let control = match ServerControl::parse(text) {
+            Ok(control) => control,
+            Err(e) => {
+                // One malformed message is not worth losing the session over.
+                tracing::debug!(error = %e, "tether_attach_bad_control_message");
+                return None;
+            }
+        };
+        match control {
+            ServerControl::Status { state, host } => {
+                tracing::debug!(%state, %host, "tether_attach_status");
+            }
+            ServerControl::Replay { cols, rows, offset } => {
+                tracing::debug!(cols, rows, offset, "tether_attach_replay");
+                self.position.on_replay();
+            }
+            ServerControl::Live { offset } => self.position.on_live(offset),
+            ServerControl::Resume { offset } => {
+                if let Some(expected) = self.position.on_resume(offset) {
+                    tracing::warn!(expected, offset, "tether_attach_resume_offset_mismatch");
+                }
+            }
+            ServerControl::Size { cols, rows, yours } => {
+                tracing::debug!(cols, rows, yours, "tether_attach_size");
+            }
+            ServerControl::Exit { exit_code } => {
+                close_gracefully(socket).await;
+                return Some(Ended::Finished(AttachOutcome::Exited { code: exit_code }));
+            }
+            ServerControl::Error { message } => {
+                close_gracefully(socket).await;
+                let outcome = AttachOutcome::Closed {
+                    code: CLOSE_NORMAL,
+                    reason: message,
+                };
+                // While reattaching, "host offline" is expected for a moment:
+                // the daemon redials another instance as we do. Count it as a
+                // failed attempt rather than the end.
+                if reattaching && !self.position.is_live() {
+                    return Some(Ended::Lost {
+                        went_live: false,
+                        if_giving_up: Ok(outcome),
+                    });
+                }
+                return Some(Ended::Finished(outcome));
+            }
+            ServerControl::Unknown => {
+                tracing::debug!("tether_attach_unknown_control_message");
+            }
+        }
+        None
+    }
+
+    async fn on_close<S>(&mut self, socket: &mut S, reason: Option<CloseReason>) -> Ended
+    where
+        S: Sink<Message, Error = WsProtocolError> + Unpin,
+    {
+        let code = reason
+            .as_ref()
+            .map_or(CLOSE_NO_STATUS, |reason| u16::from(reason.code));
+        let description = reason.as_ref().and_then(|r| r.description.clone());
+        // RFC 6455 §5.5.1: answer a Close with a Close (echoing the code).
+        send(socket, Message::Close(reason)).await;
+        if should_reattach(code) {
+            return self.lost(code, description.as_deref());
+        }
+        Ended::Finished(AttachOutcome::Closed {
+            code,
+            reason: describe_close(code, description.as_deref()),
+        })
+    }
+
+    fn lost(&self, code: u16, description: Option<&str>) -> Ended {
+        Ended::Lost {
+            went_live: self.position.is_live(),
+            if_giving_up: Ok(AttachOutcome::Closed {
+                code,
+                reason: describe_close(code, description),
+            }),
+        }
+    }
+
+    /// Terminal bytes go to the user's screen at once and in order.
+    fn show(&mut self, bytes: &[u8]) -> Result<(), AttachError> {
+        self.io
+            .output
+            .write_all(bytes)
+            .and_then(|()| self.io.output.flush())
+            .map_err(AttachError::Output)?;
+        self.position.on_output(bytes.len());
+        Ok(())
+    }
+
+    fn take_keystrokes(&mut self, chunk: Bytes) -> (Bytes, bool) {
+        self.last_keystroke = Instant::now();
+        split_at_detach_key(chunk, self.opts.detach_key)
+    }
+
+    fn hold_input(&mut self, keys: &[u8]) {
+        let room = MAX_HELD_INPUT.saturating_sub(self.held_input.len());
+        if keys.len() > room {
+            tracing::debug!(
+                dropped = keys.len() - room,
+                "tether_attach_input_dropped_while_disconnected"
+            );
+        }
+        self.held_input
+            .extend_from_slice(&keys[..keys.len().min(room)]);
+    }
+
+    fn view(&self) -> ClientControl {
+        let idle = self.last_keystroke.elapsed().as_millis();
+        ClientControl::view(self.io.size, u64::try_from(idle).unwrap_or(u64::MAX))
+    }
+
+    async fn send_control<S>(&self, socket: &mut S, control: &ClientControl)
+    where
+        S: Sink<Message, Error = WsProtocolError> + Unpin,
+    {
+        send(socket, Message::Text(control.to_json().into())).await;
+    }
+}
+
+/// Sends one message. A failed write means the socket is going away; the
+/// read half then reports how it ended, so there is a single place deciding
+/// whether to reattach, and the failure is only logged here.
+async fn send<S>(socket: &mut S, message: Message)
+where
+    S: Sink<Message, Error = WsProtocolError> + Unpin,
+{
+    if let Err(e) = socket.send(message).await {
+        tracing::debug!(error = %e, "tether_attach_send_failed");
+    }
+}
+
+/// Closes with 1000 and waits briefly for the server's Close, so the server
+/// sees a clean close rather than a reset. Frames arriving meanwhile are not
+/// shown: the session is already over.
+async fn close_gracefully<S>(socket: &mut S)
+where
+    S: Stream<Item = Result<Frame, WsProtocolError>>
+        + Sink<Message, Error = WsProtocolError>
+        + Unpin,
+{
+    send(
+        socket,
+        Message::Close(Some(CloseReason::from(CloseCode::Normal))),
+    )
+    .await;
+    let drain = async {
+        while let Some(Ok(frame)) = socket.next().await {
+            if matches!(frame, Frame::Close(_)) {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(CLOSE_WAIT, drain).await;
+}
+
+/// Splits off everything from the detach key on: the bytes before it are
+/// still input, the key itself and what follows are not sent.
+fn split_at_detach_key(chunk: Bytes, detach_key: u8) -> (Bytes, bool) {
+    match chunk.iter().position(|&b| b == detach_key) {
+        Some(at) => (chunk.slice(..at), true),
+        None => (chunk, false),
+    }
+}
+
+/// Exponential backoff with up to 25% jitter, so viewers closed together by
+/// a draining instance do not all redial in the same instant.
+fn reattach_delay(attempt: u32) -> Duration {
+    let doublings = attempt.saturating_sub(1).min(16);
+    let base = REATTACH_BASE_DELAY
+        .saturating_mul(1 << doublings)
+        .min(REATTACH_MAX_DELAY);
+    let jitter_ms = base.as_millis() as u64 / 4;
+    base + Duration::from_millis(rand::random_range(0..=jitter_ms))
+}
+
+fn give_up(
+    if_giving_up: Result<AttachOutcome, AttachError>,
+    attempts: u32,
+) -> Result<AttachOutcome, AttachError> {
+    match if_giving_up {
+        Ok(AttachOutcome::Closed { code, reason }) => Ok(AttachOutcome::Closed {
+            code,
+            reason: format!("{reason}; gave up reattaching after {attempts} attempts"),
+        }),
+        Ok(outcome) => Ok(outcome),
+        Err(last) => Err(AttachError::ReattachFailed {
+            attempts,
+            last: Box::new(last),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detach_key_ends_input_at_its_position() {
+        let (keys, detach) = split_at_detach_key(Bytes::from_static(b"ls\r"), 0x1d);
+        assert_eq!((&keys[..], detach), (&b"ls\r"[..], false));
+        let (keys, detach) = split_at_detach_key(Bytes::from_static(b"ab\x1dcd"), 0x1d);
+        assert_eq!((&keys[..], detach), (&b"ab"[..], true));
+        let (keys, detach) = split_at_detach_key(Bytes::from_static(b"\x1d"), 0x1d);
+        assert_eq!((&keys[..], detach), (&b""[..], true));
+        let (keys, detach) = split_at_detach_key(Bytes::from_static(b"q\x1d"), b'q');
+        assert_eq!((&keys[..], detach), (&b""[..], true));
+    }
+
+    #[test]
+    fn reattach_delay_grows_and_is_capped() {
+        for attempt in 1..=20 {
+            let delay = reattach_delay(attempt);
+            let base = REATTACH_BASE_DELAY
+                .saturating_mul(1 << (attempt - 1).min(16))
+                .min(REATTACH_MAX_DELAY);
+            assert!(
+                delay >= base && delay <= base + base / 4,
+                "{attempt}: {delay:?}"
+            );
+        }
+        assert!(reattach_delay(1) < Duration::from_millis(320));
+        assert!(reattach_delay(30) <= REATTACH_MAX_DELAY + REATTACH_MAX_DELAY / 4);
+    }
+
+    #[test]
+    fn giving_up_says_so() {
+        let closed = give_up(
+            Ok(AttachOutcome::Closed {
+                code: 4503,
+                reason: "host disconnected or moved".into(),
+            }),
+            5,
+        )
+        .unwrap();
+        assert_eq!(
+            closed,
+            AttachOutcome::Closed {
+                code: 4503,
+                reason: "host disconnected or moved; gave up reattaching after 5 attempts".into()
+            }
+        );
+        let err = give_up(Err(AttachError::Rejected { status: 502 }), 5).unwrap_err();
+        assert!(
+            matches!(err, AttachError::ReattachFailed { attempts: 5, .. }),
+            "{err}"
+        );
+    }
+}
