@@ -30,6 +30,17 @@ enum Command {
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
     },
+    /// Attach to a terminal in raw mode (detach with Ctrl-]).
+    Attach {
+        /// The terminal's id.
+        terminal_id: String,
+        /// The server's HTTP base URL, e.g. http://127.0.0.1:8080.
+        #[arg(long, value_name = "URL")]
+        server: String,
+        /// An API token (`tether token create`).
+        #[arg(long, value_name = "TOKEN", env = "TETHER_TOKEN", hide_env_values = true)]
+        token: String,
+    },
     /// Apply database migrations and exit.
     Migrate,
     /// Manage API tokens.
@@ -89,6 +100,17 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 settings.validate().map_err(Failure::config)?;
             }
             serve(settings, role).await
+        }
+        Command::Attach { terminal_id, server, token } => {
+            let options = tether::attach::AttachOptions::new(server, token, terminal_id);
+            match tether::attach::run(options).await {
+                Ok(outcome) if outcome.exit_status() == 0 => {
+                    eprintln!("{}", tether::attach::describe(&outcome));
+                    Ok(())
+                }
+                Ok(outcome) => Err(Failure::runtime(tether::attach::describe(&outcome))),
+                Err(e) => Err(Failure::runtime(e)),
+            }
         }
         Command::Migrate => {
             let store = tether::store::open_unmigrated(&settings).await.map_err(Failure::runtime)?;

@@ -1,0 +1,273 @@
+//! The daemon protocol's edges (SPEC §4) against a real `tether serve`,
+//! with a scripted daemon: every close code, held early frames, newest
+//! daemon wins, and that refused sockets change nothing.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::client::{create_token, daemon_url, hello, viewer_url, Api, Event, Socket};
+use support::TetherServer;
+use tether::proto::v1::{daemon_frame, server_frame};
+
+const PROTOCOL: &[&str] = &["tether.daemon.v1"];
+
+async fn server() -> TetherServer {
+    TetherServer::start(&[("TETHER_DAEMON__HELLO_TIMEOUT_MS", "700")], &[]).await
+}
+
+/// A user with a registered host: (api, host id).
+async fn user_with_host(server: &TetherServer, user: &str) -> (Api, String) {
+    let api = Api::new(server.url(), create_token(server, user));
+    let (status, body) = api.post("/api/v1/hosts", json!({"hostname": format!("{user}-box")})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["host"]["id"].as_str().expect("host id").to_string();
+    (api, id)
+}
+
+async fn connected_daemon(server: &TetherServer, api: &Api, host_id: &str) -> Socket {
+    let mut sock = Socket::connect(&daemon_url(server), Some(&api.token), PROTOCOL).await;
+    sock.send_frame(hello(host_id)).await;
+    match sock.next_server_frame().await {
+        server_frame::Frame::HelloAck(ack) => assert!(ack.instance_id.contains('#'), "{}", ack.instance_id),
+        other => panic!("expected HelloAck, got {other:?}"),
+    }
+    sock
+}
+
+#[actix_rt::test]
+async fn no_hello_in_time_is_4408() {
+    let server = server().await;
+    let (api, _) = user_with_host(&server, "ann").await;
+    let mut sock = Socket::connect(&daemon_url(&server), Some(&api.token), PROTOCOL).await;
+    assert_eq!(sock.expect_close().await, Some(4408));
+}
+
+#[actix_rt::test]
+async fn bad_or_missing_token_is_4401() {
+    let server = server().await;
+    let (_, host) = user_with_host(&server, "ann").await;
+    for token in [Some("tth_wrong"), Some("nonsense"), None] {
+        let mut sock = Socket::connect(&daemon_url(&server), token, PROTOCOL).await;
+        sock.send_frame(hello(&host)).await;
+        assert_eq!(sock.expect_close().await, Some(4401), "token {token:?}");
+    }
+}
+
+#[actix_rt::test]
+async fn foreign_or_unknown_host_is_4403_and_changes_nothing() {
+    let server = server().await;
+    let (ann, _) = user_with_host(&server, "ann").await;
+    let (bob, bobs_host) = user_with_host(&server, "bob").await;
+    for host in [bobs_host.as_str(), "00000000-0000-0000-0000-000000000001", "not-a-uuid"] {
+        let mut sock = Socket::connect(&daemon_url(&server), Some(&ann.token), PROTOCOL).await;
+        sock.send_frame(hello(host)).await;
+        assert_eq!(sock.expect_close().await, Some(4403), "host {host}");
+    }
+    let (_, body) = bob.get(&format!("/api/v1/hosts/{bobs_host}")).await;
+    assert_eq!(body["host"]["state"], "offline", "bob's host was not taken over");
+    assert_eq!(body["host"]["lastSeenAt"], serde_json::Value::Null);
+}
+
+#[actix_rt::test]
+async fn frame_over_one_mib_is_4413() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let mut sock = connected_daemon(&server, &api, &host).await;
+    sock.send_binary(vec![0u8; 1024 * 1024 + 1]).await;
+    assert_eq!(sock.expect_close().await, Some(4413));
+}
+
+#[actix_rt::test]
+async fn garbage_protobuf_and_text_are_1008() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let mut sock = connected_daemon(&server, &api, &host).await;
+    sock.send_binary(vec![0xff, 0xff, 0xff, 0x01, 0x02]).await;
+    assert_eq!(sock.expect_close().await, Some(1008));
+    let mut sock = connected_daemon(&server, &api, &host).await;
+    sock.send_text("{\"hello\":1}").await;
+    assert_eq!(sock.expect_close().await, Some(1008));
+}
+
+#[actix_rt::test]
+async fn too_many_early_frames_is_1008() {
+    let server = TetherServer::start(&[("TETHER_DAEMON__HELLO_TIMEOUT_MS", "20000")], &[]).await;
+    let (api, _) = user_with_host(&server, "ann").await;
+    let mut sock = Socket::connect(&daemon_url(&server), Some(&api.token), PROTOCOL).await;
+    for _ in 0..257 {
+        sock.send_frame(daemon_frame::Frame::Ping(tether::proto::v1::Ping {})).await;
+    }
+    assert_eq!(sock.expect_close().await, Some(1008));
+}
+
+#[actix_rt::test]
+async fn early_frames_are_held_then_applied_in_order() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let mut sock = Socket::connect(&daemon_url(&server), Some(&api.token), PROTOCOL).await;
+    // Pings sent before the hello are held, not dropped: each gets its Pong after the ack.
+    for _ in 0..3 {
+        sock.send_frame(daemon_frame::Frame::Ping(tether::proto::v1::Ping {})).await;
+    }
+    sock.send_frame(hello(&host)).await;
+    assert!(matches!(sock.next_server_frame().await, server_frame::Frame::HelloAck(_)));
+    for _ in 0..3 {
+        assert!(matches!(sock.next_server_frame().await, server_frame::Frame::Pong(_)));
+    }
+}
+
+#[actix_rt::test]
+async fn newest_daemon_wins() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let mut first = connected_daemon(&server, &api, &host).await;
+    let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
+    assert_eq!(body["host"]["state"], "online");
+    assert_eq!(body["host"]["capabilities"]["manageDirs"], true);
+    assert_eq!(body["host"]["dirs"], json!(["/tmp"]));
+    let mut second = connected_daemon(&server, &api, &host).await;
+    assert_eq!(first.expect_close().await, Some(4000), "the older connection is replaced");
+    // The host stays online through the replacement, served by the newer socket.
+    let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
+    assert_eq!(body["host"]["state"], "online");
+    second.send_frame(daemon_frame::Frame::Ping(tether::proto::v1::Ping {})).await;
+    assert!(matches!(second.next_server_frame().await, server_frame::Frame::Pong(_)));
+    let (status, body) = api.delete(&format!("/api/v1/hosts/{host}")).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("host_online")));
+    second.close().await;
+    api.wait_for(&format!("/api/v1/hosts/{host}"), "host offline", |b| b["host"]["state"] == "offline").await;
+}
+
+#[actix_rt::test]
+async fn subprotocols_are_selected_and_the_token_never_echoed() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let (status, body) = api.post("/api/v1/terminals", json!({"hostId": host})).await;
+    assert_eq!(status, 201);
+    let terminal = body["terminal"]["id"].as_str().expect("id").to_string();
+    let auth = format!("tether.auth.{}", api.token);
+    let (selected, mut sock) =
+        Socket::connect_with_response(&viewer_url(&server, &terminal), &["tether.v1", &auth]).await;
+    assert_eq!(selected.as_deref(), Some("tether.v1"));
+    // Authenticated through the subprotocol: the viewer gets the terminal's status.
+    match sock.next().await {
+        Event::Text(t) => assert!(t.contains("\"status\""), "{t}"),
+        other => panic!("expected status, got {other:?}"),
+    }
+    let (selected, _sock) =
+        Socket::connect_with_response(&daemon_url(&server), &["tether.daemon.v1"]).await;
+    assert_eq!(selected.as_deref(), Some("tether.daemon.v1"));
+}
+
+#[actix_rt::test]
+async fn spawn_start_and_exit_through_a_scripted_daemon() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    // Created while offline: parked.
+    let (_, body) = api.post("/api/v1/terminals", json!({"hostId": host, "argv": ["sh"]})).await;
+    assert_eq!(body["terminal"]["pendingReason"], "host_offline");
+    let parked = body["terminal"]["id"].as_str().expect("id").to_string();
+    let mut daemon = connected_daemon(&server, &api, &host).await;
+    // The parked terminal is spawned after the hello.
+    let spawn = match daemon.next_server_frame().await {
+        server_frame::Frame::Spawn(s) => s,
+        other => panic!("expected Spawn, got {other:?}"),
+    };
+    assert_eq!(spawn.terminal_id, parked);
+    assert_eq!(spawn.argv, vec!["sh"]);
+    let (_, body) = api.get(&format!("/api/v1/terminals/{parked}")).await;
+    assert_eq!(body["terminal"]["state"], "launching");
+    daemon
+        .send_frame(daemon_frame::Frame::Started(tether::proto::v1::Started { terminal_id: parked.clone(), pid: 42 }))
+        .await;
+    api.wait_for(&format!("/api/v1/terminals/{parked}"), "running", |b| b["terminal"]["state"] == "running").await;
+    // Frames for a terminal this host does not own are dropped.
+    let (_, other) = user_with_host(&server, "bob").await;
+    let _ = other;
+    daemon
+        .send_frame(daemon_frame::Frame::Exit(tether::proto::v1::Exit {
+            terminal_id: "00000000-0000-0000-0000-000000000009".into(),
+            exit_code: Some(1),
+            signal: None,
+        }))
+        .await;
+    daemon
+        .send_frame(daemon_frame::Frame::Exit(tether::proto::v1::Exit {
+            terminal_id: parked.clone(),
+            exit_code: None,
+            signal: Some(15),
+        }))
+        .await;
+    let body = api
+        .wait_for(&format!("/api/v1/terminals/{parked}"), "exited", |b| b["terminal"]["state"] == "exited")
+        .await;
+    assert_eq!(body["terminal"]["exitSignal"], 15);
+    assert_eq!(body["terminal"]["exitCode"], serde_json::Value::Null);
+    // A late duplicate Started changes nothing.
+    daemon
+        .send_frame(daemon_frame::Frame::Started(tether::proto::v1::Started { terminal_id: parked.clone(), pid: 42 }))
+        .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, body) = api.get(&format!("/api/v1/terminals/{parked}")).await;
+    assert_eq!(body["terminal"]["state"], "exited");
+}
+
+#[actix_rt::test]
+async fn requests_to_an_offline_host_are_409_and_a_silent_daemon_is_504() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let (status, body) = api.post(&format!("/api/v1/hosts/{host}/dirs"), json!({"path": "/tmp"})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("host_offline")));
+    let (status, _) = api.post(&format!("/api/v1/hosts/{host}/limits/refresh"), json!({})).await;
+    assert_eq!(status, 409);
+    let mut daemon = connected_daemon(&server, &api, &host).await;
+    // A daemon that answers: the dirs come back and are recorded.
+    let request = actix_rt::spawn({
+        let api = Api::new(api.base.clone(), api.token.clone());
+        let host = host.clone();
+        async move { api.post(&format!("/api/v1/hosts/{host}/dirs"), json!({"path": "/srv"})).await }
+    });
+    let dirs = match daemon.next_server_frame().await {
+        server_frame::Frame::Dirs(d) => d,
+        other => panic!("expected Dirs, got {other:?}"),
+    };
+    assert_eq!(dirs.path, "/srv");
+    daemon
+        .send_frame(daemon_frame::Frame::DirsResult(tether::proto::v1::DirsResult {
+            request_id: dirs.request_id,
+            dirs: vec!["/tmp".into(), "/srv".into()],
+            error: None,
+        }))
+        .await;
+    let (status, body) = request.await.expect("request");
+    assert_eq!((status, body["dirs"].clone()), (200, json!(["/tmp", "/srv"])));
+    let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
+    assert_eq!(body["host"]["dirs"], json!(["/tmp", "/srv"]));
+    // A daemon that refuses: 502.
+    let request = actix_rt::spawn({
+        let api = Api::new(api.base.clone(), api.token.clone());
+        let host = host.clone();
+        async move { api.post(&format!("/api/v1/hosts/{host}/dirs"), json!({"path": "/nope"})).await }
+    });
+    let dirs = match daemon.next_server_frame().await {
+        server_frame::Frame::Dirs(d) => d,
+        other => panic!("expected Dirs, got {other:?}"),
+    };
+    daemon
+        .send_frame(daemon_frame::Frame::DirsResult(tether::proto::v1::DirsResult {
+            request_id: dirs.request_id,
+            dirs: vec![],
+            error: Some("no such directory".into()),
+        }))
+        .await;
+    let (status, body) = request.await.expect("request");
+    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("daemon_refused")));
+    // A daemon that never answers: 504 after the 10 s dirs timeout.
+    let started = std::time::Instant::now();
+    let (status, body) = api.post(&format!("/api/v1/hosts/{host}/dirs"), json!({"path": "/late"})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (504, Some("daemon_timeout")));
+    assert!(started.elapsed() >= Duration::from_secs(9), "answered before the timeout");
+    assert!(matches!(daemon.next_server_frame().await, server_frame::Frame::Dirs(_)));
+}

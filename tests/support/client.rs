@@ -1,0 +1,232 @@
+//! Clients for tests: the REST API over HTTP and WebSockets speaking the
+//! daemon (protobuf) and viewer (JSON + bytes) protocols, with bounded
+//! waits so a broken server fails a test instead of hanging it.
+
+use std::time::Duration;
+
+use actix_http::ws;
+use awc::BoxedSocket;
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use prost::Message as _;
+use serde_json::Value;
+use tether::proto::v1::{daemon_frame, server_frame, DaemonFrame, ServerFrame};
+
+use super::TetherServer;
+
+/// How long any single wait in a test may take.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+fn client() -> awc::Client {
+    awc::Client::builder().timeout(Duration::from_secs(60)).finish()
+}
+
+/// A user's view of the REST API.
+pub struct Api {
+    pub base: String,
+    pub token: String,
+}
+
+impl Api {
+    pub fn new(base: impl Into<String>, token: impl Into<String>) -> Self {
+        Self { base: base.into(), token: token.into() }
+    }
+
+    async fn send(&self, method: awc::http::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let req = client()
+            .request(method, format!("{}{}", self.base, path))
+            .insert_header(("Authorization", format!("Bearer {}", self.token)));
+        let mut res = match body {
+            Some(body) => req.send_json(&body).await,
+            None => req.send().await,
+        }
+        .unwrap_or_else(|e| panic!("{path}: {e}"));
+        let bytes = res.body().limit(64 * 1024 * 1024).await.unwrap_or_default();
+        let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (res.status().as_u16(), value)
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.send(awc::http::Method::GET, path, None).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.send(awc::http::Method::POST, path, Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        self.send(awc::http::Method::DELETE, path, None).await
+    }
+
+    /// Raw body of a GET (for run logs).
+    pub async fn get_bytes(&self, path: &str) -> (u16, Bytes) {
+        let mut res = client()
+            .get(format!("{}{}", self.base, path))
+            .insert_header(("Authorization", format!("Bearer {}", self.token)))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{path}: {e}"));
+        let bytes = res.body().limit(64 * 1024 * 1024).await.unwrap_or_default();
+        (res.status().as_u16(), bytes)
+    }
+
+    /// Polls `GET path` until `check` accepts the body.
+    pub async fn wait_for(&self, path: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let (_, body) = self.get(path).await;
+            if check(&body) {
+                return body;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!("timed out waiting for {what}; last {path}: {body}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Creates a token for `user` against the server's own database.
+pub fn create_token(server: &TetherServer, user: &str) -> String {
+    let out = server.run(&["token", "create", "--user", user], &[]);
+    assert!(out.status.success(), "token create: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("utf8").trim().to_string()
+}
+
+/// What a test sees on a WebSocket.
+#[derive(Debug)]
+pub enum Event {
+    Text(String),
+    Binary(Bytes),
+    Ping,
+    Close(Option<u16>),
+}
+
+/// A WebSocket client.
+pub struct Socket {
+    framed: actix_codec::Framed<BoxedSocket, ws::Codec>,
+}
+
+impl Socket {
+    /// Connects with an optional Bearer token and the given subprotocols.
+    pub async fn connect(url: &str, token: Option<&str>, protocols: &[&str]) -> Socket {
+        let mut req = client().ws(url).max_frame_size(8 * 1024 * 1024);
+        if let Some(token) = token {
+            req = req.header("Authorization", format!("Bearer {token}"));
+        }
+        if !protocols.is_empty() {
+            req = req.protocols(protocols);
+        }
+        let (_, framed) = req.connect().await.unwrap_or_else(|e| panic!("ws connect {url}: {e}"));
+        Socket { framed }
+    }
+
+    /// Connects and returns the selected subprotocol header too.
+    pub async fn connect_with_response(url: &str, protocols: &[&str]) -> (Option<String>, Socket) {
+        let (res, framed) = client().ws(url).protocols(protocols).connect().await.expect("ws connect");
+        let selected = res
+            .headers()
+            .get("sec-websocket-protocol")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        (selected, Socket { framed })
+    }
+
+    pub async fn send_binary(&mut self, data: impl Into<Bytes>) {
+        let _ = self.framed.send(ws::Message::Binary(data.into())).await;
+    }
+
+    pub async fn send_text(&mut self, text: impl Into<String>) {
+        let _ = self.framed.send(ws::Message::Text(text.into().into())).await;
+    }
+
+    pub async fn send_json(&mut self, value: Value) {
+        self.send_text(value.to_string()).await;
+    }
+
+    pub async fn close(&mut self) {
+        let _ = self.framed.send(ws::Message::Close(None)).await;
+    }
+
+    /// The next frame, answering pings; `None` on timeout.
+    pub async fn next_within(&mut self, wait: Duration) -> Option<Event> {
+        loop {
+            let frame = match tokio::time::timeout(wait, self.framed.next()).await {
+                Err(_) => return None,
+                Ok(None) | Ok(Some(Err(_))) => return Some(Event::Close(None)),
+                Ok(Some(Ok(frame))) => frame,
+            };
+            return Some(match frame {
+                ws::Frame::Text(t) => Event::Text(String::from_utf8_lossy(&t).into_owned()),
+                ws::Frame::Binary(b) => Event::Binary(b),
+                ws::Frame::Ping(p) => {
+                    let _ = self.framed.send(ws::Message::Pong(p)).await;
+                    Event::Ping
+                }
+                ws::Frame::Pong(_) => continue,
+                ws::Frame::Close(reason) => Event::Close(reason.map(|r| u16::from(r.code))),
+                ws::Frame::Continuation(_) => continue,
+            });
+        }
+    }
+
+    pub async fn next(&mut self) -> Event {
+        self.next_within(WAIT).await.expect("timed out waiting for a frame")
+    }
+
+    /// Reads until a close frame and returns its code.
+    pub async fn expect_close(&mut self) -> Option<u16> {
+        loop {
+            match self.next().await {
+                Event::Close(code) => return code,
+                _ => continue,
+            }
+        }
+    }
+
+    // ---- daemon protocol helpers
+
+    pub async fn send_frame(&mut self, frame: daemon_frame::Frame) {
+        self.send_binary(DaemonFrame { frame: Some(frame) }.encode_to_vec()).await;
+    }
+
+    /// The next server frame (skipping pings); panics on anything else.
+    pub async fn next_server_frame(&mut self) -> server_frame::Frame {
+        loop {
+            match self.next().await {
+                Event::Binary(b) => {
+                    return ServerFrame::decode(b.as_ref()).expect("server frame").frame.expect("frame set");
+                }
+                Event::Ping => continue,
+                other => panic!("expected a server frame, got {other:?}"),
+            }
+        }
+    }
+}
+
+/// Daemon socket URL of a server.
+pub fn daemon_url(server: &TetherServer) -> String {
+    format!("{}/ws/v1/daemon", server.ws_url())
+}
+
+/// Viewer socket URL of a terminal.
+pub fn viewer_url(server: &TetherServer, terminal_id: &str) -> String {
+    format!("{}/ws/v1/terminals/{terminal_id}", server.ws_url())
+}
+
+/// A hello for `host_id` reporting no terminals.
+pub fn hello(host_id: &str) -> daemon_frame::Frame {
+    daemon_frame::Frame::Hello(tether::proto::v1::Hello {
+        host_id: host_id.to_string(),
+        daemon_version: "test".into(),
+        capabilities: Some(tether::proto::v1::Capabilities {
+            manage_dirs: true,
+            refresh_limits: true,
+            credentials: true,
+            usage: true,
+        }),
+        dirs: vec!["/tmp".into()],
+        terminals: vec![],
+        booking: None,
+    })
+}
