@@ -197,13 +197,16 @@ pub struct ViewerSettings {
     pub in_use_ms: u64,
     pub fresh_ms: u64,
     pub ping_timeout_ms: u64,
-    /// Bytes a viewer's outbound queue may hold before the viewer is closed 1008.
+    /// Bytes a viewer's outbound queue may hold; past it the viewer is closed 1008.
     pub queue_bytes: usize,
+    /// How long a viewer may stay behind (queue over half its bound, the
+    /// terminal's stream paused for it) before it is closed 1008.
+    pub slow_ms: u64,
 }
 
 impl Default for ViewerSettings {
     fn default() -> Self {
-        Self { in_use_ms: 60_000, fresh_ms: 5_000, ping_timeout_ms: 1_500, queue_bytes: 4 * 1024 * 1024 }
+        Self { in_use_ms: 60_000, fresh_ms: 5_000, ping_timeout_ms: 1_500, queue_bytes: 4 * 1024 * 1024, slow_ms: 3_000 }
     }
 }
 
@@ -332,7 +335,8 @@ impl Settings {
                 return Err(invalid("cluster.secret", "must be at least 16 characters"));
             }
         }
-        let positive: [(&'static str, u64); 20] = [
+        let positive: [(&'static str, u64); 21] = [
+            ("viewer.slow_ms", self.viewer.slow_ms),
             ("lease.ttl_ms", self.lease.ttl_ms),
             ("lease.renew_ms", self.lease.renew_ms),
             ("bus.ack_ms", self.bus.ack_ms),

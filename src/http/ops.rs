@@ -45,6 +45,8 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
 }
 
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let high_water = crate::relay::viewer::QUEUE_HIGH_WATER.load(std::sync::atomic::Ordering::Relaxed);
+    metrics::gauge!("tether_viewer_queue_high_water_bytes").set(high_water as f64);
     let text = state.metrics.render(state.store.backend(), state.store.pool_status());
     HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(text)
 }

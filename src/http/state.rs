@@ -81,6 +81,8 @@ impl AppState {
                 ping_timeout: ms(settings.viewer.ping_timeout_ms),
             },
             ring_bytes: 512 * 1024,
+            soft_queue_bytes: settings.viewer.queue_bytes / 2,
+            slow: ms(settings.viewer.slow_ms),
             input_queue_limit: 4 * 1024 * 1024,
             run_log_max_bytes: settings.runs.log_max_bytes,
         };

@@ -31,6 +31,10 @@ pub struct ArbiterConfig {
     pub timings: GridTimings,
     /// Recent output kept for resumes, in bytes.
     pub ring_bytes: usize,
+    /// A viewer queue over this pauses the stream until it drains...
+    pub soft_queue_bytes: usize,
+    /// ...for at most this long; then the viewer is closed 1008.
+    pub slow: Duration,
     /// Bytes queued towards the daemon before a viewer's input is refused.
     pub input_queue_limit: usize,
     pub run_log_max_bytes: usize,
@@ -48,7 +52,8 @@ enum Phase {
 }
 
 enum Kind {
-    Viewer(Recipient<ViewerOut>),
+    /// A viewer and the byte count of its outbound queue.
+    Viewer(Recipient<ViewerOut>, Arc<AtomicUsize>),
     Capture { run_id: Uuid, pending: Vec<u8>, logged: u64 },
 }
 
@@ -124,14 +129,14 @@ impl TerminalArbiter {
     }
 
     fn send_to(&self, member: u64, out: ViewerOut) {
-        if let Some(Member { kind: Kind::Viewer(r), .. }) = self.members.get(&member) {
+        if let Some(Member { kind: Kind::Viewer(r, _), .. }) = self.members.get(&member) {
             r.do_send(out);
         }
     }
 
     fn broadcast(&self, out: &ViewerOut) {
         for m in self.members.values() {
-            if let Kind::Viewer(r) = &m.kind {
+            if let Kind::Viewer(r, _) = &m.kind {
                 r.do_send(out.clone());
             }
         }
@@ -151,7 +156,7 @@ impl TerminalArbiter {
 
     fn broadcast_sizes(&self) {
         for (id, m) in &self.members {
-            if matches!(m.kind, Kind::Viewer(_)) {
+            if matches!(m.kind, Kind::Viewer(..)) {
                 self.send_to(*id, self.size_for(*id));
             }
         }
@@ -252,7 +257,7 @@ impl TerminalArbiter {
         let fresh = data.slice((next - offset) as usize..);
         member.phase = Phase::Live { next: end };
         match &mut member.kind {
-            Kind::Viewer(r) => r.do_send(ViewerOut::Binary(fresh)),
+            Kind::Viewer(r, _) => r.do_send(ViewerOut::Binary(fresh)),
             Kind::Capture { pending, .. } => pending.extend_from_slice(&fresh),
         }
         Ok(())
@@ -327,7 +332,7 @@ impl TerminalArbiter {
             let Some(Member { kind, phase, resume_from }) = self.members.get_mut(&id) else { continue };
             *phase = Phase::Live { next: live_at };
             match kind {
-                Kind::Viewer(r) => {
+                Kind::Viewer(r, _) => {
                     if resumed {
                         r.do_send(ViewerOut::Text(json!({"type": "resume", "offset": offset}).to_string()));
                         if !data.is_empty() {
@@ -410,7 +415,7 @@ impl TerminalArbiter {
 
     fn close_viewers(&mut self, code: u16, reason: &str) {
         let viewers: Vec<u64> =
-            self.members.iter().filter(|(_, m)| matches!(m.kind, Kind::Viewer(_))).map(|(id, _)| *id).collect();
+            self.members.iter().filter(|(_, m)| matches!(m.kind, Kind::Viewer(..))).map(|(id, _)| *id).collect();
         for id in viewers {
             self.send_to(id, ViewerOut::Close { code, reason: reason.to_string() });
             self.members.remove(&id);
@@ -464,7 +469,10 @@ impl Handler<Join> for TerminalArbiter {
             }
         }
         let out = msg.out.clone();
-        self.members.insert(msg.viewer, Member { kind: Kind::Viewer(msg.out), phase, resume_from: msg.resume_from });
+        self.members.insert(
+            msg.viewer,
+            Member { kind: Kind::Viewer(msg.out, msg.queued), phase, resume_from: msg.resume_from },
+        );
         out.do_send(self.size_for(msg.viewer));
         if self.stream.is_none() {
             out.do_send(ViewerOut::Text(json!({"type": "error", "message": "host offline"}).to_string()));
@@ -538,9 +546,8 @@ impl Handler<FromViewer> for TerminalArbiter {
 
 impl Handler<StreamEvent> for TerminalArbiter {
     type Result = ();
-    fn handle(&mut self, msg: StreamEvent, ctx: &mut Context<Self>) {
+    fn handle(&mut self, msg: StreamEvent, _: &mut Context<Self>) {
         match msg {
-            StreamEvent::Output { offset, data } => self.on_output(offset, data, ctx),
             StreamEvent::Scrollback { attach_id, data, cols, rows, offset, resumed } => {
                 self.on_scrollback(attach_id, data, (cols, rows), offset, resumed);
             }
@@ -563,6 +570,52 @@ impl Handler<StreamEvent> for TerminalArbiter {
                 self.broadcast_sizes();
             }
         }
+    }
+}
+
+impl Handler<OutputChunk> for TerminalArbiter {
+    type Result = ResponseActFuture<Self, ()>;
+
+    fn handle(&mut self, msg: OutputChunk, ctx: &mut Context<Self>) -> Self::Result {
+        self.on_output(msg.offset, msg.data, ctx);
+        let soft = self.config.soft_queue_bytes;
+        let behind: Vec<(u64, Arc<AtomicUsize>)> = self
+            .members
+            .iter()
+            .filter_map(|(id, m)| match &m.kind {
+                Kind::Viewer(_, queued) if queued.load(Ordering::Relaxed) > soft => Some((*id, queued.clone())),
+                _ => None,
+            })
+            .collect();
+        if behind.is_empty() {
+            return Box::pin(actix::fut::ready(()));
+        }
+        // Not atomic: the arbiter keeps serving joins, views and leaves
+        // while the stream waits for its slowest viewers.
+        let deadline = tokio::time::Instant::now() + self.config.slow;
+        Box::pin(
+            async move {
+                loop {
+                    let lagging: Vec<u64> =
+                        behind.iter().filter(|(_, q)| q.load(Ordering::Relaxed) > soft).map(|(id, _)| *id).collect();
+                    if lagging.is_empty() || tokio::time::Instant::now() >= deadline {
+                        return lagging;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            .into_actor(self)
+            .map(|lagging, act, ctx| {
+                for id in lagging {
+                    tracing::info!(terminal_id = %act.terminal_id, "tether_viewer_too_slow");
+                    act.send_to(id, ViewerOut::Evict { code: close::POLICY, reason: "too slow a reader".into() });
+                    act.members.remove(&id);
+                    let actions = act.grid.leave(id);
+                    act.apply(actions, ctx);
+                }
+                act.maybe_idle(ctx);
+            }),
+        )
     }
 }
 
@@ -589,7 +642,7 @@ impl Handler<LifecycleEvent> for TerminalArbiter {
                 if let Some((data, cols, rows)) = snapshot {
                     for m in self.members.values() {
                         if !matches!(m.phase, Phase::Live { .. }) {
-                            if let Kind::Viewer(r) = &m.kind {
+                            if let Kind::Viewer(r, _) = &m.kind {
                                 r.do_send(ViewerOut::Text(json!({"type": "size", "cols": cols, "rows": rows, "yours": false}).to_string()));
                                 r.do_send(ViewerOut::Binary(data.clone()));
                             }

@@ -470,13 +470,19 @@ impl Handler<Inbound> for DaemonConn {
         let store = self.relay.store.clone();
         match frame {
             daemon_frame::Frame::Output(out) => {
-                if let Some(id) = owned_id(&out.terminal_id, &self.owned) {
-                    metrics::counter!("tether_daemon_output_bytes_total").increment(out.data.len() as u64);
-                    self.arbiter_event(id, StreamEvent::Output { offset: out.offset, data: out.data });
-                } else {
+                let Some(id) = owned_id(&out.terminal_id, &self.owned) else {
                     metrics::counter!("tether_daemon_frames_dropped_total").increment(1);
-                }
-                done()
+                    return done();
+                };
+                metrics::counter!("tether_daemon_output_bytes_total").increment(out.data.len() as u64);
+                let Some(arbiter) = self.attached.get(&id).cloned() else { return done() };
+                // Waiting here waits the reader, and so the daemon: backpressure.
+                AtomicResponse::new(Box::pin(
+                    async move {
+                        let _ = arbiter.send(OutputChunk { offset: out.offset, data: out.data }).await;
+                    }
+                    .into_actor(self),
+                ))
             }
             daemon_frame::Frame::Scrollback(s) => {
                 if let Some(id) = owned_id(&s.terminal_id, &self.owned) {

@@ -83,11 +83,20 @@ pub struct DaemonRequest(pub DaemonRequestKind);
 
 // ------------------------------------------------------------ to a TerminalArbiter
 
-/// Output and control from the daemon's stream for one terminal.
+/// A chunk of a terminal's output stream. The arbiter answers once its
+/// viewers have room again (or the laggards were closed): the daemon
+/// connection waits for that, which slows the daemon instead of buffering.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct OutputChunk {
+    pub offset: u64,
+    pub data: Bytes,
+}
+
+/// Control from the daemon's stream for one terminal.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub enum StreamEvent {
-    Output { offset: u64, data: Bytes },
     Scrollback { attach_id: String, data: Bytes, cols: u16, rows: u16, offset: u64, resumed: bool },
     AttachError { attach_id: String, message: String },
     Size { cols: u16, rows: u16 },
@@ -142,6 +151,8 @@ pub struct ViewReport {
 pub struct Join {
     pub viewer: u64,
     pub out: Recipient<ViewerOut>,
+    /// Bytes waiting in the viewer's outbound queue.
+    pub queued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     pub resume_from: Option<u64>,
 }
 
@@ -169,4 +180,6 @@ pub enum ViewerOut {
     /// A WebSocket ping (the arbiter checks whether the holder is alive).
     Ping,
     Close { code: u16, reason: String },
+    /// Close at once, dropping what is queued (the viewer is not reading).
+    Evict { code: u16, reason: String },
 }

@@ -133,9 +133,10 @@ impl Outbox {
         let session = self.session.clone();
         let reason = close_reason(code, reason);
         actix_rt::spawn(async move {
-            // Best effort: a peer that does not read may never see the close
-            // frame; the connection ends once every session handle is gone.
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), session.close(Some(reason))).await;
+            // The close frame waits behind what the socket already holds; a
+            // peer that reads again sees it, one that never does is dropped
+            // when this gives up and the last session handle goes.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(30), session.close(Some(reason))).await;
         });
     }
 }

@@ -135,7 +135,7 @@ impl Viewer {
         let registry = self.relay.registry.clone();
         let open = OpenTerminal { terminal_id: self.terminal.id, host_id: self.terminal.host_id };
         let out = ctx.address().recipient::<ViewerOut>();
-        let join = Join { viewer: self.id, out, resume_from: self.resume_from };
+        let join = Join { viewer: self.id, out, queued: self.outbox.queued_counter(), resume_from: self.resume_from };
         async move {
             let arbiter = registry.send(open).await.ok()?;
             match arbiter.send(join).await {
@@ -236,6 +236,12 @@ impl Handler<ViewerOut> for Viewer {
             ViewerOut::Close { code, reason } => {
                 self.closed_by_arbiter = true;
                 self.close(code, &reason, ctx);
+            }
+            ViewerOut::Evict { code, reason } => {
+                self.closed_by_arbiter = true;
+                metrics::counter!("tether_viewer_slow_closed_total").increment(1);
+                self.outbox.abort(code, &reason);
+                ctx.stop();
             }
         }
     }
