@@ -4,4 +4,5 @@
 //! terminals; viewers attach to those terminals through any instance. See
 //! SPEC.md for the product and DESIGN.md for the layout of this crate.
 
+pub mod daemon;
 pub mod proto;
