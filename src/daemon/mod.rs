@@ -16,6 +16,7 @@
 mod backoff;
 mod connection;
 mod dirs;
+mod escape_boundary;
 mod host;
 mod limits;
 mod ping_ledger;

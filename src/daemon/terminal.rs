@@ -5,7 +5,9 @@
 //! the ring. Because the screen, the offset and the Output cursor are only
 //! touched here, one chunk at a time, a Scrollback taken between two chunks
 //! is the screen at exactly its offset, and Output continues from that
-//! offset with no gap and no duplicate.
+//! offset with no gap and no duplicate. An incomplete escape sequence at
+//! the end of a read is held back until it completes, so that offset never
+//! falls inside a sequence.
 //!
 //! Ordering rule: before any control frame the task emits for the stream
 //! (Scrollback, Size, and the final Snapshot), it flushes the Output that
@@ -23,6 +25,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
 use super::connection::{Outbound, Outbox};
+use super::escape_boundary;
 use super::pty::{self, ChildExit};
 use super::ring::OutputRing;
 use super::screen::{GridSize, ScreenModel};
@@ -33,6 +36,8 @@ const RING_BYTES: usize = 512 * 1024;
 /// Largest Output payload: keeps every frame far below the 1 MiB limit
 /// while letting a busy terminal coalesce many small PTY reads.
 const MAX_OUTPUT_CHUNK: usize = 64 * 1024;
+/// The most one chunk can add to the ring: itself plus a held-back tail.
+const MAX_EMIT: usize = pty::READ_CHUNK + escape_boundary::WINDOW;
 /// After the child is reaped, how long to wait for more output before
 /// giving up on EOF (a background process may hold the PTY open forever).
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
@@ -100,6 +105,7 @@ pub fn start(
         ring: OutputRing::with_capacity(RING_BYTES),
         attached: None,
         next_offset: Rc::clone(&next_offset),
+        held_back: Vec::new(),
     };
     tokio::task::spawn_local(task.run(child, commands, finished));
     TerminalHandle {
@@ -120,6 +126,8 @@ struct TerminalTask {
     ring: OutputRing,
     attached: Option<Attachment>,
     next_offset: Rc<Cell<u64>>,
+    /// An incomplete sequence at the end of the last chunk, not yet emitted.
+    held_back: Vec<u8>,
 }
 
 impl TerminalTask {
@@ -143,8 +151,9 @@ impl TerminalTask {
 
         while output_open || child_exit.is_none() {
             let pending = self.pending_bytes();
-            let may_read =
-                output_open && pending.saturating_add(pty::READ_CHUNK) <= self.ring.capacity();
+            // One chunk plus a held-back tail must fit without evicting
+            // bytes the connection has not taken yet.
+            let may_read = output_open && pending.saturating_add(MAX_EMIT) <= self.ring.capacity();
             let permit = self.reserve_output_slot(pending > 0);
             tokio::select! {
                 // Commands first: a Detach should not wait behind a backlog.
@@ -169,7 +178,10 @@ impl TerminalTask {
                             drain_deadline.as_mut().reset(tokio::time::Instant::now() + DRAIN_GRACE);
                         }
                     }
-                    None => output_open = false,
+                    None => {
+                        self.on_output_end();
+                        output_open = false;
+                    }
                 },
                 status = &mut exit, if child_exit.is_none() => {
                     child_exit = Some(status.unwrap_or_else(|_| unknown_exit()));
@@ -177,6 +189,7 @@ impl TerminalTask {
                 },
                 () = &mut drain_deadline, if child_exit.is_some() && may_read => {
                     tracing::warn!(terminal_id = %self.terminal_id, "tether_daemon_output_left_open");
+                    self.on_output_end();
                     output_open = false;
                 },
             }
@@ -214,9 +227,34 @@ impl TerminalTask {
         }
     }
 
+    /// Takes a chunk into the stream, holding back an incomplete trailing
+    /// escape sequence or character until the rest arrives (see
+    /// `escape_boundary`), so snapshots are always taken on a boundary.
     fn on_output(&mut self, chunk: &[u8]) {
-        self.screen.process(chunk);
-        self.ring.push(chunk);
+        let joined;
+        let data = if self.held_back.is_empty() {
+            chunk
+        } else {
+            joined = [std::mem::take(&mut self.held_back).as_slice(), chunk].concat();
+            &joined[..]
+        };
+        let (complete, tail) = data.split_at(escape_boundary::complete_prefix_len(data));
+        self.held_back = tail.to_vec();
+        self.emit(complete);
+    }
+
+    /// The output ended: whatever was held back is all there will be.
+    fn on_output_end(&mut self) {
+        let tail = std::mem::take(&mut self.held_back);
+        self.emit(&tail);
+    }
+
+    fn emit(&mut self, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        self.screen.process(data);
+        self.ring.push(data);
         self.next_offset.set(self.ring.end_offset());
     }
 
@@ -454,6 +492,62 @@ mod tests {
                 let final_frames = finished.recv().await.expect("final frames");
                 assert_eq!(final_frames.usage.output_bytes, fed);
                 assert_eq!(final_frames.exit.exit_code, Some(0));
+            })
+            .await;
+    }
+
+    /// A Scrollback taken while a sequence is half read sits before it, and
+    /// the Output that follows carries the whole sequence.
+    #[tokio::test(flavor = "current_thread")]
+    async fn snapshots_never_split_an_escape_sequence() {
+        let local = tokio::task::LocalSet::new();
+        local
+            .run_until(async {
+                let (output_tx, output) = mpsc::channel(4);
+                let (_exit_tx, exit) = oneshot::channel();
+                let (finished_tx, _finished) = mpsc::unbounded_channel();
+                let child = ChildStreams {
+                    pid: 0,
+                    output,
+                    exit,
+                    started_at: Instant::now(),
+                };
+                let handle = start(
+                    "t".to_owned(),
+                    GridSize::clamped(80, 24),
+                    child,
+                    finished_tx,
+                );
+                assert!(output_tx
+                    .send(Bytes::from_static(b"plain \x1b[3"))
+                    .await
+                    .is_ok());
+                tokio::task::yield_now().await;
+
+                let (out, mut wire) = mpsc::channel(8);
+                let attach = TerminalCommand::Attach {
+                    attach_id: "a".to_owned(),
+                    out,
+                };
+                assert!(handle.commands.send(attach).is_ok());
+                let offset = match wire.recv().await {
+                    Some(Outbound::Frame(Frame::Scrollback(scrollback))) => scrollback.offset,
+                    _ => panic!("expected Scrollback"),
+                };
+                assert_eq!(
+                    offset, 6,
+                    "the snapshot must sit before the partial sequence"
+                );
+                assert_eq!(handle.next_offset.get(), 6);
+
+                assert!(output_tx.send(Bytes::from_static(b"1mred")).await.is_ok());
+                match wire.recv().await {
+                    Some(Outbound::Frame(Frame::Output(output))) => {
+                        assert_eq!(output.offset, 6);
+                        assert_eq!(&output.data[..], b"\x1b[31mred");
+                    }
+                    _ => panic!("expected Output"),
+                }
             })
             .await;
     }
