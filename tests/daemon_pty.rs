@@ -494,3 +494,37 @@ async fn a_background_process_holding_the_pty_does_not_delay_exit_forever() {
     // SAFETY: plain kill(2) of a process group this test created.
     unsafe { libc::kill(-(sleep_group as i32), libc::SIGKILL) };
 }
+
+#[actix_rt::test]
+async fn an_empty_argv_starts_a_login_shell_without_the_daemon_settings() {
+    // SAFETY: nextest runs each test in its own process; nothing else here
+    // reads the environment concurrently before the daemon starts.
+    unsafe { std::env::set_var("TETHER_TEST_SECRET", "leaked") };
+    let mut server = FakeServer::start(HOST_ID).await;
+    let daemon = start_daemon(&server);
+    server.accept_and_ack().await;
+
+    server.send(spawn("login", &daemon.work, &[])).await;
+    expect_started(&mut server, "login").await;
+    attach_and_expect_scrollback(&mut server, "login", "a1").await;
+    server
+        .send(input(
+            "login",
+            "echo \"argv0=$0 term=$TERM secret=${TETHER_TEST_SECRET:-none} pwd=$(pwd)\"\n",
+        ))
+        .await;
+    let expected = format!(
+        "term=xterm-256color secret=none pwd={}",
+        daemon.work.display()
+    );
+    server.wait_for_text("login", &expected).await;
+    // A login shell's argv[0] starts with '-'.
+    assert!(
+        server.streams.text("login").contains("argv0=-"),
+        "not a login shell: {}",
+        server.streams.text("login")
+    );
+    server.send(input("login", "exit\n")).await;
+    let (_, exit, _) = expect_final_frames(&mut server, "login").await;
+    assert_eq!(exit.exit_code, Some(0));
+}
