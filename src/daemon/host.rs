@@ -211,7 +211,7 @@ impl Host {
                 inbound_item = inbound.next() => match inbound_item {
                     Inbound::Frame(ServerFrame { frame: Some(In::HelloAck(ack)) }) if !established => {
                         established = true;
-                        tracing::info!(host_id, instance_id = %ack.instance_id, "tether_daemon_connected");
+                        tracing::info!(instance_id = %ack.instance_id, "tether_daemon_connected");
                         self.send_pending_final_frames(&mut link).await;
                     }
                     Inbound::Frame(ServerFrame { frame: Some(In::Pong(_)) }) => {

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use super::backoff::Backoff;
 use super::connection::{self, DialError};
 use super::host::{Host, SessionEnd, SessionOutcome};
@@ -64,7 +66,8 @@ impl Supervisor {
                 }
             };
 
-            let outcome = self.host.serve(connection, &host_id).await;
+            let span = tracing::info_span!("daemon_connection", host_id = %host_id);
+            let outcome = self.host.serve(connection, &host_id).instrument(span).await;
             if outcome.established {
                 reregistered = false;
                 if outcome.lived >= HEALTHY_CONNECTION {

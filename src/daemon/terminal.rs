@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
 
 use super::connection::{Outbound, Outbox};
 use super::escape_boundary;
@@ -107,7 +108,8 @@ pub fn start(
         next_offset: Rc::clone(&next_offset),
         held_back: Vec::new(),
     };
-    tokio::task::spawn_local(task.run(child, commands, finished));
+    let span = tracing::info_span!("terminal", terminal_id = %task.terminal_id);
+    tokio::task::spawn_local(task.run(child, commands, finished).instrument(span));
     TerminalHandle {
         commands: commands_tx,
         next_offset,
