@@ -7,7 +7,9 @@
 //! - `connection`: dialing, the ordered outbound queue, frame decoding;
 //! - `terminal`: the per-terminal task that owns the output stream;
 //! - `pty`: spawning on a PTY and the blocking I/O threads;
-//! - `screen`, `ring`: the screen model and the output ring buffer;
+//! - `screen`, `ring`, `escape_boundary`: the screen model, the output ring
+//!   buffer, and where the stream may be cut;
+//! - `ping_ledger`: when the server has a finished terminal's last frames;
 //! - `dirs`, `state`, `limits`, `registration`, `server_url`, `backoff`.
 //!
 //! Everything runs on the current thread's local task set (awc is `!Send`),
