@@ -5,13 +5,14 @@
 //! SPEC.md for the product and DESIGN.md for the layout of this crate.
 
 pub mod attach;
-pub mod proto;
-pub mod config;
-pub mod store;
 pub mod auth;
-pub mod metrics;
-pub mod http;
-pub mod server;
-pub mod relay;
-pub mod jobs;
+pub mod config;
 pub mod crypto;
+pub mod daemon;
+pub mod http;
+pub mod jobs;
+pub mod metrics;
+pub mod proto;
+pub mod relay;
+pub mod server;
+pub mod store;

@@ -1,0 +1,542 @@
+//! The daemon core: the terminals this process hosts and the handling of
+//! server frames, one connection at a time.
+//!
+//! Frames from the server are handled strictly in order, one after the
+//! other (a handler may wait for room in the outbound queue, which is how a
+//! slow server slows down its own requests). Terminals outlive connections:
+//! each connection starts with no attachments, and the final frames of
+//! terminals (Snapshot, Exit, Usage) stay here until a Pong confirms the
+//! server has them (see `ping_ledger`), being re-sent after each HelloAck.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use portable_pty::MasterPty;
+use tokio::sync::mpsc;
+
+use super::connection::{Connection, Inbound, Outbound, Outbox};
+use super::dirs::DirAllowlist;
+use super::limits::HostLimits;
+use super::ping_ledger::PingLedger;
+use super::pty;
+use super::screen::GridSize;
+use super::state::StateDir;
+use super::terminal::{self, ChildStreams, FinalFrames, TerminalCommand, TerminalHandle};
+use crate::proto::v1::{
+    daemon_frame::Frame, server_frame::Frame as In, AttachError, Capabilities, CredentialsResult,
+    Dirs, DirsOp, DirsResult, Hello, LimitsResult, Ping, ServerFrame, Spawn, SpawnError, Started,
+    TerminalReport,
+};
+
+/// How often the daemon pings (SPEC §4).
+const PING_INTERVAL: Duration = Duration::from_secs(30);
+/// Silence after which the socket is presumed dead: two missed pongs and some.
+const SILENCE_LIMIT: Duration = Duration::from_secs(75);
+/// How long to wait for HelloAck before trying another connection.
+const HELLO_ACK_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the core waits for room in the outbound queue before giving the
+/// connection up: a half-open TCP connection blocks writes for many minutes
+/// without an error, and while the core waits it cannot run the ping check.
+const QUEUE_STALL_LIMIT: Duration = SILENCE_LIMIT;
+
+/// How a connection ended.
+#[derive(Debug)]
+pub enum SessionEnd {
+    /// The server closed it, with this close code if any.
+    Closed(Option<u16>),
+    /// The socket failed, went silent, or never acknowledged the hello.
+    Lost(String),
+}
+
+impl std::fmt::Display for SessionEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SessionEnd::Closed(Some(code)) => write!(f, "closed by the server with code {code}"),
+            SessionEnd::Closed(None) => f.write_str("closed by the server without a code"),
+            SessionEnd::Lost(reason) => write!(f, "connection lost: {reason}"),
+        }
+    }
+}
+
+/// What the reconnect loop needs to know about a finished connection.
+#[derive(Debug)]
+pub struct SessionOutcome {
+    /// HelloAck arrived.
+    pub established: bool,
+    pub lived: Duration,
+    pub end: SessionEnd,
+}
+
+struct TerminalEntry {
+    pid: u32,
+    master: Box<dyn MasterPty + Send>,
+    size: GridSize,
+    input: mpsc::Sender<Bytes>,
+    handle: TerminalHandle,
+    /// Set once the terminal ended; the entry is dropped when the server
+    /// confirmed these frames.
+    final_frames: Option<FinalFrames>,
+}
+
+impl TerminalEntry {
+    fn running(&self) -> bool {
+        self.final_frames.is_none()
+    }
+}
+
+/// The daemon's terminals, allowlist and state files.
+pub struct Host {
+    state: StateDir,
+    dirs: DirAllowlist,
+    terminals: HashMap<String, TerminalEntry>,
+    finished_tx: mpsc::UnboundedSender<FinalFrames>,
+    finished_rx: mpsc::UnboundedReceiver<FinalFrames>,
+}
+
+/// The core's side of a connection's outbound queue, with its Ping/Pong
+/// bookkeeping.
+struct Link {
+    out: Outbox,
+    ledger: PingLedger,
+    /// The queue stayed full for QUEUE_STALL_LIMIT: the connection is dead.
+    stalled: bool,
+}
+
+impl Link {
+    /// Queues a frame; false when the connection is gone or stuck (the serve
+    /// loop then ends it).
+    async fn send(&mut self, frame: Frame) -> bool {
+        if self.stalled {
+            return false;
+        }
+        match tokio::time::timeout(QUEUE_STALL_LIMIT, self.out.send(Outbound::Frame(frame))).await {
+            Ok(sent) => sent.is_ok(),
+            Err(_) => {
+                self.stalled = true;
+                false
+            }
+        }
+    }
+
+    async fn ping(&mut self) {
+        if self.send(Frame::Ping(Ping {})).await {
+            self.ledger.ping_queued();
+        }
+    }
+
+    /// Queues a finished terminal's frames and the Ping whose Pong confirms them.
+    async fn send_final_frames(&mut self, final_frames: FinalFrames) {
+        let terminal_id = final_frames.terminal_id.clone();
+        for frame in final_frames.into_frames() {
+            if !self.send(frame).await {
+                return;
+            }
+        }
+        self.ledger.final_frames_queued(terminal_id);
+        self.ping().await;
+    }
+}
+
+impl Host {
+    pub fn new(state: StateDir, dirs: DirAllowlist) -> Self {
+        let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+        Self {
+            state,
+            dirs,
+            terminals: HashMap::new(),
+            finished_tx,
+            finished_rx,
+        }
+    }
+
+    /// Waits out a reconnect delay while still noting terminals that end.
+    pub async fn idle(&mut self, delay: Duration) {
+        let deadline = tokio::time::sleep(delay);
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                () = &mut deadline => return,
+                Some(final_frames) = self.finished_rx.recv() => self.on_finished(final_frames, None).await,
+            }
+        }
+    }
+
+    /// Runs one connection: Hello, wait for HelloAck, then serve frames
+    /// until the socket ends.
+    pub async fn serve(&mut self, connection: Connection, host_id: &str) -> SessionOutcome {
+        let started = Instant::now();
+        let Connection {
+            mut inbound,
+            out,
+            mut writer,
+        } = connection;
+        let outcome = |established: bool, end: SessionEnd| SessionOutcome {
+            established,
+            lived: started.elapsed(),
+            end,
+        };
+
+        // Terminals that ended since the last look must be reported as not running.
+        while let Ok(final_frames) = self.finished_rx.try_recv() {
+            self.on_finished(final_frames, None).await;
+        }
+        let mut link = Link {
+            out,
+            ledger: PingLedger::default(),
+            stalled: false,
+        };
+        if !link.send(Frame::Hello(self.hello(host_id))).await {
+            return outcome(
+                false,
+                SessionEnd::Lost("writer stopped before hello".to_owned()),
+            );
+        }
+
+        let mut established = false;
+        let hello_deadline = tokio::time::sleep(HELLO_ACK_TIMEOUT);
+        tokio::pin!(hello_deadline);
+        let mut ping =
+            tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+        loop {
+            if link.stalled {
+                return outcome(
+                    established,
+                    SessionEnd::Lost("outbound queue stalled".to_owned()),
+                );
+            }
+            tokio::select! {
+                inbound_item = inbound.next() => match inbound_item {
+                    Inbound::Frame(ServerFrame { frame: Some(In::HelloAck(ack)) }) if !established => {
+                        established = true;
+                        tracing::info!(instance_id = %ack.instance_id, "tether_daemon_connected");
+                        self.send_pending_final_frames(&mut link).await;
+                    }
+                    Inbound::Frame(ServerFrame { frame: Some(In::Pong(_)) }) => {
+                        for terminal_id in link.ledger.pong_received() {
+                            self.forget(&terminal_id);
+                        }
+                    }
+                    Inbound::Frame(frame) => self.on_frame(frame.frame, &mut link).await,
+                    Inbound::Closed(code) => return outcome(established, SessionEnd::Closed(code)),
+                    Inbound::Lost(reason) => return outcome(established, SessionEnd::Lost(reason)),
+                },
+                Some(final_frames) = self.finished_rx.recv() => {
+                    self.on_finished(final_frames, established.then_some(&mut link)).await;
+                }
+                _ = ping.tick() => {
+                    if inbound.silent_for() > SILENCE_LIMIT {
+                        return outcome(established, SessionEnd::Lost("no answer to pings".to_owned()));
+                    }
+                    link.ping().await;
+                }
+                () = &mut hello_deadline, if !established => {
+                    return outcome(false, SessionEnd::Lost("no HelloAck in time".to_owned()));
+                }
+                () = writer.stopped() => {
+                    return outcome(established, SessionEnd::Lost("socket write failed".to_owned()));
+                }
+            }
+        }
+    }
+
+    fn hello(&self, host_id: &str) -> Hello {
+        Hello {
+            host_id: host_id.to_owned(),
+            daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
+            capabilities: Some(Capabilities {
+                manage_dirs: true,
+                refresh_limits: true,
+                credentials: true,
+                usage: true,
+            }),
+            dirs: self.dirs.to_strings(),
+            terminals: self
+                .terminals
+                .iter()
+                .map(|(terminal_id, entry)| TerminalReport {
+                    terminal_id: terminal_id.clone(),
+                    running: entry.running(),
+                    next_offset: entry.handle.next_offset.get(),
+                })
+                .collect(),
+            booking: None,
+        }
+    }
+
+    /// After HelloAck: the final frames of terminals that ended while the
+    /// socket was down (or whose frames were never confirmed).
+    async fn send_pending_final_frames(&mut self, link: &mut Link) {
+        let pending: Vec<FinalFrames> = self
+            .terminals
+            .values()
+            .filter_map(|entry| entry.final_frames.clone())
+            .collect();
+        for final_frames in pending {
+            link.send_final_frames(final_frames).await;
+        }
+    }
+
+    /// A terminal ended: remember its final frames, and send them now if
+    /// the connection is established.
+    async fn on_finished(&mut self, final_frames: FinalFrames, link: Option<&mut Link>) {
+        let Some(entry) = self.terminals.get_mut(&final_frames.terminal_id) else {
+            return;
+        };
+        tracing::info!(
+            terminal_id = %final_frames.terminal_id,
+            exit_code = ?final_frames.exit.exit_code,
+            signal = ?final_frames.exit.signal,
+            "tether_daemon_terminal_exited"
+        );
+        entry.final_frames = Some(final_frames.clone());
+        if let Some(link) = link {
+            link.send_final_frames(final_frames).await;
+        }
+    }
+
+    /// The server confirmed a terminal's final frames.
+    fn forget(&mut self, terminal_id: &str) {
+        if self
+            .terminals
+            .get(terminal_id)
+            .is_some_and(|entry| !entry.running())
+        {
+            self.terminals.remove(terminal_id);
+            tracing::debug!(terminal_id, "tether_daemon_terminal_forgotten");
+        }
+    }
+
+    async fn on_frame(&mut self, frame: Option<In>, link: &mut Link) {
+        let Some(frame) = frame else {
+            // An empty oneof: a frame type newer than this daemon.
+            tracing::warn!("tether_daemon_unknown_server_frame");
+            return;
+        };
+        let reply = match frame {
+            In::HelloAck(_) | In::Pong(_) => None,
+            In::Spawn(spawn) => self.spawn(spawn),
+            In::Input(input) => {
+                self.input(&input.terminal_id, input.data);
+                None
+            }
+            In::Resize(resize) => {
+                let size = GridSize::clamped(resize.cols, resize.rows);
+                self.resize(&resize.terminal_id, size, &link.out);
+                None
+            }
+            In::Kill(kill) => {
+                self.kill(&kill.terminal_id, kill.signal);
+                None
+            }
+            In::Attach(attach) => self.attach(attach.terminal_id, attach.attach_id, &link.out),
+            In::Detach(detach) => {
+                if let Some(entry) = self.terminals.get(&detach.terminal_id) {
+                    let _ = entry.handle.commands.send(TerminalCommand::Detach);
+                }
+                None
+            }
+            In::Dirs(request) => Some(Frame::DirsResult(self.change_dirs(request))),
+            In::LimitsRefresh(request) => Some(Frame::LimitsResult(LimitsResult {
+                request_id: request.request_id,
+                limits_json: HostLimits::collect().to_json(),
+                error: None,
+            })),
+            In::Credentials(request) => Some(Frame::CredentialsResult(
+                self.credentials(request.request_id),
+            )),
+        };
+        if let Some(reply) = reply {
+            // A failed send means the connection is gone; the serve loop sees it.
+            link.send(reply).await;
+        }
+    }
+
+    fn spawn(&mut self, spawn: Spawn) -> Option<Frame> {
+        let terminal_id = spawn.terminal_id;
+        if let Some(entry) = self.terminals.get(&terminal_id) {
+            // Idempotent: a re-sent Spawn learns the pid again; one for a
+            // terminal that already ended is answered by its pending Exit.
+            return entry.running().then(|| {
+                Frame::Started(Started {
+                    terminal_id,
+                    pid: entry.pid,
+                })
+            });
+        }
+        let spawn_error = |terminal_id: String, message: String| {
+            tracing::info!(%terminal_id, %message, "tether_daemon_spawn_failed");
+            Some(Frame::SpawnError(SpawnError {
+                terminal_id,
+                message,
+            }))
+        };
+        if terminal_id.is_empty() {
+            return spawn_error(terminal_id, "empty terminal id".to_owned());
+        }
+        let dir = match self.dirs.resolve_spawn_dir(&spawn.dir) {
+            Ok(dir) => dir,
+            Err(err) => return spawn_error(terminal_id, err.to_string()),
+        };
+        let size = GridSize::for_spawn(spawn.cols, spawn.rows);
+        let process = match pty::spawn(&dir, &spawn.argv, size) {
+            Ok(process) => process,
+            Err(err) => return spawn_error(terminal_id, err.to_string()),
+        };
+        tracing::info!(
+            %terminal_id,
+            pid = process.pid,
+            dir = %dir.display(),
+            "tether_daemon_terminal_started"
+        );
+        let child = ChildStreams {
+            pid: process.pid,
+            output: process.output,
+            exit: process.exit,
+            started_at: process.started_at,
+        };
+        let handle = terminal::start(terminal_id.clone(), size, child, self.finished_tx.clone());
+        self.terminals.insert(
+            terminal_id.clone(),
+            TerminalEntry {
+                pid: process.pid,
+                master: process.master,
+                size,
+                input: process.input,
+                handle,
+                final_frames: None,
+            },
+        );
+        Some(Frame::Started(Started {
+            terminal_id,
+            pid: process.pid,
+        }))
+    }
+
+    fn running_terminal(&mut self, terminal_id: &str) -> Option<&mut TerminalEntry> {
+        let entry = self
+            .terminals
+            .get_mut(terminal_id)
+            .filter(|entry| entry.running());
+        if entry.is_none() {
+            tracing::debug!(terminal_id, "tether_daemon_frame_for_absent_terminal");
+        }
+        entry
+    }
+
+    fn input(&mut self, terminal_id: &str, data: Bytes) {
+        let Some(entry) = self.running_terminal(terminal_id) else {
+            return;
+        };
+        if let Err(mpsc::error::TrySendError::Full(data)) = entry.input.try_send(data) {
+            // The child is not reading its input; blocking here would stall
+            // every other terminal's frames behind it.
+            tracing::warn!(
+                terminal_id,
+                bytes = data.len(),
+                "tether_daemon_input_dropped"
+            );
+        }
+    }
+
+    fn resize(&mut self, terminal_id: &str, size: GridSize, out: &Outbox) {
+        let Some(entry) = self.running_terminal(terminal_id) else {
+            return;
+        };
+        if entry.size == size {
+            return;
+        }
+        // The PTY is resized here, before any later Input of the same
+        // connection reaches the writer thread, so `stty size` typed after a
+        // Resize sees the new size.
+        if let Err(error) = pty::resize(&*entry.master, size) {
+            tracing::warn!(terminal_id, %error, "tether_daemon_resize_failed");
+            return;
+        }
+        entry.size = size;
+        let _ = entry.handle.commands.send(TerminalCommand::Resize {
+            size,
+            out: out.clone(),
+        });
+    }
+
+    fn kill(&mut self, terminal_id: &str, signal: i32) {
+        let Some(entry) = self.running_terminal(terminal_id) else {
+            return;
+        };
+        if let Err(error) = pty::send_signal(entry.pid, signal) {
+            tracing::warn!(terminal_id, signal, %error, "tether_daemon_kill_failed");
+        }
+    }
+
+    fn attach(&mut self, terminal_id: String, attach_id: String, out: &Outbox) -> Option<Frame> {
+        let message = match self.terminals.get(&terminal_id) {
+            None => "unknown terminal",
+            Some(entry) if entry.running() => {
+                let command = TerminalCommand::Attach {
+                    attach_id: attach_id.clone(),
+                    out: out.clone(),
+                };
+                match entry.handle.commands.send(command) {
+                    Ok(()) => return None,
+                    // The task ended a moment ago; its final frames are on their way.
+                    Err(_) => "terminal has exited",
+                }
+            }
+            Some(_) => "terminal has exited",
+        };
+        Some(Frame::AttachError(AttachError {
+            terminal_id,
+            attach_id,
+            message: message.to_owned(),
+        }))
+    }
+
+    fn change_dirs(&mut self, request: Dirs) -> DirsResult {
+        let mut dirs = self.dirs.clone();
+        let changed = match DirsOp::try_from(request.op) {
+            Ok(DirsOp::Add) => dirs.add(&request.path).map_err(|err| err.to_string()),
+            Ok(DirsOp::Remove) => dirs.remove(&request.path).map_err(|err| err.to_string()),
+            Ok(DirsOp::Unspecified) | Err(_) => Err(format!("unknown dirs op {}", request.op)),
+        };
+        let result = changed.and_then(|()| {
+            self.state.save_dirs(&dirs).map_err(|err| {
+                tracing::error!(error = %err, "tether_daemon_dirs_not_saved");
+                "cannot save the allowed dirs".to_owned()
+            })
+        });
+        match result {
+            Ok(()) => {
+                self.dirs = dirs;
+                tracing::info!(dirs = ?self.dirs.dirs(), "tether_daemon_dirs_changed");
+                DirsResult {
+                    request_id: request.request_id,
+                    dirs: self.dirs.to_strings(),
+                    error: None,
+                }
+            }
+            Err(error) => DirsResult {
+                request_id: request.request_id,
+                dirs: self.dirs.to_strings(),
+                error: Some(error),
+            },
+        }
+    }
+
+    fn credentials(&self, request_id: String) -> CredentialsResult {
+        match self.state.credentials() {
+            Ok(credentials_json) => CredentialsResult {
+                request_id,
+                credentials_json,
+                error: None,
+            },
+            Err(err) => CredentialsResult {
+                request_id,
+                credentials_json: Bytes::new(),
+                error: Some(err.to_string()),
+            },
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! The host daemon (`tether daemon`, SPEC §4): hosts real PTY terminals on
+//! this machine and serves them to a tether server over one WebSocket.
+//!
+//! Layout, one job per module:
+//! - `supervisor`: the reconnect loop and close-code policy;
+//! - `host`: the terminals table and server-frame handling per connection;
+//! - `connection`: dialing, the ordered outbound queue, frame decoding;
+//! - `terminal`: the per-terminal task that owns the output stream;
+//! - `pty`: spawning on a PTY and the blocking I/O threads;
+//! - `screen`, `ring`, `escape_boundary`: the screen model, the output ring
+//!   buffer, and where the stream may be cut;
+//! - `ping_ledger`: when the server has a finished terminal's last frames;
+//! - `dirs`, `state`, `limits`, `registration`, `server_url`, `backoff`.
+//!
+//! Everything runs on the current thread's local task set (awc is `!Send`),
+//! so [`run`] can be spawned with `actix_rt::spawn` inside a server process.
+
+mod backoff;
+mod connection;
+mod dirs;
+mod escape_boundary;
+mod host;
+mod limits;
+mod ping_ledger;
+mod pty;
+mod registration;
+mod ring;
+mod screen;
+mod server_url;
+mod state;
+mod supervisor;
+mod terminal;
+
+use std::path::PathBuf;
+
+pub use self::server_url::BadServerUrl;
+pub use self::state::{default_state_dir, StateError};
+
+/// How to run the daemon (the `tether daemon` flags).
+#[derive(Debug, Clone)]
+pub struct DaemonOptions {
+    /// HTTP base URL of the server, e.g. `http://127.0.0.1:8080`.
+    pub server: String,
+    pub token: String,
+    /// Display name of the host; defaults to the machine's hostname.
+    pub name: Option<String>,
+    pub state_dir: PathBuf,
+    /// Seeds the dir allowlist on the first start (empty = the user's home);
+    /// afterwards the persisted list in the state dir is authoritative.
+    pub allow_dirs: Vec<PathBuf>,
+}
+
+/// Why the daemon stopped. Everything else is retried forever.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    BadServerUrl(#[from] BadServerUrl),
+    #[error("bad token: the server refused it")]
+    BadToken,
+    #[error("the server does not know host {host_id} or it belongs to another user, even after registering again")]
+    ForeignHost { host_id: String },
+    /// The state dir or a file in it is unusable, or an `--allow-dir` seed is.
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// Runs the daemon: registers the host if needed, then keeps a connection
+/// to the server forever. Returns only on a fatal error (bad token, a host
+/// the server refuses even after re-registering, unusable state dir).
+///
+/// The future is `!Send` and spawns local tasks: poll it inside a tokio
+/// `LocalSet`, e.g. an actix `System` (`actix_rt::System::new().block_on(..)`
+/// or `actix_rt::spawn` from inside one).
+pub async fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
+    let server = server_url::ServerUrl::parse(&opts.server)?;
+    let state = state::StateDir::open(opts.state_dir)?;
+    let dirs = state.load_dirs(&opts.allow_dirs)?;
+    tracing::info!(
+        server = %server,
+        state_dir = %state.path().display(),
+        dirs = ?dirs.dirs(),
+        "tether_daemon_starting"
+    );
+    supervisor::Supervisor {
+        server,
+        token: opts.token,
+        description: registration::HostDescription::of_this_machine(opts.name),
+        host: host::Host::new(state.clone(), dirs),
+        state,
+    }
+    .run()
+    .await
+}

@@ -1,0 +1,286 @@
+//! Starting a process on a fresh PTY, and the OS threads that serve it.
+//!
+//! PTY I/O and `wait4` block, so each terminal gets three small threads:
+//! - reader: blocking reads from the master into a bounded channel. When the
+//!   channel is full the thread blocks, the PTY stops being drained, and the
+//!   child blocks on its next write: that is the backpressure path.
+//! - writer: drains a bounded channel of input into the master.
+//! - waiter: `wait4` on the child, which yields both the exit status (with
+//!   the signal number, which portable-pty only reports as a name) and the
+//!   child's rusage for the Usage frame.
+//!
+//! A reader can outlive its terminal only while some background process
+//! still holds the PTY open; it ends when that process closes it.
+
+use std::io::{self, Read, Write};
+use std::path::Path;
+use std::time::Instant;
+
+use bytes::Bytes;
+use portable_pty::{CommandBuilder, MasterPty, PtySize};
+use tokio::sync::{mpsc, oneshot};
+
+use super::screen::GridSize;
+
+/// Bytes per PTY read; also the largest Output chunk a single read yields.
+pub const READ_CHUNK: usize = 16 * 1024;
+/// Reads in flight between the reader thread and the terminal task.
+const OUTPUT_CHANNEL_CHUNKS: usize = 4;
+/// Input frames queued for the writer thread; beyond this input is refused.
+const INPUT_CHANNEL_FRAMES: usize = 64;
+const THREAD_STACK_BYTES: usize = 128 * 1024;
+
+/// Why a Spawn failed; the text goes back in SpawnError.message.
+#[derive(Debug, thiserror::Error)]
+pub enum PtyError {
+    #[error("cannot open a pty: {0}")]
+    Open(String),
+    #[error("cannot start {program}: {reason}")]
+    Spawn { program: String, reason: String },
+    #[error("cannot start the pty threads: {0}")]
+    Threads(io::Error),
+}
+
+/// How a child ended, with what it cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChildExit {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub cpu_ms: u64,
+    pub max_rss_kb: u64,
+    pub ended_at: Instant,
+}
+
+/// A running child on a PTY and the channels to its threads.
+pub struct PtyProcess {
+    pub pid: u32,
+    /// Kept for resizing; dropping it closes the daemon's main handle.
+    pub master: Box<dyn MasterPty + Send>,
+    /// Output chunks in order; closes at EOF (every slave fd closed).
+    pub output: mpsc::Receiver<Bytes>,
+    /// Input for the writer thread.
+    pub input: mpsc::Sender<Bytes>,
+    /// Fires once when the child has been reaped.
+    pub exit: oneshot::Receiver<ChildExit>,
+    pub started_at: Instant,
+}
+
+/// Starts `argv` (empty: the user's login shell) in `dir` on a PTY of `size`.
+pub fn spawn(dir: &Path, argv: &[String], size: GridSize) -> Result<PtyProcess, PtyError> {
+    let pair = portable_pty::native_pty_system()
+        .openpty(pty_size(size))
+        .map_err(|err| PtyError::Open(format!("{err:#}")))?;
+
+    let mut command = if argv.is_empty() {
+        // $SHELL, else the passwd entry, else /bin/sh; started as a login
+        // shell (argv[0] prefixed with '-').
+        CommandBuilder::new_default_prog()
+    } else {
+        CommandBuilder::from_argv(argv.iter().map(Into::into).collect())
+    };
+    command.cwd(dir);
+    command.env("TERM", "xterm-256color");
+    // The daemon's own configuration (token, cluster secrets when run inside
+    // `serve --demo`) must not leak into user shells.
+    let own_settings: Vec<String> = command
+        .iter_full_env_as_str()
+        .filter(|(key, _)| key.starts_with("TETHER_"))
+        .map(|(key, _)| key.to_owned())
+        .collect();
+    for key in own_settings {
+        command.env_remove(key);
+    }
+
+    let program = argv.first().cloned().unwrap_or_else(|| command.get_shell());
+    let started_at = Instant::now();
+    let child = pair
+        .slave
+        .spawn_command(command)
+        .map_err(|err| PtyError::Spawn {
+            program: program.clone(),
+            reason: format!("{err:#}"),
+        })?;
+    // The reader only sees EOF once every slave fd is closed, ours included.
+    drop(pair.slave);
+    let pid = child.process_id().ok_or_else(|| PtyError::Spawn {
+        program,
+        reason: "the child has no process id".to_owned(),
+    })?;
+    // Reaping is the waiter thread's job (wait4, for the rusage); dropping
+    // the handle neither waits nor kills.
+    drop(child);
+
+    let master = pair.master;
+    // The waiter starts first: if a later step fails, the child is killed
+    // and this thread still reaps it.
+    let (exit_tx, exit) = oneshot::channel();
+    if let Err(err) = start_thread(format!("tether-wait-{pid}"), move || {
+        let _ = exit_tx.send(wait_for_exit(pid));
+    }) {
+        kill_and_reap(pid);
+        return Err(PtyError::Threads(err));
+    }
+    let io_threads = (|| {
+        let reader = master.try_clone_reader().map_err(io::Error::other)?;
+        let writer = master.take_writer().map_err(io::Error::other)?;
+        let (output_tx, output) = mpsc::channel(OUTPUT_CHANNEL_CHUNKS);
+        let (input, input_rx) = mpsc::channel(INPUT_CHANNEL_FRAMES);
+        start_thread(format!("tether-pty-out-{pid}"), move || {
+            read_loop(reader, output_tx)
+        })?;
+        start_thread(format!("tether-pty-in-{pid}"), move || {
+            write_loop(writer, input_rx)
+        })?;
+        Ok((output, input))
+    })();
+    let (output, input) = match io_threads {
+        Ok(channels) => channels,
+        Err(err) => {
+            let _ = send_signal(pid, libc::SIGKILL);
+            return Err(PtyError::Threads(err));
+        }
+    };
+    Ok(PtyProcess {
+        pid,
+        master,
+        output,
+        input,
+        exit,
+        started_at,
+    })
+}
+
+/// Resizes the PTY; the kernel sends SIGWINCH to the foreground group.
+pub fn resize(master: &dyn MasterPty, size: GridSize) -> Result<(), String> {
+    master
+        .resize(pty_size(size))
+        .map_err(|err| format!("{err:#}"))
+}
+
+/// Sends `signal` (0 = SIGTERM) to the child's process group, or to the
+/// child alone when the group is gone. The child is a session leader
+/// (portable-pty calls setsid), so its group id is its pid and the group
+/// holds whatever it started without job control.
+pub fn send_signal(pid: u32, signal: i32) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(pid)
+        .ok()
+        .filter(|pid| *pid > 1)
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let signal = if signal == 0 { libc::SIGTERM } else { signal };
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    if unsafe { libc::kill(-pid, signal) } == 0 {
+        return Ok(());
+    }
+    let group_error = io::Error::last_os_error();
+    if group_error.raw_os_error() != Some(libc::ESRCH) {
+        return Err(group_error);
+    }
+    // SAFETY: as above.
+    if unsafe { libc::kill(pid, signal) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn pty_size(size: GridSize) -> PtySize {
+    PtySize {
+        rows: size.rows(),
+        cols: size.cols(),
+        pixel_width: 0,
+        pixel_height: 0,
+    }
+}
+
+fn start_thread(name: String, body: impl FnOnce() + Send + 'static) -> io::Result<()> {
+    std::thread::Builder::new()
+        .name(name)
+        .stack_size(THREAD_STACK_BYTES)
+        .spawn(body)
+        .map(drop)
+}
+
+fn read_loop(mut reader: Box<dyn Read + Send>, output: mpsc::Sender<Bytes>) {
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        match reader.read(&mut buf) {
+            // Linux reports a hung-up PTY master (all slave fds closed) as EIO.
+            Ok(0) => return,
+            Ok(n) => {
+                if output
+                    .blocking_send(Bytes::copy_from_slice(&buf[..n]))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
+}
+
+fn write_loop(mut writer: Box<dyn Write + Send>, mut input: mpsc::Receiver<Bytes>) {
+    while let Some(data) = input.blocking_recv() {
+        if let Err(err) = writer.write_all(&data).and_then(|()| writer.flush()) {
+            tracing::debug!(error = %err, "tether_daemon_pty_write_failed");
+            return;
+        }
+    }
+}
+
+fn wait_for_exit(pid: u32) -> ChildExit {
+    let mut status: libc::c_int = 0;
+    // SAFETY: rusage is plain data that wait4 fills in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let reaped = loop {
+        // SAFETY: wait4 writes only to the two locals passed by pointer.
+        let rc = unsafe { libc::wait4(pid as libc::pid_t, &mut status, 0, &mut usage) };
+        if rc == -1 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        break rc > 0;
+    };
+    let ended_at = Instant::now();
+    if !reaped {
+        // Someone else reaped it (e.g. SIGCHLD ignored in the host process):
+        // the status is lost, report an end with no code.
+        tracing::warn!(pid, "tether_daemon_exit_status_lost");
+        return ChildExit {
+            exit_code: None,
+            signal: None,
+            cpu_ms: 0,
+            max_rss_kb: 0,
+            ended_at,
+        };
+    }
+    let (exit_code, signal) = if libc::WIFEXITED(status) {
+        (Some(libc::WEXITSTATUS(status)), None)
+    } else if libc::WIFSIGNALED(status) {
+        (None, Some(libc::WTERMSIG(status)))
+    } else {
+        (None, None)
+    };
+    ChildExit {
+        exit_code,
+        signal,
+        cpu_ms: timeval_ms(usage.ru_utime) + timeval_ms(usage.ru_stime),
+        // Linux reports ru_maxrss in KiB.
+        max_rss_kb: u64::try_from(usage.ru_maxrss).unwrap_or(0),
+        ended_at,
+    }
+}
+
+fn timeval_ms(time: libc::timeval) -> u64 {
+    let secs = u64::try_from(time.tv_sec).unwrap_or(0);
+    let micros = u64::try_from(time.tv_usec).unwrap_or(0);
+    secs * 1000 + micros / 1000
+}
+
+/// Last resort when not even the waiter thread could start.
+fn kill_and_reap(pid: u32) {
+    let _ = send_signal(pid, libc::SIGKILL);
+    let mut status = 0;
+    // SAFETY: waitpid writes only to `status`.
+    unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+}

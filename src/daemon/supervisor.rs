@@ -1,0 +1,211 @@
+//! The reconnect loop: register if needed, dial, serve, and decide from how
+//! the connection ended whether to redial at once, back off, re-register
+//! or give up (SPEC §4 close codes).
+
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use super::backoff::Backoff;
+use super::connection::{self, DialError};
+use super::host::{Host, SessionEnd, SessionOutcome};
+use super::registration::{self, HostDescription, RegisterError};
+use super::server_url::ServerUrl;
+use super::state::StateDir;
+use super::DaemonError;
+
+/// Close codes the daemon acts on (SPEC §4). Every other code, 4429
+/// (throttled) included, and every socket failure means "back off".
+mod close_code {
+    pub const REPLACED: u16 = 4000;
+    pub const BAD_TOKEN: u16 = 4401;
+    pub const FOREIGN_HOST: u16 = 4403;
+    pub const DRAINING: u16 = 4503;
+}
+
+/// A connection that stayed up this long was healthy: the next failure
+/// starts backing off from one second again.
+const HEALTHY_CONNECTION: Duration = Duration::from_secs(10);
+/// Bounds registration and the WebSocket handshake.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Everything the loop carries from one attempt to the next.
+pub struct Supervisor {
+    pub server: ServerUrl,
+    pub token: String,
+    pub description: HostDescription,
+    pub state: StateDir,
+    pub host: Host,
+}
+
+impl Supervisor {
+    /// Runs until a fatal error.
+    pub async fn run(mut self) -> Result<(), DaemonError> {
+        let client = awc::Client::builder().timeout(HTTP_TIMEOUT).finish();
+        let mut backoff = Backoff::new();
+        // A 4403 earns one re-registration; a second one in a row is fatal.
+        let mut reregistered = false;
+        // A 4503 earns one immediate redial; repeated ones back off.
+        let mut redialed_after_drain = false;
+        loop {
+            let host_id = match self.host_id(&client).await? {
+                Some(host_id) => host_id,
+                None => {
+                    self.host.idle(backoff.next_delay()).await;
+                    continue;
+                }
+            };
+            let connection = match connection::dial(&client, &self.server, &self.token).await {
+                Ok(connection) => connection,
+                Err(DialError::Refused(401)) => return Err(DaemonError::BadToken),
+                Err(err) => {
+                    let delay = backoff.next_delay();
+                    tracing::warn!(error = %err, delay_ms = delay.as_millis(), "tether_daemon_dial_failed");
+                    self.host.idle(delay).await;
+                    continue;
+                }
+            };
+
+            let span = tracing::info_span!("daemon_connection", host_id = %host_id);
+            let outcome = self.host.serve(connection, &host_id).instrument(span).await;
+            if outcome.established {
+                reregistered = false;
+                if outcome.lived >= HEALTHY_CONNECTION {
+                    backoff.reset();
+                }
+            }
+            let drain_retry_used = std::mem::take(&mut redialed_after_drain);
+            match decide(&outcome, reregistered, drain_retry_used) {
+                Decision::Fatal(err) => return Err(err.with_host_id(&host_id)),
+                Decision::Reregister => {
+                    reregistered = true;
+                    tracing::warn!(host_id, "tether_daemon_host_refused_registering_again");
+                    self.state.forget_host_id()?;
+                }
+                Decision::RedialAfterDrain => {
+                    redialed_after_drain = true;
+                    tracing::info!(host_id, "tether_daemon_instance_draining");
+                }
+                Decision::BackOff => {
+                    let delay = backoff.next_delay();
+                    tracing::info!(
+                        end = %outcome.end,
+                        delay_ms = delay.as_millis(),
+                        "tether_daemon_reconnect_scheduled"
+                    );
+                    self.host.idle(delay).await;
+                }
+            }
+        }
+    }
+
+    /// The stored host id, or a fresh registration. `Ok(None)` means "retry
+    /// later"; only a refused token is fatal.
+    async fn host_id(&self, client: &awc::Client) -> Result<Option<String>, DaemonError> {
+        if let Some(host_id) = self.state.host_id() {
+            return Ok(Some(host_id));
+        }
+        match registration::register(client, &self.server, &self.token, &self.description).await {
+            Ok(host_id) => {
+                self.state.save_host_id(&host_id)?;
+                tracing::info!(host_id, "tether_daemon_registered");
+                Ok(Some(host_id))
+            }
+            Err(RegisterError::BadToken) => Err(DaemonError::BadToken),
+            Err(err) => {
+                tracing::warn!(error = %err, "tether_daemon_registration_failed");
+                Ok(None)
+            }
+        }
+    }
+}
+
+enum Decision {
+    Fatal(FatalEnd),
+    Reregister,
+    RedialAfterDrain,
+    BackOff,
+}
+
+enum FatalEnd {
+    BadToken,
+    ForeignHost,
+}
+
+impl FatalEnd {
+    fn with_host_id(self, host_id: &str) -> DaemonError {
+        match self {
+            FatalEnd::BadToken => DaemonError::BadToken,
+            FatalEnd::ForeignHost => DaemonError::ForeignHost {
+                host_id: host_id.to_owned(),
+            },
+        }
+    }
+}
+
+/// The close-code policy, kept pure so it can be tested on its own.
+fn decide(outcome: &SessionOutcome, reregistered: bool, drain_retry_used: bool) -> Decision {
+    let SessionEnd::Closed(Some(code)) = outcome.end else {
+        return Decision::BackOff;
+    };
+    match code {
+        close_code::BAD_TOKEN => Decision::Fatal(FatalEnd::BadToken),
+        close_code::FOREIGN_HOST if reregistered => Decision::Fatal(FatalEnd::ForeignHost),
+        close_code::FOREIGN_HOST => Decision::Reregister,
+        close_code::DRAINING if !drain_retry_used => Decision::RedialAfterDrain,
+        close_code::REPLACED => {
+            tracing::warn!("tether_daemon_replaced");
+            Decision::BackOff
+        }
+        _ => Decision::BackOff,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn closed(code: u16, established: bool) -> SessionOutcome {
+        SessionOutcome {
+            established,
+            lived: Duration::from_secs(1),
+            end: SessionEnd::Closed(Some(code)),
+        }
+    }
+
+    #[test]
+    fn close_codes_map_to_the_spec_policy() {
+        assert!(matches!(
+            decide(&closed(4401, true), false, false),
+            Decision::Fatal(FatalEnd::BadToken)
+        ));
+        assert!(matches!(
+            decide(&closed(4403, false), false, false),
+            Decision::Reregister
+        ));
+        assert!(matches!(
+            decide(&closed(4403, false), true, false),
+            Decision::Fatal(FatalEnd::ForeignHost)
+        ));
+        assert!(matches!(
+            decide(&closed(4503, true), false, false),
+            Decision::RedialAfterDrain
+        ));
+        assert!(matches!(
+            decide(&closed(4503, false), false, true),
+            Decision::BackOff
+        ));
+        for code in [4000, 4429, 4408, 1000, 1011] {
+            assert!(
+                matches!(decide(&closed(code, true), false, false), Decision::BackOff),
+                "{code}"
+            );
+        }
+        let lost = SessionOutcome {
+            established: true,
+            lived: Duration::from_secs(100),
+            end: SessionEnd::Lost("eof".to_owned()),
+        };
+        assert!(matches!(decide(&lost, false, false), Decision::BackOff));
+    }
+}
