@@ -9,6 +9,7 @@ pub mod auth;
 pub mod config;
 pub mod crypto;
 pub mod daemon;
+pub mod demo;
 pub mod http;
 pub mod jobs;
 pub mod metrics;

@@ -29,6 +29,28 @@ enum Command {
         /// Listen address (setting `http.listen`).
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
+        /// Also run a daemon in this process, with a demo user, token and shell terminal.
+        #[arg(long)]
+        demo: bool,
+    },
+    /// Run the host daemon: host PTY terminals for the server.
+    Daemon {
+        /// The server's HTTP base URL, e.g. http://127.0.0.1:8080.
+        #[arg(long, value_name = "URL")]
+        server: String,
+        /// An API token of the user who owns this host.
+        #[arg(long, value_name = "TOKEN", env = "TETHER_TOKEN", hide_env_values = true)]
+        token: String,
+        /// Display name of this host (default: its hostname).
+        #[arg(long, value_name = "NAME")]
+        name: Option<String>,
+        /// Where the host id, allowed dirs and credentials file live.
+        #[arg(long, value_name = "DIR")]
+        state_dir: Option<PathBuf>,
+        /// A directory terminals may start in (repeatable; default: your home).
+        /// Seeds the allowlist on first start only.
+        #[arg(long = "allow-dir", value_name = "DIR")]
+        allow_dirs: Vec<PathBuf>,
     },
     /// Attach to a terminal in raw mode (detach with Ctrl-]).
     Attach {
@@ -94,12 +116,22 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<(), Failure> {
     let mut settings = Settings::load(cli.config.as_deref()).map_err(Failure::config)?;
     match cli.command {
-        Command::Serve { role, listen } => {
+        Command::Serve { role, listen, demo } => {
             if let Some(listen) = listen {
                 settings.http.listen = listen;
                 settings.validate().map_err(Failure::config)?;
             }
-            serve(settings, role).await
+            serve(settings, role, demo).await
+        }
+        Command::Daemon { server, token, name, state_dir, allow_dirs } => {
+            let options = tether::daemon::DaemonOptions {
+                server,
+                token,
+                name,
+                state_dir: state_dir.unwrap_or_else(tether::daemon::default_state_dir),
+                allow_dirs,
+            };
+            tether::daemon::run(options).await.map_err(Failure::runtime)
         }
         Command::Attach { terminal_id, server, token } => {
             let options = tether::attach::AttachOptions::new(server, token, terminal_id);
@@ -134,7 +166,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     }
 }
 
-async fn serve(settings: Settings, role: Role) -> Result<(), Failure> {
+async fn serve(settings: Settings, role: Role, demo: bool) -> Result<(), Failure> {
     if role == Role::Director {
         return Err(Failure::config(
             "--role director is not available in this build yet (placement arrives with the cells work)",
@@ -148,6 +180,17 @@ async fn serve(settings: Settings, role: Role) -> Result<(), Failure> {
     for addr in &bound.addrs {
         println!("tether: listening on http://{addr} ({backend})");
     }
-    println!("tether: create an API token with: tether token create --user NAME");
+    if demo {
+        let base = bound.addrs.first().map(|a| format!("http://{a}")).unwrap_or_default();
+        let state = bound.state.clone();
+        actix_web::rt::spawn(async move {
+            match tether::demo::start(&state, &base).await {
+                Ok(demo) => println!("{}", demo.instructions()),
+                Err(e) => eprintln!("tether: the demo could not start: {e}"),
+            }
+        });
+    } else {
+        println!("tether: create an API token with: tether token create --user NAME");
+    }
     bound.run().await.map_err(Failure::runtime)
 }

@@ -78,6 +78,7 @@ fn attach(terminal_id: &str, attach_id: &str) -> In {
     In::Attach(Attach {
         terminal_id: terminal_id.to_owned(),
         attach_id: attach_id.to_owned(),
+        resume_from: None,
     })
 }
 

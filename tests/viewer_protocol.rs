@@ -198,7 +198,7 @@ async fn resume_from_an_offset_the_owner_still_holds() {
     assert_eq!(bytes(&mut v2, 1).await, b"!");
     assert_eq!(bytes(&mut v1, 1).await, b"!");
     // Bytes the owner no longer holds: the daemon is asked to resume instead.
-    let mut v3 = s.viewer("?from=999999").await;
+    let _v3 = s.viewer("?from=999999").await;
     let attach = s.next_attach().await;
     assert_eq!(attach.resume_from, Some(999_999));
 }

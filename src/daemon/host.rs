@@ -331,7 +331,7 @@ impl Host {
                 self.kill(&kill.terminal_id, kill.signal);
                 None
             }
-            In::Attach(attach) => self.attach(attach.terminal_id, attach.attach_id, &link.out),
+            In::Attach(attach) => self.attach(attach.terminal_id, attach.attach_id, attach.resume_from, &link.out),
             In::Detach(detach) => {
                 if let Some(entry) = self.terminals.get(&detach.terminal_id) {
                     let _ = entry.handle.commands.send(TerminalCommand::Detach);
@@ -471,12 +471,19 @@ impl Host {
         }
     }
 
-    fn attach(&mut self, terminal_id: String, attach_id: String, out: &Outbox) -> Option<Frame> {
+    fn attach(
+        &mut self,
+        terminal_id: String,
+        attach_id: String,
+        resume_from: Option<u64>,
+        out: &Outbox,
+    ) -> Option<Frame> {
         let message = match self.terminals.get(&terminal_id) {
             None => "unknown terminal",
             Some(entry) if entry.running() => {
                 let command = TerminalCommand::Attach {
                     attach_id: attach_id.clone(),
+                    resume_from,
                     out: out.clone(),
                 };
                 match entry.handle.commands.send(command) {

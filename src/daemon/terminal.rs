@@ -48,7 +48,10 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 pub enum TerminalCommand {
     /// Start (or restart, for a new viewer) the stream on `out`: answer
     /// with a Scrollback, then Output from its offset on.
-    Attach { attach_id: String, out: Outbox },
+    /// Start (or restart) the output stream; with `resume_from`, send the
+    /// raw bytes since that offset instead of a screen snapshot when the
+    /// ring still holds them.
+    Attach { attach_id: String, resume_from: Option<u64>, out: Outbox },
     /// Stop sending Output.
     Detach,
     /// The PTY was resized: resize the screen model and report Size on `out`.
@@ -262,7 +265,7 @@ impl TerminalTask {
 
     async fn on_command(&mut self, command: TerminalCommand) {
         match command {
-            TerminalCommand::Attach { attach_id, out } => {
+            TerminalCommand::Attach { attach_id, resume_from, out } => {
                 // Viewers already on this connection must get everything up
                 // to the new snapshot's offset before it.
                 if self
@@ -274,13 +277,19 @@ impl TerminalTask {
                 }
                 let offset = self.ring.end_offset();
                 let size = self.screen.size();
+                let resumed = resume_from.and_then(|from| Some((from, self.ring.bytes_since(from, usize::MAX)?)));
+                let (data, from, resumed) = match resumed {
+                    Some((from, raw)) => (raw, from, true),
+                    None => (self.screen.snapshot(), offset, false),
+                };
                 let scrollback = Scrollback {
                     terminal_id: self.terminal_id.clone(),
                     attach_id,
-                    data: self.screen.snapshot(),
+                    data,
                     cols: u32::from(size.cols()),
                     rows: u32::from(size.rows()),
-                    offset,
+                    offset: from,
+                    resumed,
                 };
                 self.attached = match out
                     .send(Outbound::Frame(Frame::Scrollback(scrollback)))
@@ -442,6 +451,7 @@ mod tests {
                 let (out, mut wire) = mpsc::channel(2);
                 let attach = TerminalCommand::Attach {
                     attach_id: "a".to_owned(),
+                    resume_from: None,
                     out,
                 };
                 assert!(handle.commands.send(attach).is_ok());
@@ -529,6 +539,7 @@ mod tests {
                 let (out, mut wire) = mpsc::channel(8);
                 let attach = TerminalCommand::Attach {
                     attach_id: "a".to_owned(),
+                    resume_from: None,
                     out,
                 };
                 assert!(handle.commands.send(attach).is_ok());

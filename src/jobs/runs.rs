@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use crate::relay::registry::{ConnectedHosts, HostConn, OpenTerminal};
-use crate::relay::{CaptureRun, RelayContext, SpawnTerminal};
+use crate::relay::registry::{ConnectedHosts, HostConn};
+use crate::relay::{RelayContext, SpawnTerminal};
 use crate::store::{NewTerminal, Run};
 
 /// Runs claimed per look.
@@ -82,10 +82,9 @@ async fn dispatch(relay: &RelayContext, run: Run) -> Result<(), crate::store::St
         .await?;
     relay.store.set_run_terminal(run.id, terminal.id).await?;
     tracing::info!(run_id = %run.id, terminal_id = %terminal.id, "tether_run_dispatched");
-    if let Ok(arbiter) = relay.registry.send(OpenTerminal { terminal_id: terminal.id, host_id: run.host_id }).await {
-        arbiter.do_send(CaptureRun { run_id: run.id, logged: 0 });
-    }
-    // If the host left meanwhile the terminal stays parked and is spawned on its return.
+    // The connection attaches the output capture right behind the Spawn. If
+    // the host left meanwhile the terminal stays parked and is spawned (and
+    // captured) when the host returns.
     if let Ok(Some(conn)) = relay.registry.send(HostConn(run.host_id)).await {
         let _ = conn.send(SpawnTerminal(terminal)).await;
     }

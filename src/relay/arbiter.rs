@@ -20,6 +20,7 @@ use uuid::Uuid;
 
 use super::daemon_conn::DaemonConn;
 use super::grid::{Grid, GridAction, GridTimings};
+use super::outbox::Frame;
 use super::registry::{ArbiterIdle, HostRegistry, Retire};
 use super::*;
 use crate::proto::v1::server_frame;
@@ -165,7 +166,10 @@ impl TerminalArbiter {
     /// Sends Attach for every waiting member when the terminal can stream.
     fn attach_waiting(&mut self, ctx: &mut Context<Self>) {
         let Some(stream) = &self.stream else { return };
-        if self.state != Some(TerminalState::Running) {
+        // A launching terminal's Spawn already went out on this connection,
+        // and the daemon handles frames in order, so an Attach finds it even
+        // if the process exits at once (a short run).
+        if !matches!(self.state, Some(TerminalState::Running | TerminalState::Launching)) {
             return;
         }
         let conn = stream.conn.clone();
@@ -257,7 +261,12 @@ impl TerminalArbiter {
         let fresh = data.slice((next - offset) as usize..);
         member.phase = Phase::Live { next: end };
         match &mut member.kind {
-            Kind::Viewer(r, _) => r.do_send(ViewerOut::Binary(fresh)),
+            Kind::Viewer(r, queued) => {
+                // Counted now, not when the viewer's actor gets to it, so
+                // the stream pauses on what is really in flight.
+                queued.fetch_add(Frame::Binary(fresh.clone()).weight(), Ordering::Relaxed);
+                r.do_send(ViewerOut::Output(fresh));
+            }
             Kind::Capture { pending, .. } => pending.extend_from_slice(&fresh),
         }
         Ok(())
@@ -488,11 +497,12 @@ impl Handler<CaptureRun> for TerminalArbiter {
         if self.retiring || self.members.contains_key(&CAPTURE) {
             return;
         }
+        let phase = msg.attach_id.map_or(Phase::Waiting, Phase::Awaiting);
         self.members.insert(
             CAPTURE,
             Member {
                 kind: Kind::Capture { run_id: msg.run_id, pending: Vec::new(), logged: msg.logged },
-                phase: Phase::Waiting,
+                phase,
                 resume_from: Some(msg.logged),
             },
         );

@@ -111,16 +111,31 @@ impl DaemonConn {
     }
 
     /// Claims `pending -> launching` and sends Spawn; resolves to whether
-    /// this connection sent it.
+    /// this connection sent it. A run's terminal gets its output capture
+    /// attached right behind the Spawn, so no byte escapes the log.
     fn spawn_terminal(&mut self, terminal: crate::store::Terminal) -> ResponseActFuture<Self, bool> {
         let Some(host_id) = self.host_id().filter(|h| *h == terminal.host_id) else {
             return Box::pin(actix::fut::ready(false));
         };
         let store = self.relay.store.clone();
+        let registry = self.relay.registry.clone();
         let id = terminal.id;
-        Box::pin(async move { store.claim_launch(host_id, id).await }.into_actor(self).map(
-            move |claimed, act, ctx| match claimed {
-                Ok(true) => {
+        let run_id = terminal.run_id;
+        let claim = async move {
+            if !store.claim_launch(host_id, id).await? {
+                return Ok(None); // claimed elsewhere, or no longer pending
+            }
+            let Some(run_id) = run_id else { return Ok(Some(None)) };
+            let Ok(arbiter) = registry.send(OpenTerminal { terminal_id: id, host_id }).await else {
+                return Ok(Some(None));
+            };
+            let attach_id = Uuid::new_v4().to_string();
+            let capture = CaptureRun { run_id, logged: 0, attach_id: Some(attach_id.clone()) };
+            Ok(Some(arbiter.send(capture).await.ok().map(|()| (arbiter, attach_id))))
+        };
+        Box::pin(claim.into_actor(self).map(move |claimed: Result<_, crate::store::StoreError>, act, ctx| {
+            match claimed {
+                Ok(Some(capture)) => {
                     act.owned.entry(id).or_default().run_id = terminal.run_id;
                     let spawn = crate::proto::v1::Spawn {
                         terminal_id: id.to_string(),
@@ -130,15 +145,35 @@ impl DaemonConn {
                         rows: u32::from(terminal.rows),
                     };
                     act.send(server_frame::Frame::Spawn(spawn), ctx);
+                    if let Some((arbiter, attach_id)) = capture {
+                        act.attach(AttachArbiter { terminal_id: id, attach_id, resume_from: Some(0), arbiter }, ctx);
+                    }
                     true
                 }
-                Ok(false) => false, // claimed elsewhere, or no longer pending
+                Ok(None) => false,
                 Err(e) => {
                     tracing::error!(error = %e, terminal_id = %id, "tether_spawn_claim_failed");
                     false
                 }
-            },
-        ))
+            }
+        }))
+    }
+
+    fn attach(&mut self, msg: AttachArbiter, ctx: &mut Context<Self>) {
+        if !self.owned.contains_key(&msg.terminal_id) || self.host_id().is_none() {
+            msg.arbiter.do_send(StreamEvent::AttachError {
+                attach_id: msg.attach_id,
+                message: "the daemon has no such terminal".into(),
+            });
+            return;
+        }
+        self.attached.insert(msg.terminal_id, msg.arbiter);
+        let attach = crate::proto::v1::Attach {
+            terminal_id: msg.terminal_id.to_string(),
+            attach_id: msg.attach_id,
+            resume_from: msg.resume_from,
+        };
+        self.send(server_frame::Frame::Attach(attach), ctx);
     }
 
     fn arbiter_event(&self, terminal_id: Uuid, event: StreamEvent) {
@@ -436,7 +471,7 @@ impl Handler<Hello> for DaemonConn {
                     let registry = registry.clone();
                     actix_rt::spawn(async move {
                         if let Ok(arbiter) = registry.send(OpenTerminal { terminal_id, host_id }).await {
-                            arbiter.do_send(CaptureRun { run_id, logged });
+                            arbiter.do_send(CaptureRun { run_id, logged, attach_id: None });
                         }
                     });
                 }
@@ -688,20 +723,7 @@ impl Handler<SpawnTerminal> for DaemonConn {
 impl Handler<AttachArbiter> for DaemonConn {
     type Result = ();
     fn handle(&mut self, msg: AttachArbiter, ctx: &mut Context<Self>) {
-        if !self.owned.contains_key(&msg.terminal_id) || self.host_id().is_none() {
-            msg.arbiter.do_send(StreamEvent::AttachError {
-                attach_id: msg.attach_id,
-                message: "the daemon has no such terminal".into(),
-            });
-            return;
-        }
-        self.attached.insert(msg.terminal_id, msg.arbiter);
-        let attach = crate::proto::v1::Attach {
-            terminal_id: msg.terminal_id.to_string(),
-            attach_id: msg.attach_id,
-            resume_from: msg.resume_from,
-        };
-        self.send(server_frame::Frame::Attach(attach), ctx);
+        self.attach(msg, ctx);
     }
 }
 

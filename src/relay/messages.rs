@@ -167,6 +167,9 @@ pub struct CaptureRun {
     pub run_id: Uuid,
     /// Bytes of output already in the log (resume point after a restart).
     pub logged: u64,
+    /// Set when the daemon connection sends the Attach itself, right after
+    /// the Spawn, so even a process that exits at once is captured whole.
+    pub attach_id: Option<String>,
 }
 
 // ------------------------------------------------------------ to a Viewer
@@ -177,6 +180,9 @@ pub struct CaptureRun {
 pub enum ViewerOut {
     Text(String),
     Binary(Bytes),
+    /// Live output whose weight the arbiter already added to the viewer's
+    /// queue counter when it sent it.
+    Output(Bytes),
     /// A WebSocket ping (the arbiter checks whether the holder is alive).
     Ping,
     Close { code: u16, reason: String },

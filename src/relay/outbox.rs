@@ -23,7 +23,8 @@ pub enum Frame {
 }
 
 impl Frame {
-    fn weight(&self) -> usize {
+    /// What a frame counts against its queue's bound.
+    pub fn weight(&self) -> usize {
         match self {
             Frame::Binary(b) | Frame::Ping(b) | Frame::Pong(b) => b.len() + 16,
             Frame::Text(t) => t.len() + 16,
@@ -104,6 +105,25 @@ impl Outbox {
     pub fn push(&self, frame: Frame) -> Result<(), Overflow> {
         let weight = frame.weight();
         let now = self.queued.fetch_add(weight, Ordering::Relaxed) + weight;
+        if now > self.limit {
+            self.queued.fetch_sub(weight, Ordering::Relaxed);
+            return Err(Overflow);
+        }
+        if let Some(high_water) = &self.high_water {
+            high_water.fetch_max(now, Ordering::Relaxed);
+        }
+        if self.tx.send(frame).is_err() {
+            self.queued.fetch_sub(weight, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Queues a frame whose weight the sender already added to the counter
+    /// (so frames still in an actor's mailbox count too); `Err(Overflow)`
+    /// when the queue is over its bound (the reservation is released).
+    pub fn push_reserved(&self, frame: Frame) -> Result<(), Overflow> {
+        let weight = frame.weight();
+        let now = self.queued.load(Ordering::Relaxed);
         if now > self.limit {
             self.queued.fetch_sub(weight, Ordering::Relaxed);
             return Err(Overflow);

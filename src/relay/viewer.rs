@@ -90,11 +90,15 @@ impl Viewer {
 
     fn push(&mut self, frame: Frame, ctx: &mut Context<Self>) {
         if self.outbox.push(frame).is_err() {
-            tracing::info!(terminal_id = %self.terminal.id, "tether_viewer_too_slow");
-            metrics::counter!("tether_viewer_slow_closed_total").increment(1);
-            self.outbox.abort(close::POLICY, "too slow a reader");
-            ctx.stop();
+            self.too_slow(ctx);
         }
+    }
+
+    fn too_slow(&mut self, ctx: &mut Context<Self>) {
+        tracing::info!(terminal_id = %self.terminal.id, "tether_viewer_too_slow");
+        metrics::counter!("tether_viewer_slow_closed_total").increment(1);
+        self.outbox.abort(close::POLICY, "too slow a reader");
+        ctx.stop();
     }
 
     fn close(&mut self, code: u16, reason: &str, ctx: &mut Context<Self>) {
@@ -232,6 +236,11 @@ impl Handler<ViewerOut> for Viewer {
         match msg {
             ViewerOut::Text(text) => self.push(Frame::Text(text), ctx),
             ViewerOut::Binary(data) => self.push(Frame::Binary(data), ctx),
+            ViewerOut::Output(data) => {
+                if self.outbox.push_reserved(Frame::Binary(data)).is_err() {
+                    self.too_slow(ctx);
+                }
+            }
             ViewerOut::Ping => self.push(Frame::Ping(Bytes::from_static(b"grid")), ctx),
             ViewerOut::Close { code, reason } => {
                 self.closed_by_arbiter = true;

@@ -20,6 +20,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod client;
+pub mod daemon;
 mod postgres;
 mod process;
 mod redis;

@@ -1,0 +1,88 @@
+//! `tether serve --demo`: a daemon inside the server process, a demo user
+//! and token, and one shell terminal, so a person can try tether with one
+//! command and then `tether attach`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::http::state::AppState;
+
+/// What the demo set up.
+pub struct Demo {
+    pub base_url: String,
+    pub token: String,
+    pub terminal_id: Uuid,
+}
+
+/// Why the demo could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("the in-process daemon did not come online within 30 s")]
+    DaemonNotOnline,
+    #[error("creating the terminal failed: {0}")]
+    Terminal(String),
+}
+
+impl Demo {
+    /// The lines printed for the person running the demo.
+    pub fn instructions(&self) -> String {
+        format!(
+            "tether demo ready\n  token:    {token}\n  terminal: {id}\n  attach:   tether attach {id} --server {base} --token {token}\n  (with cargo: cargo run --release -- attach {id} --server {base} --token {token})",
+            token = self.token,
+            id = self.terminal_id,
+            base = self.base_url,
+        )
+    }
+}
+
+/// Creates the demo user and token, starts a daemon in this process and
+/// opens a shell terminal on it.
+pub async fn start(state: &AppState, base_url: &str) -> Result<Demo, DemoError> {
+    let user = state.store.ensure_user("demo").await?;
+    let token = crate::auth::generate_token();
+    state.store.insert_token(user.id, &crate::auth::hash_token(&token)).await?;
+    let state_dir = std::env::temp_dir().join(format!("tether-demo-{}", std::process::id()));
+    let options = crate::daemon::DaemonOptions {
+        server: base_url.to_string(),
+        token: token.clone(),
+        name: Some("demo".into()),
+        state_dir,
+        allow_dirs: Vec::new(),
+    };
+    actix_rt::spawn(async move {
+        if let Err(e) = crate::daemon::run(options).await {
+            tracing::error!(error = %e, "tether_demo_daemon_failed");
+        }
+    });
+    let host_id = wait_for_host(state, user.id).await?;
+    let client = awc::Client::new();
+    let mut res = client
+        .post(format!("{base_url}/api/v1/terminals"))
+        .insert_header(("Authorization", format!("Bearer {token}")))
+        .send_json(&json!({"hostId": host_id, "title": "demo shell"}))
+        .await
+        .map_err(|e| DemoError::Terminal(e.to_string()))?;
+    let body: Value = res.json().await.map_err(|e| DemoError::Terminal(e.to_string()))?;
+    let terminal_id = body["terminal"]["id"]
+        .as_str()
+        .and_then(|id| Uuid::parse_str(id).ok())
+        .ok_or_else(|| DemoError::Terminal(body.to_string()))?;
+    Ok(Demo { base_url: base_url.to_string(), token, terminal_id })
+}
+
+async fn wait_for_host(state: &AppState, user_id: Uuid) -> Result<Uuid, DemoError> {
+    for _ in 0..300 {
+        for host in state.store.list_hosts(user_id).await? {
+            let key = crate::store::host_lease_key(host.id);
+            if state.store.lease_holder(&key).await?.is_some() {
+                return Ok(host.id);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(DemoError::DaemonNotOnline)
+}

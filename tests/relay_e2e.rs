@@ -1,0 +1,341 @@
+//! End to end on one instance: a real `tether serve`, real `tether daemon`
+//! processes and real PTYs (SPEC §4-§6). The core flows run against both
+//! the embedded SQLite default and PostgreSQL.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::client::{create_token, viewer_url, Api, Event, Socket, WAIT};
+use support::daemon::DaemonProcess;
+use support::{pg_database, TetherServer};
+
+struct E2e {
+    server: TetherServer,
+    api: Api,
+    daemon: DaemonProcess,
+    host: String,
+    dir: tempfile::TempDir,
+}
+
+async fn start(postgres: bool, env: &[(&str, &str)]) -> E2e {
+    let url = if postgres { Some(pg_database().await) } else { None };
+    let mut env: Vec<(&str, &str)> = env.to_vec();
+    if let Some(url) = &url {
+        env.push(("TETHER_DATABASE__URL", url));
+    }
+    let server = TetherServer::start(&env, &[]).await;
+    let api = Api::new(server.url(), create_token(&server, "ann"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let daemon = DaemonProcess::start(&server, &api.token, &dir.path().join("state"));
+    let host = wait_online(&api).await;
+    E2e { server, api, daemon, host, dir }
+}
+
+/// Waits until the user's (single) host is online; returns its id.
+async fn wait_online(api: &Api) -> String {
+    let body = api
+        .wait_for("/api/v1/hosts", "host online", |b| b["hosts"].as_array().is_some_and(|h| h.iter().any(|h| h["state"] == "online")))
+        .await;
+    body["hosts"].as_array().and_then(|h| h.iter().find(|h| h["state"] == "online")).expect("host")["id"]
+        .as_str()
+        .expect("id")
+        .to_string()
+}
+
+async fn terminal(e: &E2e, argv: &[&str]) -> String {
+    let (status, body) = e.api.post("/api/v1/terminals", json!({"hostId": e.host, "argv": argv, "dir": "/tmp"})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&e.api, &id, "running").await;
+    id
+}
+
+async fn wait_state(api: &Api, id: &str, state: &str) -> Value {
+    api.wait_for(&format!("/api/v1/terminals/{id}"), state, |b| b["terminal"]["state"] == state).await["terminal"].clone()
+}
+
+/// A viewer that records the stream: where its live bytes start and what came.
+struct Viewer {
+    sock: Socket,
+    start: u64,
+    live: Vec<u8>,
+    exit: Option<Value>,
+}
+
+impl Viewer {
+    async fn attach(e: &E2e, terminal: &str, query: &str) -> Viewer {
+        let url = format!("{}{query}", viewer_url(&e.server, terminal));
+        let mut sock = Socket::connect(&url, Some(&e.api.token), &["tether.v1"]).await;
+        let start = loop {
+            match sock.next().await {
+                Event::Text(t) => {
+                    let v: Value = serde_json::from_str(&t).expect("json");
+                    match v["type"].as_str() {
+                        Some("live") | Some("resume") => break v["offset"].as_u64().expect("offset"),
+                        _ => {}
+                    }
+                }
+                Event::Close(code) => panic!("closed {code:?} before live"),
+                _ => {}
+            }
+        };
+        Viewer { sock, start, live: Vec::new(), exit: None }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.live).into_owned()
+    }
+
+    /// Reads until the live output contains `needle`.
+    async fn until(&mut self, needle: &str) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while !self.text().contains(needle) {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.sock.next_within(left).await {
+                Some(Event::Binary(b)) => self.live.extend_from_slice(&b),
+                Some(Event::Text(t)) => {
+                    let v: Value = serde_json::from_str(&t).expect("json");
+                    if v["type"] == "exit" {
+                        self.exit = Some(v);
+                    }
+                }
+                Some(Event::Close(code)) => panic!("closed {code:?} waiting for {needle:?}; got {:?}", self.text()),
+                Some(Event::Ping) => {}
+                None => panic!("timed out waiting for {needle:?}; got {:?}", self.text()),
+            }
+        }
+    }
+
+    /// Reads until the exit message; returns it.
+    async fn until_exit(&mut self) -> Value {
+        while self.exit.is_none() {
+            match self.sock.next().await {
+                Event::Binary(b) => self.live.extend_from_slice(&b),
+                Event::Text(t) => {
+                    let v: Value = serde_json::from_str(&t).expect("json");
+                    if v["type"] == "exit" {
+                        self.exit = Some(v);
+                    }
+                }
+                Event::Close(code) => panic!("closed {code:?} before exit"),
+                Event::Ping => {}
+            }
+        }
+        self.exit.clone().expect("exit")
+    }
+
+    async fn type_line(&mut self, line: &str) {
+        self.sock.send_json(json!({"type": "input", "data": format!("{line}\n")})).await;
+    }
+}
+
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite_backend {
+            $(#[actix_rt::test] async fn $name() { super::$name(false).await })*
+        }
+        mod postgres_backend {
+            $(#[actix_rt::test] async fn $name() { super::$name(true).await })*
+        }
+    };
+}
+
+both_backends!(shell_io_resize_second_viewer_resume_and_exit, kill_keeps_running_until_the_real_exit, runs_succeed_and_fail);
+
+async fn shell_io_resize_second_viewer_resume_and_exit(postgres: bool) {
+    let e = start(postgres, &[]).await;
+    let id = terminal(&e, &["sh"]).await;
+    let mut v1 = Viewer::attach(&e, &id, "").await;
+    v1.sock.send_json(json!({"type": "resize", "cols": 101, "rows": 33})).await;
+    v1.sock.send_json(json!({"type": "view", "cols": 101, "rows": 33, "visible": true, "idleMs": 0, "open": true})).await;
+    // The shell expands this, so seeing the result proves a real shell ran it.
+    v1.type_line("echo hello-$((6*7))").await;
+    v1.until("hello-42").await;
+    // Wait for the PTY to have the holder's grid before asking it.
+    e.api.wait_for(&format!("/api/v1/terminals/{id}"), "grid", |b| b["terminal"]["cols"] == 101).await;
+    v1.type_line("stty size").await;
+    v1.until("33 101").await;
+
+    // A second viewer mid-stream: snapshot, then live from its offset.
+    let mut v2 = Viewer::attach(&e, &id, "").await;
+    assert!(v2.start >= v1.start);
+    v1.type_line("echo after-$((1+1))-both").await;
+    v1.until("after-2-both").await;
+    v2.until("after-2-both").await;
+    // No gap, no duplicate: v2's live bytes are exactly v1's from v2's start.
+    let skip = (v2.start - v1.start) as usize;
+    let tail = &v1.live[skip..];
+    let common = tail.len().min(v2.live.len());
+    assert_eq!(&tail[..common], &v2.live[..common], "second viewer's stream differs from the first's");
+    assert!(common > 0);
+
+    // ?from=N while v1 keeps the arbiter: only the bytes after N.
+    let from = v1.start + (v1.live.len() as u64) - 5;
+    let mut v3 = Viewer::attach(&e, &id, &format!("?from={from}")).await;
+    assert_eq!(v3.start, from, "resumed at the offset asked");
+    v1.type_line("echo resumed-ok").await;
+    v1.until("resumed-ok\r\n").await;
+    v3.until("resumed-ok\r\n").await;
+    let expect = &v1.live[(from - v1.start) as usize..];
+    assert_eq!(&v3.live[..expect.len().min(v3.live.len())], &expect[..expect.len().min(v3.live.len())]);
+
+    v1.type_line("exit 3").await;
+    assert_eq!(v1.until_exit().await["exitCode"], 3);
+    let t = wait_state(&e.api, &id, "exited").await;
+    assert_eq!(t["exitCode"], 3);
+    assert_eq!(t["exitSignal"], Value::Null);
+    drop(e.daemon);
+}
+
+async fn kill_keeps_running_until_the_real_exit(postgres: bool) {
+    let e = start(postgres, &[]).await;
+    let id = terminal(&e, &["sleep", "1000"]).await;
+    let id2 = terminal(&e, &["sleep", "1000"]).await;
+    let (status, body) = e.api.post(&format!("/api/v1/terminals/{id2}/kill"), json!({"signal": "TERM"})).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["terminal"]["state"], "running", "kill answers before the exit");
+    let t = wait_state(&e.api, &id2, "exited").await;
+    assert_eq!((t["exitSignal"].as_i64(), t["exitCode"].as_i64()), (Some(15), None));
+    let (status, body) = e.api.post(&format!("/api/v1/terminals/{id}/kill"), json!({"signal": 9})).await;
+    assert_eq!(status, 202, "{body}");
+    let t = wait_state(&e.api, &id, "exited").await;
+    assert_eq!(t["exitSignal"], 9);
+    let (status, body) = e.api.post(&format!("/api/v1/terminals/{id}/kill"), json!({})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("terminal_not_running")));
+    let (status, body) = e.api.post(&format!("/api/v1/terminals/{id}/kill"), json!({"signal": "BOGUS"})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_signal")));
+    drop(e.dir);
+}
+
+async fn runs_succeed_and_fail(postgres: bool) {
+    let e = start(postgres, &[]).await;
+    let (status, ok) = e.api.post("/api/v1/runs", json!({"hostId": e.host, "argv": ["sh", "-c", "echo out; exit 0"]})).await;
+    assert_eq!(status, 201, "{ok}");
+    let (_, bad) = e.api.post("/api/v1/runs", json!({"hostId": e.host, "argv": ["sh", "-c", "echo failing; exit 7"]})).await;
+    let ok_id = ok["run"]["id"].as_str().expect("id");
+    let bad_id = bad["run"]["id"].as_str().expect("id");
+    let run = e
+        .api
+        .wait_for(&format!("/api/v1/runs/{ok_id}"), "run succeeded with usage", |b| {
+            b["run"]["state"] == "succeeded" && b["run"]["usage"].is_object()
+        })
+        .await["run"]
+        .clone();
+    assert_eq!(run["exitCode"], 0);
+    assert!(run["terminalId"].is_string());
+    assert!(run["usage"]["wallMs"].as_i64().is_some_and(|w| w >= 0));
+    assert!(run["usage"]["outputBytes"].as_i64().is_some_and(|b| b >= 3), "{run}");
+    let (status, log) = e.api.get_bytes(&format!("/api/v1/runs/{ok_id}/log")).await;
+    assert_eq!(status, 200);
+    assert!(String::from_utf8_lossy(&log).contains("out"), "log: {:?}", String::from_utf8_lossy(&log));
+    let run = e
+        .api
+        .wait_for(&format!("/api/v1/runs/{bad_id}"), "run failed", |b| b["run"]["state"] == "failed")
+        .await["run"]
+        .clone();
+    assert_eq!(run["exitCode"], 7);
+    let (_, log) = e.api.get_bytes(&format!("/api/v1/runs/{bad_id}/log")).await;
+    assert!(String::from_utf8_lossy(&log).contains("failing"));
+}
+
+#[actix_rt::test]
+async fn daemon_restart_parks_then_spawns_and_reconciles() {
+    let mut e = start(false, &[]).await;
+    let old = terminal(&e, &["sleep", "1000"]).await;
+    e.daemon.kill();
+    e.api
+        .wait_for(&format!("/api/v1/hosts/{}", e.host), "host offline", |b| b["host"]["state"] == "offline")
+        .await;
+    // Created while the host is away: parked.
+    let (_, body) = e.api.post("/api/v1/terminals", json!({"hostId": e.host, "argv": ["sleep", "1000"]})).await;
+    let parked = body["terminal"]["id"].as_str().expect("id").to_string();
+    assert_eq!((body["terminal"]["state"].as_str(), body["terminal"]["pendingReason"].as_str()), (Some("pending"), Some("host_offline")));
+    let (_, body) = e.api.post("/api/v1/runs", json!({"hostId": e.host, "argv": ["sh", "-c", "echo queued-run"]})).await;
+    let run = body["run"]["id"].as_str().expect("id").to_string();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (_, body) = e.api.get(&format!("/api/v1/runs/{run}")).await;
+    assert_eq!(body["run"]["state"], "queued", "a run waits while its host is offline");
+
+    let _daemon = DaemonProcess::start(&e.server, &e.api.token, &e.dir.path().join("state"));
+    assert_eq!(wait_online(&e.api).await, e.host, "the same host id comes back");
+    wait_state(&e.api, &parked, "running").await;
+    let t = wait_state(&e.api, &old, "exited").await;
+    assert_eq!(t["exitCode"], Value::Null, "reconciled, not reported");
+    e.api.wait_for(&format!("/api/v1/runs/{run}"), "queued run done", |b| b["run"]["state"] == "succeeded").await;
+}
+
+#[actix_rt::test]
+async fn newest_daemon_wins_and_viewers_are_moved() {
+    let e = start(false, &[]).await;
+    let id = terminal(&e, &["sleep", "1000"]).await;
+    let mut v = Viewer::attach(&e, &id, "").await;
+    // A second daemon process claiming the same host (same host id).
+    let second_state = e.dir.path().join("state2");
+    std::fs::create_dir_all(&second_state).expect("dir");
+    for name in ["host.json", "dirs.json"] {
+        let _ = std::fs::copy(e.daemon.state_dir().join(name), second_state.join(name));
+    }
+    let mut second = DaemonProcess::start(&e.server, &e.api.token, &second_state);
+    assert_eq!(v.sock.expect_close().await, Some(4503), "viewers of the replaced connection are told to reattach");
+    // Reattaching never hangs: the new daemon does not have the old PTY, so
+    // the terminal was reconciled to exited and the viewer is told so.
+    wait_state(&e.api, &id, "exited").await;
+    let url = viewer_url(&e.server, &id);
+    let mut again = Socket::connect(&url, Some(&e.api.token), &["tether.v1"]).await;
+    let mut saw_exit = false;
+    loop {
+        match again.next().await {
+            Event::Text(t) if t.contains("\"exit\"") => saw_exit = true,
+            Event::Close(code) => {
+                assert_eq!(code, Some(1000));
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert!(saw_exit);
+    assert!(e.daemon.log().contains("4000") || second.log().contains("connected"), "{}", e.daemon.log());
+    second.kill();
+}
+
+#[actix_rt::test]
+async fn dirs_limits_and_credentials_with_a_real_daemon() {
+    let key = "MDEyMzQ1Njc4OTAxMjM0NTY3ODkwMTIzNDU2Nzg5MDE="; // 32 bytes, base64
+    let e = start(false, &[("TETHER_ENCRYPTION__KEY", key)]).await;
+    let extra = e.dir.path().join("work");
+    std::fs::create_dir_all(&extra).expect("dir");
+    let extra = extra.canonicalize().expect("canonical").to_string_lossy().into_owned();
+    let (status, body) = e.api.post(&format!("/api/v1/hosts/{}/dirs", e.host), json!({"path": extra})).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["dirs"].as_array().is_some_and(|d| d.iter().any(|d| d == &json!(extra))), "{body}");
+    let (status, body) = e.api.post("/api/v1/terminals", json!({"hostId": e.host, "dir": "/etc"})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("dir_not_allowed")));
+    let (status, body) = e.api.post(&format!("/api/v1/hosts/{}/dirs", e.host), json!({"path": "/no/such/dir"})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("daemon_refused")), "{body}");
+
+    let (status, body) = e.api.post(&format!("/api/v1/hosts/{}/limits/refresh", e.host), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["limits"]["rlimits"].is_object(), "{body}");
+
+    let (status, body) = e.api.post(&format!("/api/v1/hosts/{}/credentials/refresh", e.host), json!({})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("daemon_refused")), "no credentials file yet: {body}");
+    std::fs::write(e.daemon.state_dir().join("credentials.json"), r#"{"apiKey":"s3cret-value-917"}"#).expect("write");
+    let (status, body) = e.api.post(&format!("/api/v1/hosts/{}/credentials/refresh", e.host), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"ok": true, "hostId": e.host}));
+    assert!(!e.server.log().contains("s3cret-value-917"), "the secret reached the server log");
+    let db = rusqlite::Connection::open(e.server.scratch_dir().join("tether.db")).expect("open db");
+    let (nonce, ciphertext): (Vec<u8>, Vec<u8>) = db
+        .query_row("SELECT nonce, ciphertext FROM host_credentials WHERE host_id = ?1", [&e.host], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .expect("stored");
+    assert_eq!(nonce.len(), 12);
+    assert!(!ciphertext.windows(9).any(|w| w == b"s3cret-va"), "stored in the clear");
+    let key: [u8; 32] = *b"01234567890123456789012345678901";
+    let sealed = tether::store::SealedCredentials { nonce, ciphertext };
+    let host = uuid::Uuid::parse_str(&e.host).expect("uuid");
+    assert_eq!(tether::crypto::open(&key, host, &sealed).expect("opens"), br#"{"apiKey":"s3cret-value-917"}"#);
+}

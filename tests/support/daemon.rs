@@ -1,0 +1,62 @@
+//! Real `tether daemon` processes for end-to-end tests: real PTYs, killed
+//! when the test ends (dropped, or with the test process).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use super::{process, TetherServer};
+
+const TETHER: &str = env!("CARGO_BIN_EXE_tether");
+
+/// A running `tether daemon`.
+pub struct DaemonProcess {
+    child: Option<Child>,
+    state_dir: PathBuf,
+    log_path: PathBuf,
+}
+
+impl DaemonProcess {
+    /// Starts a daemon for `server` with `token`, keeping its state in
+    /// `state_dir` (reuse the dir to restart the same host) and allowing
+    /// terminals in /tmp.
+    pub fn start(server: &TetherServer, token: &str, state_dir: &Path) -> DaemonProcess {
+        std::fs::create_dir_all(state_dir).expect("state dir");
+        let log_path = state_dir.join(format!("daemon-{}.log", rand::random::<u32>()));
+        let (out, err) = process::log_file(&log_path);
+        let mut command = Command::new(TETHER);
+        command
+            .args(["daemon", "--server", &server.url(), "--token", token, "--allow-dir", "/tmp", "--state-dir"])
+            .arg(state_dir)
+            .env_remove("TETHER_TEST_DATABASE_URL")
+            .env_remove("TETHER_TEST_REDIS_URL")
+            .env_remove("TETHER_TEST_REDIS_CLUSTER")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let child = process::spawn_tied(command, None).expect("spawn tether daemon");
+        DaemonProcess { child: Some(child), state_dir: state_dir.to_path_buf(), log_path }
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    pub fn log(&self) -> String {
+        process::read_log(&self.log_path)
+    }
+
+    /// Kills the daemon at once (SIGKILL); its PTYs lose their master and end.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
