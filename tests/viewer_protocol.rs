@@ -93,6 +93,22 @@ impl Setup {
         }
     }
 
+    /// Sends `view` from `viewer` every 200 ms (as clients heartbeat) until
+    /// the daemon is asked to resize; the two viewers' sockets are separate,
+    /// so only a repeated arrival is ordered after the holder's own change.
+    async fn arrive_until_resize(&mut self, viewer: &mut Socket, view: Value) -> (u32, u32) {
+        for _ in 0..50 {
+            viewer.send_json(view.clone()).await;
+            if let Some(Event::Binary(b)) = self.daemon.next_within(Duration::from_millis(200)).await {
+                let frame = <tether::proto::v1::ServerFrame as prost::Message>::decode(b.as_ref()).expect("frame");
+                if let Some(server_frame::Frame::Resize(r)) = frame.frame {
+                    return (r.cols, r.rows);
+                }
+            }
+        }
+        panic!("no resize after repeated arrivals");
+    }
+
     async fn size(&mut self, cols: u32, rows: u32) {
         self.daemon
             .send_frame(daemon_frame::Frame::Size(tether::proto::v1::Size { terminal_id: self.terminal.clone(), cols, rows }))
@@ -267,18 +283,19 @@ async fn grid_holder_in_use_keeps_idle_or_hidden_loses_resize_claims() {
 
     // In use and fresh: the holder keeps the grid.
     v2.send_json(json!({"type":"view","cols":90,"rows":20,"visible":true,"idleMs":0,"open":true})).await;
+    assert!(s.daemon.next_within(Duration::from_millis(300)).await.is_none(), "the holder in use keeps the grid");
     // Idle holder (61 s): the newcomer's next view takes it.
     v1.send_json(json!({"type":"view","cols":100,"rows":30,"visible":true,"idleMs":61000,"open":true})).await;
-    v2.send_json(json!({"type":"view","cols":90,"rows":20,"visible":true,"idleMs":0,"open":true})).await;
-    assert_eq!(s.next_resize().await, (90, 20), "only the idle holder's loss resizes");
+    let arrival = json!({"type":"view","cols":90,"rows":20,"visible":true,"idleMs":0,"open":true});
+    assert_eq!(s.arrive_until_resize(&mut v2, arrival).await, (90, 20), "only the idle holder's loss resizes");
     s.size(90, 20).await;
     let size = size_of(&mut v2, 90).await;
     assert_eq!((size["cols"].as_u64(), size["yours"].as_bool()), (Some(90), Some(true)));
 
     // Hidden holder loses to a visible arrival.
     v2.send_json(json!({"type":"view","cols":90,"rows":20,"visible":false,"idleMs":0,"open":true})).await;
-    v1.send_json(json!({"type":"view","cols":100,"rows":30,"visible":true,"idleMs":0,"open":true})).await;
-    assert_eq!(s.next_resize().await, (100, 30));
+    let arrival = json!({"type":"view","cols":100,"rows":30,"visible":true,"idleMs":0,"open":true});
+    assert_eq!(s.arrive_until_resize(&mut v1, arrival).await, (100, 30));
 
     // resize always claims.
     v2.send_json(json!({"type":"resize","cols":70,"rows":25})).await;
