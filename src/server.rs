@@ -1,6 +1,6 @@
 //! `tether serve`: opens the store (migrating it), builds the shared state
 //! and runs the HTTP server until SIGTERM/SIGINT, then drains within
-//! `shutdown.grace_ms`.
+//! `shutdown.grace_ms` (SPEC §7.7).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,7 +9,8 @@ use actix_web::{web, App, HttpServer};
 
 use crate::config::{ms, Settings};
 use crate::http::state::{AppState, Instance, Role};
-use crate::store::{self, StoreError};
+use crate::relay::registry::DrainAll;
+use crate::store::{self, host_lease_key, HostState, StoreError};
 
 /// Why `serve` could not run.
 #[derive(Debug, thiserror::Error)]
@@ -31,10 +32,58 @@ pub struct Bound {
 }
 
 impl Bound {
-    /// Serves until the process is told to stop.
+    /// Serves until SIGTERM or SIGINT, then drains (SPEC §7.7): stops
+    /// accepting, closes daemon sockets and viewers with 4503, releases its
+    /// leases, and exits within `shutdown.grace_ms`.
     pub async fn run(self) -> Result<(), ServeError> {
+        let handle = self.server.handle();
+        let state = self.state.clone();
+        actix_rt::spawn(async move {
+            wait_for_stop_signal().await;
+            let grace = ms(state.settings.shutdown.grace_ms);
+            tracing::info!(grace_ms = state.settings.shutdown.grace_ms, "tether_instance_draining");
+            handle.pause().await;
+            if tokio::time::timeout(grace, drain(&state)).await.is_err() {
+                tracing::warn!("tether_drain_timed_out");
+            }
+            handle.stop(true).await;
+        });
         self.server.await?;
+        tracing::info!("tether_instance_stopped");
         Ok(())
+    }
+}
+
+async fn wait_for_stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Closes every socket with 4503 and releases this instance's leases.
+async fn drain(state: &AppState) {
+    let held = state.relay.registry.send(DrainAll).await.unwrap_or_default();
+    // Let the close frames go out before the listener stops.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    for (host_id, holder) in held {
+        let key = host_lease_key(host_id);
+        match state.store.release_lease(&key, &holder).await {
+            Ok(_) => {
+                if matches!(state.store.lease_holder(&key).await, Ok(None)) {
+                    let _ = state.store.set_host_state(host_id, HostState::Offline).await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, %host_id, "tether_drain_release_failed"),
+        }
     }
 }
 
@@ -54,6 +103,7 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
             .wrap_fn(crate::http::record_metrics)
             .configure(|cfg| crate::http::configure(cfg, max_body))
     })
+    .disable_signals()
     .shutdown_timeout(ms(settings.shutdown.grace_ms).as_secs().max(1))
     .bind(addr)
     .map_err(|source| ServeError::Bind { addr, source })?;

@@ -339,3 +339,22 @@ async fn dirs_limits_and_credentials_with_a_real_daemon() {
     let host = uuid::Uuid::parse_str(&e.host).expect("uuid");
     assert_eq!(tether::crypto::open(&key, host, &sealed).expect("opens"), br#"{"apiKey":"s3cret-value-917"}"#);
 }
+
+#[actix_rt::test]
+async fn sigterm_drains_sockets_and_releases_leases() {
+    let mut e = start(true, &[("TETHER_SHUTDOWN__GRACE_MS", "5000")]).await;
+    let id = terminal(&e, &["sleep", "1000"]).await;
+    let mut v = Viewer::attach(&e, &id, "").await;
+    let status = e.server.terminate(Duration::from_secs(10));
+    assert!(status.is_some_and(|s| s.success()), "serve exits by itself, cleanly, within the grace: {status:?}");
+    assert_eq!(v.sock.expect_close().await, Some(4503), "viewers are told to reattach");
+    let log = e.server.log();
+    assert!(log.contains("tether_instance_draining"), "{log}");
+    // The lease was released, not left to expire: another instance sees the host offline at once.
+    let url = e.server.database_url().expect("postgres");
+    let other = TetherServer::start(&[("TETHER_DATABASE__URL", &url)], &[]).await;
+    let api = Api::new(other.url(), e.api.token.clone());
+    e.daemon.kill();
+    let (_, body) = api.get(&format!("/api/v1/hosts/{}", e.host)).await;
+    assert_eq!(body["host"]["state"], "offline", "{body}");
+}

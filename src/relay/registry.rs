@@ -310,17 +310,26 @@ impl Handler<TerminalLifecycle> for HostRegistry {
     }
 }
 
-/// Closes every daemon connection (drain, SPEC §7.7).
+/// Drain (SPEC §7.7): closes every daemon connection with 4503 (the
+/// daemons redial at once, elsewhere) and every viewer with 4503 (they
+/// reattach); returns the leases this instance held, as (host, holder).
 #[derive(Message)]
-#[rtype(result = "usize")]
+#[rtype(result = "Vec<(Uuid, String)>")]
 pub struct DrainAll;
 
 impl Handler<DrainAll> for HostRegistry {
-    type Result = usize;
-    fn handle(&mut self, _: DrainAll, _: &mut Context<Self>) -> usize {
-        for entry in self.hosts.values() {
+    type Result = MessageResult<DrainAll>;
+    fn handle(&mut self, _: DrainAll, _: &mut Context<Self>) -> Self::Result {
+        let mut held = Vec::new();
+        for (host_id, entry) in self.hosts.drain() {
             entry.conn.do_send(CloseDaemon { code: close::DRAINING, reason: "instance draining" });
+            if entry.ready.is_some() {
+                held.push((host_id, Self::holder(&self.instance_id, entry.conn_no)));
+            }
         }
-        self.hosts.len()
+        for (_, arbiter) in self.terminals.values() {
+            arbiter.do_send(HostOffline);
+        }
+        MessageResult(held)
     }
 }

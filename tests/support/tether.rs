@@ -180,6 +180,11 @@ impl TetherServer {
         status
     }
 
+    /// The PostgreSQL URL the server was given, if any.
+    pub fn database_url(&self) -> Option<String> {
+        self.database_env.iter().find(|(k, _)| k == "TETHER_DATABASE__URL").map(|(_, v)| v.clone())
+    }
+
     /// The exit status if the server has exited (without waiting).
     pub fn try_exit_status(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()
