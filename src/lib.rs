@@ -6,6 +6,7 @@
 
 pub mod attach;
 pub mod auth;
+pub mod bus;
 pub mod config;
 pub mod crypto;
 pub mod daemon;

@@ -176,7 +176,10 @@ async fn serve(settings: Settings, role: Role, demo: bool) -> Result<(), Failure
         Some(_) => "PostgreSQL".to_string(),
         None => format!("embedded SQLite at {}", settings.database.sqlite_path.display()),
     };
-    let bound = tether::server::bind(settings, role).await.map_err(Failure::runtime)?;
+    let bound = tether::server::bind(settings, role).await.map_err(|e| match e {
+        tether::server::ServeError::Config(e) => Failure::config(e),
+        other => Failure::runtime(other),
+    })?;
     for addr in &bound.addrs {
         println!("tether: listening on http://{addr} ({backend})");
     }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use actix_web::{web, App, HttpServer};
 
+use crate::bus::RedisLink;
 use crate::config::{ms, Settings};
 use crate::http::state::{AppState, Instance, Role};
 use crate::relay::registry::DrainAll;
@@ -15,6 +16,8 @@ use crate::store::{self, host_lease_key, HostState, StoreError};
 /// Why `serve` could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("cannot listen on {addr}: {source}")]
@@ -93,7 +96,14 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     let store = store::open(&settings).await?;
     let instance = Instance::new(settings.cell_id(), role);
     tracing::info!(instance_id = %instance.instance_id, backend = store.backend(), "tether_instance_starting");
-    let state = AppState::start(settings.clone(), store, instance);
+    let redis = RedisLink::from_settings(&settings)?;
+    if redis.is_some() {
+        tracing::warn!(
+            "tether_bus_routing_unavailable: Redis is configured, but cross-instance routing is not in this build; \
+             this instance serves only the daemons and viewers connected to it"
+        );
+    }
+    let state = AppState::start(settings.clone(), store, instance, redis);
     let app_state = state.clone();
     let max_body = settings.http.max_body_bytes;
     let addr = settings.listen_addr();

@@ -28,13 +28,17 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         Ok(v) => Err(format!("schema version {v}, expected {expected}")),
         Err(e) => Err(e.to_string()),
     };
-    let ready = database.is_ok() && migrations.is_ok();
+    let bus = match &state.redis {
+        None => Ok("not_configured".to_string()),
+        Some(redis) => redis.ping().await.map(|()| "ok".to_string()),
+    };
+    let ready = database.is_ok() && migrations.is_ok() && bus.is_ok();
     let body = json!({
         "ready": ready,
         "checks": {
             "database": database.err().unwrap_or_else(|| "ok".into()),
             "migrations": migrations.map(|v| format!("ok (version {v})")).unwrap_or_else(|e| e),
-            "bus": "not_configured",
+            "bus": bus.unwrap_or_else(|e| format!("redis: {e}")),
         },
     });
     if ready {

@@ -11,6 +11,7 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use crate::auth;
+use crate::bus::RedisLink;
 use crate::config::{ms, Settings};
 use crate::jobs::runs::RunDispatcher;
 use crate::relay::arbiter::ArbiterConfig;
@@ -68,12 +69,18 @@ pub struct AppState {
     pub relay: RelayContext,
     pub limiter: AddressLimiter,
     pub runs: Addr<RunDispatcher>,
+    pub redis: Option<RedisLink>,
 }
 
 impl AppState {
     /// Starts this instance's relay actors (the registry, the run
     /// dispatcher) on the current actix system.
-    pub fn start(settings: Arc<Settings>, store: Arc<dyn Store>, instance: Instance) -> web::Data<Self> {
+    pub fn start(
+        settings: Arc<Settings>,
+        store: Arc<dyn Store>,
+        instance: Instance,
+        redis: Option<RedisLink>,
+    ) -> web::Data<Self> {
         let arbiter_config = ArbiterConfig {
             timings: GridTimings {
                 in_use: ms(settings.viewer.in_use_ms),
@@ -109,6 +116,7 @@ impl AppState {
             relay,
             limiter: AddressLimiter::default(),
             runs,
+            redis,
         })
     }
 }

@@ -46,6 +46,16 @@ impl TetherServer {
     /// Panics with the server's log if it exits early or `/readyz` does not
     /// answer 200 within 30 s.
     pub async fn start(env: &[(&str, &str)], args: &[&str]) -> TetherServer {
+        Self::launch(env, args, "/readyz").await
+    }
+
+    /// Like [`TetherServer::start`] but waits only for `/healthz` (the
+    /// process is up), for tests of a server that must not become ready.
+    pub async fn start_unready(env: &[(&str, &str)], args: &[&str]) -> TetherServer {
+        Self::launch(env, args, "/healthz").await
+    }
+
+    async fn launch(env: &[(&str, &str)], args: &[&str], probe: &'static str) -> TetherServer {
         let scratch = tempfile::Builder::new()
             .prefix("tether-serve-")
             .tempdir()
@@ -97,11 +107,11 @@ impl TetherServer {
             database_env,
             scratch,
         };
-        server.wait_ready().await;
+        server.wait_ready(probe).await;
         server
     }
 
-    async fn wait_ready(&mut self) {
+    async fn wait_ready(&mut self, probe: &'static str) {
         let started = Instant::now();
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
@@ -111,7 +121,7 @@ impl TetherServer {
                 );
             }
             let listen = self.listen.clone();
-            let status = tokio::task::spawn_blocking(move || http_get_status(&listen, "/readyz"))
+            let status = tokio::task::spawn_blocking(move || http_get_status(&listen, probe))
                 .await
                 .ok()
                 .flatten();
