@@ -252,19 +252,34 @@ impl Default for DirectorSettings {
     }
 }
 
-/// Environment variables that belong to tools around tether, not to settings.
-const NON_SETTING_ENV: &[&str] = &["TETHER_CONFIG"];
+/// Environment variables that belong to tools around tether, not to settings
+/// (`TETHER_TOKEN` is the daemon's and attach's `--token`).
+const NON_SETTING_ENV: &[&str] = &["TETHER_CONFIG", "TETHER_TOKEN"];
 
 impl Settings {
     /// Loads defaults, then `file` (or `TETHER_CONFIG`), then the process
     /// environment, and validates the result.
     pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_with(file, &[])
+    }
+
+    /// Like [`Settings::load`], with command-line flags on top of every
+    /// layer, as (key, value) pairs such as `("http.listen", "0.0.0.0:80")`.
+    pub fn load_with(file: Option<&Path>, flags: &[(&str, String)]) -> Result<Self, ConfigError> {
         let env: HashMap<String, String> = std::env::vars().collect();
-        Self::load_from(file, &env)
+        Self::load_layers(file, &env, flags)
     }
 
     /// Like [`Settings::load`] with an explicit environment (for tests).
     pub fn load_from(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Self, ConfigError> {
+        Self::load_layers(file, env, &[])
+    }
+
+    fn load_layers(
+        file: Option<&Path>,
+        env: &HashMap<String, String>,
+        flags: &[(&str, String)],
+    ) -> Result<Self, ConfigError> {
         let file = file.map(Path::to_path_buf).or_else(|| env.get("TETHER_CONFIG").map(PathBuf::from));
         let mut builder = config::Config::builder();
         if let Some(path) = file {
@@ -286,6 +301,9 @@ impl Settings {
                 .try_parsing(true)
                 .source(Some(settings_env)),
         );
+        for (key, value) in flags {
+            builder = builder.set_override(*key, value.as_str())?;
+        }
         let settings: Settings = builder.build()?.try_deserialize()?;
         settings.validate()?;
         Ok(settings)

@@ -76,6 +76,7 @@ enum Command {
 enum TokenCommand {
     /// Create a token for a user (created if needed); prints the token alone on stdout.
     Create {
+        /// The user the token belongs to (created if needed).
         #[arg(long, value_name = "NAME")]
         user: String,
     },
@@ -100,6 +101,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
@@ -114,15 +116,14 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
-    let mut settings = Settings::load(cli.config.as_deref()).map_err(Failure::config)?;
+    // Flags are the top layer of the settings.
+    let flags: Vec<(&str, String)> = match &cli.command {
+        Command::Serve { listen: Some(listen), .. } => vec![("http.listen", listen.clone())],
+        _ => Vec::new(),
+    };
+    let settings = Settings::load_with(cli.config.as_deref(), &flags).map_err(Failure::config)?;
     match cli.command {
-        Command::Serve { role, listen, demo } => {
-            if let Some(listen) = listen {
-                settings.http.listen = listen;
-                settings.validate().map_err(Failure::config)?;
-            }
-            serve(settings, role, demo).await
-        }
+        Command::Serve { role, demo, .. } => serve(settings, role, demo).await,
         Command::Daemon { server, token, name, state_dir, allow_dirs } => {
             let options = tether::daemon::DaemonOptions {
                 server,
@@ -152,7 +153,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Token { command: TokenCommand::Create { user } } => {
-            if user.trim().is_empty() || user.len() > 128 || user.chars().any(char::is_control) {
+            let user = user.trim().to_string();
+            if user.is_empty() || user.len() > 128 || user.chars().any(char::is_control) {
                 return Err(Failure::config("--user must be a non-empty name of at most 128 characters"));
             }
             let store = tether::store::open(&settings).await.map_err(Failure::runtime)?;

@@ -62,6 +62,8 @@ conformance!(
     run_claims_never_overlap,
     run_log_is_capped,
     credentials_round_trip,
+    stale_hosts_go_offline,
+    runs_of_long_gone_hosts_are_lost,
 );
 
 const TTL: Duration = Duration::from_secs(30);
@@ -438,4 +440,38 @@ async fn newer_schema_is_refused_postgres() {
     let _ = driver.await;
     let err = store.migrate().await.expect_err("must refuse");
     assert!(err.to_string().contains("newer than this binary"), "{err}");
+}
+
+async fn stale_hosts_go_offline(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let leased = host(store, &ann, "leased").await;
+    let lapsed = host(store, &ann, "lapsed").await;
+    for h in [&leased, &lapsed] {
+        store.host_connected(h.id, &Capabilities::default(), &[]).await.expect("connected");
+    }
+    store.claim_lease(&host_lease_key(leased.id), "a#1", TTL).await.expect("lease");
+    let offline = store.mark_stale_hosts_offline(Duration::from_secs(90)).await.expect("sweep");
+    assert_eq!(offline, vec![lapsed.id], "only the host without a live lease");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let offline = store.mark_stale_hosts_offline(Duration::from_millis(10)).await.expect("sweep");
+    assert_eq!(offline, vec![leased.id], "a host not seen for longer than `stale` goes offline too");
+    assert_eq!(store.host_by_id(leased.id).await.expect("read").expect("host").state, HostState::Offline);
+}
+
+async fn runs_of_long_gone_hosts_are_lost(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let gone = host(store, &ann, "gone").await;
+    let here = host(store, &ann, "here").await;
+    store.claim_lease(&host_lease_key(here.id), "a#1", TTL).await.expect("lease");
+    let new_run = |h: &Host| NewRun { user_id: ann.id, host_id: h.id, argv: vec!["true".into()], dir: None };
+    let lost = store.insert_run(&new_run(&gone)).await.expect("run");
+    let kept = store.insert_run(&new_run(&here)).await.expect("run");
+    let done = store.insert_run(&new_run(&gone)).await.expect("run");
+    store.finish_run(done.id, RunState::Succeeded, Some(0)).await.expect("finish");
+    assert!(store.mark_lost_runs(Duration::from_secs(60)).await.expect("sweep").is_empty(), "not gone long enough");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(store.mark_lost_runs(Duration::from_millis(10)).await.expect("sweep"), vec![lost.id]);
+    assert_eq!(store.get_run(ann.id, lost.id).await.expect("get").expect("run").state, RunState::Lost);
+    assert_eq!(store.get_run(ann.id, kept.id).await.expect("get").expect("run").state, RunState::Queued);
+    assert_eq!(store.get_run(ann.id, done.id).await.expect("get").expect("run").state, RunState::Succeeded);
 }

@@ -111,6 +111,12 @@ pub trait Store: Send + Sync + 'static {
     async fn reconcile_terminals(&self, host_id: Uuid, reported_running: &[Uuid]) -> StoreResult<Vec<Uuid>>;
     /// Pending terminals of a host, oldest first.
     async fn parked_terminals(&self, host_id: Uuid) -> StoreResult<Vec<Terminal>>;
+    /// Hosts recorded online whose lease lapsed or that were not seen for
+    /// `stale` become offline; returns their ids.
+    async fn mark_stale_hosts_offline(&self, stale: Duration) -> StoreResult<Vec<Uuid>>;
+    /// Unfinished runs whose host has no live lease and was last seen more
+    /// than `after` ago become `lost`; returns their ids.
+    async fn mark_lost_runs(&self, after: Duration) -> StoreResult<Vec<Uuid>>;
     /// Launches left unacknowledged since before `older_than` become `error`.
     async fn fail_stuck_launches(&self, older_than: Duration) -> StoreResult<Vec<Uuid>>;
     async fn put_snapshot(&self, host_id: Uuid, terminal_id: Uuid, snapshot: &TerminalSnapshot) -> StoreResult<()>;

@@ -498,6 +498,38 @@ impl Store for PgStore {
         .collect()
     }
 
+    async fn mark_stale_hosts_offline(&self, stale: Duration) -> StoreResult<Vec<Uuid>> {
+        Ok(self
+            .query(
+                "UPDATE hosts SET state = 'offline' WHERE state = 'online' AND ( \
+                   last_seen_at IS NULL OR last_seen_at < now() - make_interval(secs => $1::float8) \
+                   OR NOT EXISTS (SELECT 1 FROM leases l WHERE l.key = 'host:' || hosts.id::text AND l.expires_at > now())) \
+                 RETURNING id",
+                &[&secs(stale)],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    async fn mark_lost_runs(&self, after: Duration) -> StoreResult<Vec<Uuid>> {
+        Ok(self
+            .query(
+                "UPDATE runs SET state = 'lost', finished_at = now() \
+                 WHERE state IN ('queued', 'dispatched', 'running') AND host_id IN ( \
+                   SELECT h.id FROM hosts h \
+                   WHERE COALESCE(h.last_seen_at, h.created_at) < now() - make_interval(secs => $1::float8) \
+                   AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.key = 'host:' || h.id::text AND l.expires_at > now())) \
+                 RETURNING id",
+                &[&secs(after)],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
     async fn fail_stuck_launches(&self, older_than: Duration) -> StoreResult<Vec<Uuid>> {
         Ok(self
             .query(

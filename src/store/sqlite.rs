@@ -626,6 +626,43 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn mark_stale_hosts_offline(&self, stale: Duration) -> StoreResult<Vec<Uuid>> {
+        self.call(move |c| {
+            let now = now_ms();
+            let mut stmt = c.prepare(
+                "UPDATE hosts SET state = 'offline' WHERE state = 'online' AND ( \
+                   last_seen_at IS NULL OR last_seen_at < ?1 \
+                   OR NOT EXISTS (SELECT 1 FROM leases l WHERE l.key = 'host:' || hosts.id AND l.expires_at > ?2)) \
+                 RETURNING id",
+            )?;
+            let ids: Vec<String> =
+                stmt.query_map(params![now - ttl_ms(stale), now], |r| r.get(0))?.collect::<Result<_, _>>()?;
+            ids.iter()
+                .map(|s| Uuid::parse_str(s).map_err(|e| StoreError::Corrupt(format!("host id: {e}"))))
+                .collect()
+        })
+        .await
+    }
+
+    async fn mark_lost_runs(&self, after: Duration) -> StoreResult<Vec<Uuid>> {
+        self.call(move |c| {
+            let now = now_ms();
+            let mut stmt = c.prepare(
+                "UPDATE runs SET state = 'lost', finished_at = ?2 \
+                 WHERE state IN ('queued', 'dispatched', 'running') AND host_id IN ( \
+                   SELECT h.id FROM hosts h WHERE COALESCE(h.last_seen_at, h.created_at) < ?1 \
+                   AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.key = 'host:' || h.id AND l.expires_at > ?2)) \
+                 RETURNING id",
+            )?;
+            let ids: Vec<String> =
+                stmt.query_map(params![now - ttl_ms(after), now], |r| r.get(0))?.collect::<Result<_, _>>()?;
+            ids.iter()
+                .map(|s| Uuid::parse_str(s).map_err(|e| StoreError::Corrupt(format!("run id: {e}"))))
+                .collect()
+        })
+        .await
+    }
+
     async fn fail_stuck_launches(&self, older_than: Duration) -> StoreResult<Vec<Uuid>> {
         self.call(move |c| {
             let now = now_ms();

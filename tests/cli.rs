@@ -1,0 +1,1029 @@
+//! The command-line contract of `tether` (SPEC §2), tested against the real
+//! binary:
+//!
+//! - every subcommand answers `--help` with status 0 and lists its flags
+//!   (`--config` everywhere);
+//! - usage errors (unknown subcommand, missing or bad arguments) exit 2;
+//! - configuration errors (environment `TETHER_<SECTION>__<KEY>`, a
+//!   `--config` file with an unknown key, a missing `--config` file) exit 2
+//!   with a message naming the key;
+//! - `token create --user NAME` prints the token alone on stdout, on SQLite
+//!   and on PostgreSQL, and stores only its SHA-256;
+//! - `migrate` is idempotent and refuses (exit 1) a database whose schema is
+//!   newer than the binary, as does `serve`;
+//! - the README run path: `tether serve --listen ADDR` in an empty directory
+//!   with no database settings serves `/healthz`, says where it listens and
+//!   creates `./tether.db`; settings also come from a `--config` file;
+//! - on PostgreSQL, `serve` is ready and `GET /api/v1/instance` describes the
+//!   instance (`<cellId>#<6 hex>`, role, `cell.id`);
+//! - `serve --role director` exits 2 in this build; a taken port exits 1.
+//!
+//! Every child runs with the test process's `TETHER_*` variables removed
+//! (the config loader would read them as settings), and anything that may
+//! touch the default `./tether.db` runs in an empty temporary directory, so
+//! the repository is never written to. Every wait is bounded.
+
+mod support;
+
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    os::unix::process::CommandExt,
+    path::Path,
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use support::{tether_cmd, TetherServer};
+
+const TETHER: &str = env!("CARGO_BIN_EXE_tether");
+
+/// How long a one-shot command that should fail fast may run.
+const QUICK: Duration = Duration::from_secs(30);
+/// How long `serve` may take to answer its first request.
+const START: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------
+// Children
+
+/// A `tether` child started by this file, killed when dropped (also on a
+/// panic), with its stdout and stderr collected as they arrive.
+struct Tether {
+    child: Child,
+    what: String,
+    stdout: Arc<Mutex<Vec<u8>>>,
+    stderr: Arc<Mutex<Vec<u8>>>,
+    readers: Vec<thread::JoinHandle<()>>,
+}
+
+/// How a one-shot command ended.
+struct Finished {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Finished {
+    fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "status {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+}
+
+impl Tether {
+    /// Starts `tether <args>` in `cwd` with the inherited `TETHER_*`
+    /// variables removed and `env` set.
+    fn spawn(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Tether {
+        let mut command = Command::new(TETHER);
+        for (key, _) in std::env::vars_os() {
+            if key.to_str().is_some_and(|k| k.starts_with("TETHER_")) {
+                command.env_remove(&key);
+            }
+        }
+        command
+            .envs(env.iter().copied())
+            .args(args)
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: prctl is async-signal-safe. The child dies with the test
+        // thread even if the test process is SIGKILLed (no Drop runs then).
+        unsafe {
+            command.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let what = format!("tether {}", args.join(" "));
+        let mut child = command
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let readers = vec![
+            collect(child.stdout.take().expect("piped stdout"), stdout.clone()),
+            collect(child.stderr.take().expect("piped stderr"), stderr.clone()),
+        ];
+        Tether {
+            child,
+            what,
+            stdout,
+            stderr,
+            readers,
+        }
+    }
+
+    fn stdout(&self) -> String {
+        String::from_utf8_lossy(&self.stdout.lock().unwrap()).into_owned()
+    }
+
+    fn stderr(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+    }
+
+    fn output(&self) -> String {
+        format!(
+            "--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.stdout(),
+            self.stderr()
+        )
+    }
+
+    /// The exit status if the child has exited.
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Waits up to `timeout` for the child to exit; panics (after killing
+    /// it) if it does not.
+    fn wait(mut self, timeout: Duration) -> Finished {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = self.exited() {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                panic!(
+                    "{} still running after {timeout:?}; killed it\n{}",
+                    self.what,
+                    self.output()
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        };
+        // The pipes close with the process; the readers then finish.
+        for reader in self.readers.drain(..) {
+            let _ = reader.join();
+        }
+        Finished {
+            status,
+            stdout: self.stdout(),
+            stderr: self.stderr(),
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Polls `GET path` until it answers 200; panics with the output if
+    /// the child exits first or `START` passes.
+    fn wait_for_200(&mut self, listen: &str, path: &str) -> String {
+        let deadline = Instant::now() + START;
+        loop {
+            if let Some(status) = self.exited() {
+                panic!(
+                    "{} exited with {status} before GET {path} answered 200\n{}",
+                    self.what,
+                    self.output()
+                );
+            }
+            let answer = http_get(listen, path, &[]);
+            if let Some((200, body)) = answer {
+                return body;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "{}: GET {path} not 200 after {START:?} (last answer {answer:?})\n{}",
+                    self.what,
+                    self.output()
+                );
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Polls the collected stdout until a line contains `needle`.
+    fn wait_for_stdout_line(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self.stdout().lines().find(|l| l.contains(needle)) {
+                return line.to_string();
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "{}: no stdout line containing {needle:?} after {timeout:?}\n{}",
+                    self.what,
+                    self.output()
+                );
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Tether {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Copies a pipe into `sink` until it closes.
+fn collect(
+    mut pipe: impl Read + Send + 'static,
+    sink: Arc<Mutex<Vec<u8>>>,
+) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            sink.lock().unwrap().extend_from_slice(&chunk[..n]);
+        }
+    })
+}
+
+/// Runs `tether <args>` to completion in a new empty directory.
+fn run_in_empty_dir(args: &[&str], env: &[(&str, &str)]) -> Finished {
+    let dir = tempdir();
+    let finished = Tether::spawn(dir.path(), args, env).wait(QUICK);
+    assert!(
+        !dir.path().join("tether.db").exists(),
+        "tether {args:?} created ./tether.db although it should have stopped before opening a database\n{}",
+        finished.describe()
+    );
+    finished
+}
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("tether-cli-")
+        .tempdir()
+        .expect("create a temp dir")
+}
+
+fn free_listen() -> String {
+    format!("127.0.0.1:{}", support::free_port())
+}
+
+// ---------------------------------------------------------------------------
+// HTTP
+
+/// `GET path` over HTTP/1.1 with `Connection: close`: (status, body), or
+/// None if nothing answers within a couple of seconds.
+fn http_get(listen: &str, path: &str, headers: &[(&str, &str)]) -> Option<(u16, String)> {
+    let address = listen.parse().ok()?;
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .ok()?;
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {listen}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).ok()?;
+    let split = response.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&response[..split]).into_owned();
+    let raw_body = &response[split + 4..];
+    let status = head
+        .lines()
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    let chunked = head.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    });
+    let body = if chunked {
+        dechunk(raw_body)?
+    } else {
+        raw_body.to_vec()
+    };
+    Some((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let line_end = raw.windows(2).position(|w| w == b"\r\n")?;
+        let size_text = String::from_utf8_lossy(&raw[..line_end]);
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            return Some(body);
+        }
+        body.extend_from_slice(raw.get(..size)?);
+        raw = raw.get(size + 2..)?;
+    }
+}
+
+fn get_json(listen: &str, path: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    let (status, body) = http_get(listen, path, headers)
+        .unwrap_or_else(|| panic!("GET {path} on {listen}: no answer"));
+    let value = serde_json::from_str(&body)
+        .unwrap_or_else(|e| panic!("GET {path}: body is not JSON ({e}): {body:?}"));
+    (status, value)
+}
+
+// ---------------------------------------------------------------------------
+// Checks
+
+fn is_token(text: &str) -> bool {
+    text.strip_prefix("tth_").is_some_and(|rest| {
+        rest.len() == 43
+            && rest
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    })
+}
+
+fn sha256_hex(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `<cell_id>#<6 lowercase hex>`.
+fn is_instance_id(id: &str, cell_id: &str) -> bool {
+    id.strip_prefix(cell_id)
+        .and_then(|rest| rest.strip_prefix('#'))
+        .is_some_and(|suffix| {
+            suffix.len() == 6
+                && suffix
+                    .chars()
+                    .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+        })
+}
+
+/// The N of "N migration(s) applied" in `migrate`'s report.
+fn migrations_applied(stderr: &str) -> Option<u64> {
+    let at = stderr.find(" migration")?;
+    let digits: String = stderr[..at]
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    digits.parse().ok()
+}
+
+/// Asserts a usage or configuration error: status 2, nothing on stdout,
+/// a message on stderr.
+fn assert_status_2(finished: &Finished, what: &str) {
+    assert_eq!(
+        finished.code(),
+        Some(2),
+        "{what}: expected exit status 2\n{}",
+        finished.describe()
+    );
+    assert!(
+        !finished.stderr.trim().is_empty(),
+        "{what}: exit 2 without a message on stderr\n{}",
+        finished.describe()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 1. --help
+
+#[test]
+fn help_of_every_subcommand_exits_0_and_lists_its_flags() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["--help"],
+            &["--config", "serve", "daemon", "attach", "migrate", "token"],
+        ),
+        (
+            &["serve", "--help"],
+            &["--listen", "--role", "--demo", "--config"],
+        ),
+        (
+            &["daemon", "--help"],
+            &["--server", "--token", "--name", "--state-dir", "--config"],
+        ),
+        (&["attach", "--help"], &["--server", "--token", "--config"]),
+        (&["migrate", "--help"], &["--config"]),
+        (&["token", "--help"], &["create", "--config"]),
+        (&["token", "create", "--help"], &["--user", "--config"]),
+    ];
+    for (args, flags) in cases {
+        let out = tether_cmd(args, &[]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "tether {args:?}: expected status 0\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+        );
+        for flag in *flags {
+            assert!(
+                stdout.contains(flag),
+                "tether {args:?} does not mention {flag}:\n{stdout}"
+            );
+        }
+    }
+}
+
+#[test]
+fn serve_help_lists_the_three_roles() {
+    let out = tether_cmd(&["serve", "--help"], &[]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for role in ["combined", "cell", "director"] {
+        assert!(
+            stdout.contains(role),
+            "serve --help does not name role {role}:\n{stdout}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 2. Usage errors
+
+#[test]
+fn usage_errors_exit_2() {
+    let cases: &[&[&str]] = &[
+        &["frobnicate"],
+        &[],
+        &["token", "create"],
+        &["token", "create", "--user", ""],
+        &["serve", "--role", "nonsense"],
+        &["serve", "--no-such-flag"],
+        &["daemon", "--token", "tth_x"],
+        &[
+            "attach",
+            "--server",
+            "http://127.0.0.1:1",
+            "--token",
+            "tth_x",
+        ],
+    ];
+    for args in cases {
+        let finished = run_in_empty_dir(args, &[]);
+        assert_status_2(&finished, &format!("tether {args:?}"));
+        assert!(
+            finished.stdout.trim().is_empty(),
+            "tether {args:?}: a usage error printed on stdout\n{}",
+            finished.describe()
+        );
+    }
+}
+
+#[test]
+fn unknown_subcommand_and_bad_role_are_named_in_the_message() {
+    let finished = run_in_empty_dir(&["frobnicate"], &[]);
+    assert_status_2(&finished, "unknown subcommand");
+    assert!(
+        finished.stderr.contains("frobnicate"),
+        "{}",
+        finished.describe()
+    );
+
+    let finished = run_in_empty_dir(&["serve", "--role", "nonsense"], &[]);
+    assert_status_2(&finished, "serve --role nonsense");
+    assert!(
+        finished.stderr.contains("nonsense"),
+        "{}",
+        finished.describe()
+    );
+
+    let finished = run_in_empty_dir(&["token", "create"], &[]);
+    assert_status_2(&finished, "token create without --user");
+    assert!(
+        finished.stderr.contains("--user"),
+        "{}",
+        finished.describe()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 3. Configuration errors
+
+#[test]
+fn lease_renew_not_below_ttl_is_refused_naming_the_key() {
+    let listen = free_listen();
+    for renew in ["40000", "30000"] {
+        let finished = run_in_empty_dir(
+            &["serve", "--listen", &listen],
+            &[("TETHER_LEASE__RENEW_MS", renew)],
+        );
+        assert_status_2(&finished, &format!("TETHER_LEASE__RENEW_MS={renew}"));
+        assert!(
+            finished.stderr.contains("lease.renew_ms"),
+            "the message does not name lease.renew_ms\n{}",
+            finished.describe()
+        );
+    }
+}
+
+#[test]
+fn bad_listen_address_is_refused_naming_the_key() {
+    let finished = run_in_empty_dir(&["serve"], &[("TETHER_HTTP__LISTEN", "nowhere")]);
+    assert_status_2(&finished, "TETHER_HTTP__LISTEN=nowhere");
+    assert!(
+        finished.stderr.contains("http.listen"),
+        "the message does not name http.listen\n{}",
+        finished.describe()
+    );
+
+    // The flag is the same setting and is checked the same way.
+    let finished = run_in_empty_dir(&["serve", "--listen", "nowhere"], &[]);
+    assert_status_2(&finished, "serve --listen nowhere");
+    assert!(
+        finished.stderr.contains("http.listen") || finished.stderr.contains("--listen"),
+        "the message names neither http.listen nor --listen\n{}",
+        finished.describe()
+    );
+}
+
+#[test]
+fn bad_value_type_in_environment_is_refused_naming_the_key() {
+    let finished = run_in_empty_dir(
+        &["serve", "--listen", &free_listen()],
+        &[("TETHER_LEASE__TTL_MS", "soon")],
+    );
+    assert_status_2(&finished, "TETHER_LEASE__TTL_MS=soon");
+    assert!(
+        finished.stderr.contains("ttl_ms"),
+        "the message does not name lease.ttl_ms\n{}",
+        finished.describe()
+    );
+}
+
+#[test]
+fn unknown_key_in_config_file_is_refused_naming_it() {
+    let dir = tempdir();
+    let file = dir.path().join("tether.toml");
+    std::fs::write(&file, "[lease]\nttl = 5\n").unwrap();
+    let file = file.to_str().unwrap();
+    let listen = free_listen();
+    // `--config` is accepted before and after the subcommand.
+    for args in [
+        vec!["serve", "--listen", &listen, "--config", file],
+        vec!["--config", file, "migrate"],
+    ] {
+        let finished = run_in_empty_dir(&args, &[]);
+        assert_status_2(&finished, &format!("tether {args:?} with [lease] ttl = 5"));
+        assert!(
+            finished.stderr.contains("`ttl`"),
+            "the message does not name the unknown key `ttl`\n{}",
+            finished.describe()
+        );
+    }
+}
+
+#[test]
+fn missing_config_file_exits_2() {
+    for args in [
+        vec!["serve", "--config", "/no/such/file"],
+        vec!["migrate", "--config", "/no/such/file"],
+        vec![
+            "token",
+            "create",
+            "--user",
+            "ann",
+            "--config",
+            "/no/such/file",
+        ],
+    ] {
+        let finished = run_in_empty_dir(&args, &[]);
+        assert_status_2(&finished, &format!("tether {args:?}"));
+        assert!(
+            finished.stderr.contains("/no/such/file"),
+            "the message does not name the missing file\n{}",
+            finished.describe()
+        );
+    }
+    // TETHER_CONFIG is the same setting.
+    let finished = run_in_empty_dir(&["migrate"], &[("TETHER_CONFIG", "/no/such/file")]);
+    assert_status_2(&finished, "TETHER_CONFIG=/no/such/file migrate");
+}
+
+// ---------------------------------------------------------------------------
+// 4. token create
+
+/// Runs `token create --user <user>` with `db_env` and returns the token,
+/// asserting it is printed alone on stdout.
+fn create_token(user: &str, db_env: &[(&str, &str)]) -> String {
+    let out = tether_cmd(&["token", "create", "--user", user], db_env);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "token create failed\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "stdout must hold exactly one line, the token; got {stdout:?}"
+    );
+    assert_eq!(
+        stdout,
+        format!("{}\n", lines[0]),
+        "stdout holds more than the token line"
+    );
+    let token = lines[0].to_string();
+    assert!(
+        is_token(&token),
+        "{token:?} does not match ^tth_[A-Za-z0-9_-]{{43}}$"
+    );
+    assert!(
+        !stderr.contains(&token),
+        "the token also went to stderr (logs):\n{stderr}"
+    );
+    token
+}
+
+#[test]
+fn token_create_prints_the_token_alone_on_stdout_sqlite() {
+    let dir = tempdir();
+    let db = dir.path().join("tokens.db");
+    let db_str = db.to_str().unwrap();
+    let env = [("TETHER_DATABASE__SQLITE_PATH", db_str)];
+    let first = create_token("ann", &env);
+    let second = create_token("ann", &env);
+    assert_ne!(first, second, "two calls printed the same token");
+
+    // One user, two tokens, stored only as SHA-256.
+    let conn = rusqlite::Connection::open(&db).expect("open the SQLite file");
+    let users: i64 = conn
+        .query_row("SELECT count(*) FROM users WHERE name = 'ann'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(users, 1, "token create made a second user `ann`");
+    let mut stmt = conn.prepare("SELECT token_hash FROM api_tokens").unwrap();
+    let mut hashes: Vec<String> = stmt
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    hashes.sort();
+    let mut expected = vec![sha256_hex(&first), sha256_hex(&second)];
+    expected.sort();
+    assert_eq!(
+        hashes, expected,
+        "api_tokens must hold exactly the SHA-256 of each token"
+    );
+}
+
+#[actix_rt::test]
+async fn token_create_prints_the_token_alone_on_stdout_postgres() {
+    let url = support::pg_database().await;
+    let env = [("TETHER_DATABASE__URL", url.as_str())];
+    let first = create_token("ann", &env);
+    let second = create_token("ann", &env);
+    assert_ne!(first, second, "two calls printed the same token");
+}
+
+// ---------------------------------------------------------------------------
+// 5. migrate
+
+#[test]
+fn migrate_twice_then_refuse_a_newer_schema() {
+    let dir = tempdir();
+    let db = dir.path().join("m.db");
+    let db_str = db.to_str().unwrap();
+    let env = [("TETHER_DATABASE__SQLITE_PATH", db_str)];
+
+    let first = Tether::spawn(dir.path(), &["migrate"], &env).wait(QUICK);
+    assert_eq!(first.code(), Some(0), "first migrate\n{}", first.describe());
+    let applied = migrations_applied(&first.stderr);
+    assert!(
+        applied.is_some_and(|n| n > 0),
+        "the first migrate on a fresh file should report at least 1 migration applied\n{}",
+        first.describe()
+    );
+
+    let second = Tether::spawn(dir.path(), &["migrate"], &env).wait(QUICK);
+    assert_eq!(
+        second.code(),
+        Some(0),
+        "second migrate\n{}",
+        second.describe()
+    );
+    assert!(
+        second.stderr.contains("0 migration") && migrations_applied(&second.stderr) == Some(0),
+        "the second migrate should report 0 migrations applied\n{}",
+        second.describe()
+    );
+
+    // A database migrated by a newer binary.
+    let conn = rusqlite::Connection::open(&db).expect("open the SQLite file");
+    conn.execute(
+        "INSERT INTO schema_migrations (version, name, applied_at) VALUES (999,'future',0)",
+        [],
+    )
+    .expect("record a future migration");
+    drop(conn);
+
+    let refused = Tether::spawn(dir.path(), &["migrate"], &env).wait(QUICK);
+    assert_eq!(
+        refused.code(),
+        Some(1),
+        "migrate on a newer schema\n{}",
+        refused.describe()
+    );
+    assert!(
+        refused.stderr.contains("newer than this binary"),
+        "{}",
+        refused.describe()
+    );
+
+    let listen = free_listen();
+    let serve = Tether::spawn(dir.path(), &["serve", "--listen", &listen], &env).wait(QUICK);
+    assert_eq!(
+        serve.code(),
+        Some(1),
+        "serve on a newer schema\n{}",
+        serve.describe()
+    );
+    assert!(
+        serve.stderr.contains("newer than this binary"),
+        "{}",
+        serve.describe()
+    );
+
+    // Refusing must not have touched the recorded versions.
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    let max: i64 = conn
+        .query_row("SELECT max(version) FROM schema_migrations", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(max, 999);
+}
+
+#[actix_rt::test]
+async fn migrate_twice_on_postgres() {
+    let url = support::pg_database().await;
+    let env = [("TETHER_DATABASE__URL", url.as_str())];
+    let dir = tempdir();
+    let first = Tether::spawn(dir.path(), &["migrate"], &env).wait(QUICK);
+    assert_eq!(first.code(), Some(0), "first migrate\n{}", first.describe());
+    assert!(
+        migrations_applied(&first.stderr).is_some_and(|n| n > 0),
+        "{}",
+        first.describe()
+    );
+    let second = Tether::spawn(dir.path(), &["migrate"], &env).wait(QUICK);
+    assert_eq!(
+        second.code(),
+        Some(0),
+        "second migrate\n{}",
+        second.describe()
+    );
+    assert_eq!(
+        migrations_applied(&second.stderr),
+        Some(0),
+        "{}",
+        second.describe()
+    );
+    assert!(
+        !dir.path().join("tether.db").exists(),
+        "migrate against PostgreSQL created ./tether.db"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// 6. The README run path
+
+#[test]
+fn serve_in_an_empty_dir_uses_embedded_sqlite_and_listens() {
+    let dir = tempdir();
+    let listen = free_listen();
+    let mut serve = Tether::spawn(dir.path(), &["serve", "--listen", &listen], &[]);
+
+    serve.wait_for_200(&listen, "/healthz");
+    let line = serve.wait_for_stdout_line("listening on", Duration::from_secs(5));
+    assert!(
+        line.contains(&format!("listening on http://{listen}")),
+        "the listening line does not give http://{listen}: {line:?}"
+    );
+    assert!(
+        dir.path().join("tether.db").is_file(),
+        "serve with no database settings did not create ./tether.db in its working directory\n{}",
+        serve.output()
+    );
+    // Ready too: the embedded database is migrated.
+    serve.wait_for_200(&listen, "/readyz");
+    assert!(serve.exited().is_none(), "serve exited\n{}", serve.output());
+}
+
+#[test]
+fn serve_exits_0_on_sigterm() {
+    let dir = tempdir();
+    let listen = free_listen();
+    let mut serve = Tether::spawn(
+        dir.path(),
+        &["serve", "--listen", &listen],
+        &[("TETHER_SHUTDOWN__GRACE_MS", "5000")],
+    );
+    serve.wait_for_200(&listen, "/healthz");
+    // SAFETY: kill(2) on our own, not yet reaped child.
+    unsafe { libc::kill(serve.child.id() as libc::pid_t, libc::SIGTERM) };
+    let finished = serve.wait(Duration::from_secs(15));
+    assert_eq!(
+        finished.code(),
+        Some(0),
+        "serve should stop with status 0 on SIGTERM\n{}",
+        finished.describe()
+    );
+}
+
+#[test]
+fn serve_reads_its_settings_from_a_config_file() {
+    let dir = tempdir();
+    let data = tempdir();
+    let db = data.path().join("from-config.db");
+    let listen = free_listen();
+    let file = dir.path().join("tether.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[http]\nlisten = \"{listen}\"\n[database]\nsqlite_path = \"{}\"\n",
+            db.display()
+        ),
+    )
+    .unwrap();
+    let mut serve = Tether::spawn(
+        dir.path(),
+        &["serve", "--config", file.to_str().unwrap()],
+        &[],
+    );
+    serve.wait_for_200(&listen, "/readyz");
+    serve.wait_for_stdout_line(
+        &format!("listening on http://{listen}"),
+        Duration::from_secs(5),
+    );
+    assert!(
+        db.is_file(),
+        "database.sqlite_path from the file was not used"
+    );
+    assert!(
+        !dir.path().join("tether.db").exists(),
+        "serve created ./tether.db although database.sqlite_path was set"
+    );
+}
+
+#[test]
+fn serve_on_a_taken_port_exits_1() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = taken.local_addr().unwrap().to_string();
+    let dir = tempdir();
+    let finished = Tether::spawn(dir.path(), &["serve", "--listen", &listen], &[]).wait(QUICK);
+    assert_eq!(
+        finished.code(),
+        Some(1),
+        "serve on a port in use should exit 1\n{}",
+        finished.describe()
+    );
+    assert!(finished.stderr.contains(&listen), "{}", finished.describe());
+    drop(taken);
+}
+
+// ---------------------------------------------------------------------------
+// 7. PostgreSQL and the instance card
+
+#[actix_rt::test]
+async fn serve_on_postgres_describes_its_instance() {
+    let url = support::pg_database().await;
+    let server = TetherServer::start(
+        &[
+            ("TETHER_DATABASE__URL", &url),
+            ("TETHER_CELL__ID", "cell-x"),
+        ],
+        &[],
+    )
+    .await;
+    let listen = server.listen_addr().to_string();
+    let (status, _) = get_json(&listen, "/readyz", &[]);
+    assert_eq!(status, 200, "/readyz on PostgreSQL\n{}", server.log());
+
+    let (status, card) = get_json(&listen, "/api/v1/instance", &[]);
+    assert_eq!(status, 200, "GET /api/v1/instance: {card}");
+    assert_eq!(
+        card["cellId"], "cell-x",
+        "cellId must be TETHER_CELL__ID: {card}"
+    );
+    assert_eq!(card["role"], "combined", "{card}");
+    let instance_id = card["instanceId"].as_str().unwrap_or_default();
+    assert!(
+        is_instance_id(instance_id, "cell-x"),
+        "instanceId {instance_id:?} is not cell-x#<6 hex>"
+    );
+    assert!(
+        !server.scratch_dir().join("tether.db").exists(),
+        "serve with database.url also created ./tether.db"
+    );
+
+    // A token from `token create` on the same database authenticates.
+    let token = server.run(&["token", "create", "--user", "ann"], &[]);
+    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
+    assert!(is_token(&token), "{token:?}");
+    let bearer = format!("Bearer {token}");
+    let (status, hosts) = get_json(&listen, "/api/v1/hosts", &[("Authorization", &bearer)]);
+    assert_eq!(status, 200, "GET /api/v1/hosts with a fresh token: {hosts}");
+    let (status, _) = get_json(&listen, "/api/v1/hosts", &[]);
+    assert_eq!(status, 401, "GET /api/v1/hosts without a token");
+}
+
+#[actix_rt::test]
+async fn instance_id_is_new_each_boot_and_cell_id_defaults_to_the_host_name() {
+    let url = support::pg_database().await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let server = TetherServer::start(&[("TETHER_DATABASE__URL", &url)], &[]).await;
+        let (status, card) = get_json(server.listen_addr(), "/api/v1/instance", &[]);
+        assert_eq!(status, 200, "{card}");
+        let hostname = gethostname::gethostname().to_string_lossy().into_owned();
+        assert_eq!(
+            card["cellId"],
+            hostname.as_str(),
+            "cellId defaults to the host name: {card}"
+        );
+        let instance_id = card["instanceId"].as_str().unwrap_or_default().to_string();
+        assert!(
+            is_instance_id(&instance_id, &hostname),
+            "instanceId {instance_id:?} is not <host name>#<6 hex>"
+        );
+        ids.push(instance_id);
+    }
+    assert_ne!(ids[0], ids[1], "two boots got the same instance id");
+}
+
+#[actix_rt::test]
+async fn serve_role_cell_reports_its_role() {
+    let server = TetherServer::start(&[], &["--role", "cell"]).await;
+    let (status, card) = get_json(server.listen_addr(), "/api/v1/instance", &[]);
+    assert_eq!(status, 200, "{card}");
+    assert_eq!(card["role"], "cell", "{card}");
+}
+
+// ---------------------------------------------------------------------------
+// 8. director
+
+#[test]
+fn serve_role_director_is_refused_with_status_2() {
+    let finished = run_in_empty_dir(
+        &["serve", "--role", "director", "--listen", &free_listen()],
+        &[],
+    );
+    assert_status_2(&finished, "serve --role director");
+    assert!(
+        finished.stderr.contains("director"),
+        "the message does not say what is unavailable\n{}",
+        finished.describe()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// TETHER_TOKEN
+
+/// `daemon --help` and `attach --help` advertise `[env: TETHER_TOKEN]`; it
+/// must not be read as a setting (an unknown key `token`, exit 2).
+#[test]
+fn tether_token_env_is_not_a_config_error() {
+    for args in [
+        vec!["daemon", "--server", "http://127.0.0.1:1"],
+        vec![
+            "attach",
+            "00000000-0000-0000-0000-000000000000",
+            "--server",
+            "http://127.0.0.1:1",
+        ],
+    ] {
+        let dir = tempdir();
+        let mut child = Tether::spawn(dir.path(), &args, &[("TETHER_TOKEN", "tth_x")]);
+        // The daemon redials forever and attach fails to connect: either way
+        // it must not be a configuration error.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline && child.exited().is_none() {
+            thread::sleep(Duration::from_millis(20));
+        }
+        let stderr = child.stderr();
+        assert!(
+            !stderr.contains("unknown field `token`")
+                && child.exited().and_then(|s| s.code()) != Some(2),
+            "tether {args:?} with TETHER_TOKEN set: {}",
+            child.output()
+        );
+    }
+}
