@@ -88,6 +88,7 @@ async fn drain(state: &AppState) {
             Err(e) => tracing::warn!(error = %e, %host_id, "tether_drain_release_failed"),
         }
     }
+    let _ = state.store.release_lease(crate::jobs::sweep::SWEEP_LEASE, &state.instance.instance_id).await;
 }
 
 /// Opens the store and binds the listener.

@@ -14,6 +14,7 @@ use crate::auth;
 use crate::bus::RedisLink;
 use crate::config::{ms, Settings};
 use crate::jobs::runs::RunDispatcher;
+use crate::jobs::sweep::Sweeper;
 use crate::relay::arbiter::ArbiterConfig;
 use crate::relay::grid::GridTimings;
 use crate::relay::limiter::AddressLimiter;
@@ -108,6 +109,7 @@ impl AppState {
             instance_id: instance.instance_id.clone(),
         };
         let runs = RunDispatcher::new(relay.clone()).start();
+        Sweeper::new(relay.clone()).start();
         web::Data::new(Self {
             settings,
             store,

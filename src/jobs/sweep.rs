@@ -1,0 +1,103 @@
+//! `Sweeper` (SPEC §7.5): one instance at a time (lease `poller:sweep`),
+//! every `sweep.interval_ms`:
+//!
+//! - hosts whose last-seen is older than `sweep.stale_host_ms` or whose
+//!   lease lapsed become offline;
+//! - parked terminals of hosts connected to this instance are spawned;
+//! - launches unacknowledged for `sweep.launch_timeout_ms` fail (and their
+//!   runs with them);
+//! - lease rows expired for more than a day are deleted;
+//! - runs whose host has been gone longer than `runs.lost_after` become `lost`.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use crate::config::ms;
+use crate::relay::registry::{ConnectedHosts, HostConn, TerminalLifecycle};
+use crate::relay::{LifecycleEvent, RelayContext, SpawnTerminal};
+use crate::store::{RunState, StoreError};
+
+/// The lease that makes one instance the sweeper.
+pub const SWEEP_LEASE: &str = "poller:sweep";
+/// Expired lease rows are kept this long (for inspection) before deletion.
+const EXPIRED_LEASE_KEEP: Duration = Duration::from_secs(24 * 3600);
+
+pub struct Sweeper {
+    relay: RelayContext,
+    running: bool,
+}
+
+impl Sweeper {
+    pub fn new(relay: RelayContext) -> Self {
+        Self { relay, running: false }
+    }
+}
+
+impl Actor for Sweeper {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let every = ms(self.relay.settings.sweep.interval_ms);
+        ctx.run_interval(every, |act, ctx| {
+            if act.running {
+                return; // a slow sweep is never overlapped by the next
+            }
+            act.running = true;
+            let relay = act.relay.clone();
+            async move {
+                if let Err(e) = sweep(&relay).await {
+                    tracing::warn!(error = %e, "tether_sweep_failed");
+                }
+            }
+            .into_actor(act)
+            .map(|(), act, _| act.running = false)
+            .spawn(ctx);
+        });
+    }
+}
+
+/// One sweep, if this instance holds (or takes) the sweep lease.
+pub async fn sweep(relay: &RelayContext) -> Result<(), StoreError> {
+    let store = &relay.store;
+    let settings = &relay.settings;
+    // Held for two intervals, renewed by each sweep: a dead sweeper is
+    // replaced after at most two missed sweeps.
+    let ttl = ms(settings.sweep.interval_ms.saturating_mul(2));
+    if !store.claim_lease(SWEEP_LEASE, &relay.instance_id, ttl).await? {
+        return Ok(());
+    }
+    let offline = store.mark_stale_hosts_offline(ms(settings.sweep.stale_host_ms)).await?;
+    for host_id in &offline {
+        tracing::info!(%host_id, "tether_host_marked_offline");
+    }
+    for host_id in relay.registry.send(ConnectedHosts).await.unwrap_or_default() {
+        let parked = store.parked_terminals(host_id).await?;
+        if parked.is_empty() {
+            continue;
+        }
+        if let Ok(Some(conn)) = relay.registry.send(HostConn(host_id)).await {
+            for terminal in parked {
+                let _ = conn.send(SpawnTerminal(terminal)).await;
+            }
+        }
+    }
+    for terminal_id in store.fail_stuck_launches(ms(settings.sweep.launch_timeout_ms)).await? {
+        tracing::info!(%terminal_id, "tether_launch_timed_out");
+        metrics::counter!("tether_launch_timeouts_total").increment(1);
+        if let Some(run_id) = store.terminal_by_id(terminal_id).await?.and_then(|t| t.run_id) {
+            store.finish_run(run_id, RunState::Failed, None).await?;
+        }
+        let event = LifecycleEvent::SpawnFailed("launch not acknowledged".into());
+        relay.registry.do_send(TerminalLifecycle { terminal_id, event });
+    }
+    let deleted = store.delete_expired_leases(EXPIRED_LEASE_KEEP).await?;
+    if deleted > 0 {
+        tracing::info!(deleted, "tether_expired_leases_deleted");
+    }
+    for run_id in store.mark_lost_runs(ms(settings.runs.lost_after)).await? {
+        tracing::info!(%run_id, "tether_run_lost");
+        metrics::counter!("tether_runs_lost_total").increment(1);
+    }
+    Ok(())
+}
