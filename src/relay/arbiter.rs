@@ -422,6 +422,13 @@ impl TerminalArbiter {
         self.registry.do_send(ArbiterIdle { terminal_id: self.terminal_id, arbiter: ctx.address() });
     }
 
+    /// Drops a member and frees the grid if it held it.
+    fn remove_member(&mut self, id: u64, ctx: &mut Context<Self>) {
+        self.members.remove(&id);
+        let actions = self.grid.leave(id);
+        self.apply(actions, ctx);
+    }
+
     fn close_viewers(&mut self, code: u16, reason: &str) {
         let viewers: Vec<u64> =
             self.members.iter().filter(|(_, m)| matches!(m.kind, Kind::Viewer(..))).map(|(id, _)| *id).collect();
@@ -533,9 +540,7 @@ impl Handler<FromViewer> for TerminalArbiter {
                 };
                 if stream.daemon_queue.load(Ordering::Relaxed) > self.config.input_queue_limit {
                     self.send_to(viewer, ViewerOut::Close { code: close::POLICY, reason: "input overflow".into() });
-                    self.members.remove(&viewer);
-                    let actions = self.grid.leave(viewer);
-                    self.apply(actions, ctx);
+                    self.remove_member(viewer, ctx);
                     self.maybe_idle(ctx);
                     return;
                 }
@@ -545,9 +550,7 @@ impl Handler<FromViewer> for TerminalArbiter {
                 })));
             }
             FromViewer::Leave { viewer } => {
-                self.members.remove(&viewer);
-                let actions = self.grid.leave(viewer);
-                self.apply(actions, ctx);
+                self.remove_member(viewer, ctx);
                 self.maybe_idle(ctx);
             }
         }
@@ -619,9 +622,7 @@ impl Handler<OutputChunk> for TerminalArbiter {
                 for id in lagging {
                     tracing::info!(terminal_id = %act.terminal_id, "tether_viewer_too_slow");
                     act.send_to(id, ViewerOut::Evict { code: close::POLICY, reason: "too slow a reader".into() });
-                    act.members.remove(&id);
-                    let actions = act.grid.leave(id);
-                    act.apply(actions, ctx);
+                    act.remove_member(id, ctx);
                 }
                 act.maybe_idle(ctx);
             }),

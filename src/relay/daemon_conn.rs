@@ -254,14 +254,7 @@ async fn read_loop(addr: Addr<DaemonConn>, mut stream: AggregatedMessageStream, 
                 }
             }
             Read::Skip => {}
-            Read::Closed => {
-                addr.do_send(SocketClosed);
-                return;
-            }
-            Read::Fail(code, reason) => {
-                addr.do_send(Fail(code, reason));
-                return;
-            }
+            ended => return report_end(&addr, ended),
         }
     }
     // Phase 2: one frame at a time, each handled before the next is read.
@@ -278,15 +271,16 @@ async fn read_loop(addr: Addr<DaemonConn>, mut stream: AggregatedMessageStream, 
                 }
             }
             Read::Skip => {}
-            Read::Closed => {
-                addr.do_send(SocketClosed);
-                return;
-            }
-            Read::Fail(code, reason) => {
-                addr.do_send(Fail(code, reason));
-                return;
-            }
+            ended => return report_end(&addr, ended),
         }
+    }
+}
+
+/// Tells the actor why the reader stopped.
+fn report_end(addr: &Addr<DaemonConn>, read: Read) {
+    match read {
+        Read::Fail(code, reason) => addr.do_send(Fail(code, reason)),
+        _ => addr.do_send(SocketClosed),
     }
 }
 

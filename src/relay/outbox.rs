@@ -105,17 +105,7 @@ impl Outbox {
     pub fn push(&self, frame: Frame) -> Result<(), Overflow> {
         let weight = frame.weight();
         let now = self.queued.fetch_add(weight, Ordering::Relaxed) + weight;
-        if now > self.limit {
-            self.queued.fetch_sub(weight, Ordering::Relaxed);
-            return Err(Overflow);
-        }
-        if let Some(high_water) = &self.high_water {
-            high_water.fetch_max(now, Ordering::Relaxed);
-        }
-        if self.tx.send(frame).is_err() {
-            self.queued.fetch_sub(weight, Ordering::Relaxed);
-        }
-        Ok(())
+        self.enqueue(frame, weight, now)
     }
 
     /// Queues a frame whose weight the sender already added to the counter
@@ -124,12 +114,16 @@ impl Outbox {
     pub fn push_reserved(&self, frame: Frame) -> Result<(), Overflow> {
         let weight = frame.weight();
         let now = self.queued.load(Ordering::Relaxed);
-        if now > self.limit {
+        self.enqueue(frame, weight, now)
+    }
+
+    fn enqueue(&self, frame: Frame, weight: usize, queued: usize) -> Result<(), Overflow> {
+        if queued > self.limit {
             self.queued.fetch_sub(weight, Ordering::Relaxed);
             return Err(Overflow);
         }
         if let Some(high_water) = &self.high_water {
-            high_water.fetch_max(now, Ordering::Relaxed);
+            high_water.fetch_max(queued, Ordering::Relaxed);
         }
         if self.tx.send(frame).is_err() {
             self.queued.fetch_sub(weight, Ordering::Relaxed);

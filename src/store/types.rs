@@ -110,9 +110,12 @@ impl FromStr for TerminalState {
 /// Why a pending terminal waits.
 pub const PENDING_HOST_OFFLINE: &str = "host_offline";
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A terminal row; its JSON form is the API's terminal resource (SPEC §6).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Terminal {
     pub id: Uuid,
+    #[serde(skip)]
     pub user_id: Uuid,
     pub host_id: Uuid,
     pub title: Option<String>,
@@ -125,6 +128,7 @@ pub struct Terminal {
     pub error: Option<String>,
     pub cols: u16,
     pub rows: u16,
+    #[serde(skip)]
     pub run_id: Option<Uuid>,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
@@ -233,9 +237,12 @@ pub struct RunUsage {
     pub wall_ms: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A run row; its JSON form is the API's run resource (SPEC §6).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Run {
     pub id: Uuid,
+    #[serde(skip)]
     pub user_id: Uuid,
     pub host_id: Uuid,
     pub argv: Vec<String>,

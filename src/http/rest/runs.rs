@@ -8,7 +8,6 @@ use serde_json::json;
 use super::{check_argv, check_dir, field_id, path_id};
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
-use crate::http::views::RunView;
 use crate::store::NewRun;
 
 #[derive(Debug, Deserialize)]
@@ -36,7 +35,7 @@ pub async fn create(
         check_dir(dir, &host.dirs)?;
     }
     let run = state.store.insert_run(&NewRun { user_id: user.id(), host_id, argv: body.argv, dir: body.dir }).await?;
-    Ok(HttpResponse::Created().json(json!({ "run": RunView::from(run) })))
+    Ok(HttpResponse::Created().json(json!({ "run": run })))
 }
 
 #[derive(Debug, Deserialize)]
@@ -52,14 +51,13 @@ pub async fn list(
 ) -> Result<HttpResponse, ApiError> {
     let host_id = query.host_id.as_deref().map(|h| field_id(h, "hostId")).transpose()?;
     let runs = state.store.list_runs(user.id(), host_id).await?;
-    let views: Vec<RunView> = runs.into_iter().map(RunView::from).collect();
-    Ok(HttpResponse::Ok().json(json!({ "runs": views })))
+    Ok(HttpResponse::Ok().json(json!({ "runs": runs })))
 }
 
 pub async fn get(state: web::Data<AppState>, user: AuthUser, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = path_id(&id, "run")?;
     let run = state.store.get_run(user.id(), id).await?.ok_or_else(|| ApiError::not_found("run"))?;
-    Ok(HttpResponse::Ok().json(json!({ "run": RunView::from(run) })))
+    Ok(HttpResponse::Ok().json(json!({ "run": run })))
 }
 
 /// The captured output, as the terminal produced it (bytes, not re-encoded).

@@ -17,7 +17,6 @@ use crate::relay::registry::HostConn;
 use crate::relay::{SpawnTerminal, ToDaemon};
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
-use crate::http::views::TerminalView;
 use crate::store::{DeleteOutcome, NewTerminal, Terminal, TerminalFilter, TerminalState};
 
 /// Grids are clamped to 1..=1000 everywhere (SPEC §5); the API refuses
@@ -86,7 +85,7 @@ pub async fn create(
             terminal = state.store.get_terminal(user.id(), terminal.id).await?.unwrap_or(terminal);
         }
     }
-    Ok(HttpResponse::Created().json(json!({ "terminal": TerminalView::from(terminal) })))
+    Ok(HttpResponse::Created().json(json!({ "terminal": terminal })))
 }
 
 #[derive(Debug, Deserialize)]
@@ -114,14 +113,13 @@ pub async fn list(
         .transpose()?;
     let terminals =
         state.store.list_terminals(user.id(), &TerminalFilter { host_id, state: terminal_state }).await?;
-    let views: Vec<TerminalView> = terminals.into_iter().map(TerminalView::from).collect();
-    Ok(HttpResponse::Ok().json(json!({ "terminals": views })))
+    Ok(HttpResponse::Ok().json(json!({ "terminals": terminals })))
 }
 
 pub async fn get(state: web::Data<AppState>, user: AuthUser, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
     let id = path_id(&id, "terminal")?;
     let terminal = state.store.get_terminal(user.id(), id).await?.ok_or_else(|| ApiError::not_found("terminal"))?;
-    Ok(HttpResponse::Ok().json(json!({ "terminal": TerminalView::from(terminal) })))
+    Ok(HttpResponse::Ok().json(json!({ "terminal": terminal })))
 }
 
 pub async fn delete(
@@ -179,7 +177,7 @@ pub async fn input(
         terminal_id: terminal.id.to_string(),
         data: body.into_inner().data.into_bytes().into(),
     })));
-    Ok(HttpResponse::Accepted().json(json!({ "terminal": TerminalView::from(terminal) })))
+    Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))
 }
 
 #[derive(Debug, Deserialize)]
@@ -202,7 +200,7 @@ pub async fn resize(
         cols: u32::from(cols),
         rows: u32::from(rows),
     })));
-    Ok(HttpResponse::Accepted().json(json!({ "terminal": TerminalView::from(terminal) })))
+    Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))
 }
 
 #[derive(Debug, Deserialize)]
@@ -252,5 +250,5 @@ pub async fn kill(
         terminal_id: terminal.id.to_string(),
         signal,
     })));
-    Ok(HttpResponse::Accepted().json(json!({ "terminal": TerminalView::from(terminal) })))
+    Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))
 }
