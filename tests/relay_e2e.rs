@@ -358,3 +358,49 @@ async fn sigterm_drains_sockets_and_releases_leases() {
     let (_, body) = api.get(&format!("/api/v1/hosts/{}", e.host)).await;
     assert_eq!(body["host"]["state"], "offline", "{body}");
 }
+
+#[actix_rt::test]
+async fn a_stalled_viewer_is_closed_while_a_real_terminal_prints_50_mb() {
+    let e = start(false, &[("TETHER_VIEWER__QUEUE_BYTES", "1048576"), ("TETHER_VIEWER__SLOW_MS", "2000")]).await;
+    const LAST: u64 = 6_000_000; // `seq 1 6000000` prints about 47 MB (plus a \r per line on the PTY)
+    let script = format!("read go; seq 1 {LAST}; echo seq-done; exec sleep 1000");
+    let id = terminal(&e, &["sh", "-c", &script]).await;
+    let mut stalled = Viewer::attach(&e, &id, "").await;
+    let mut healthy = Viewer::attach(&e, &id, "").await;
+    healthy.type_line("go").await;
+    // `stalled` never reads again. `healthy` must see every number, in order.
+    let mut next = 1u64;
+    let mut partial = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    'read: loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match healthy.sock.next_within(left).await {
+            Some(Event::Binary(b)) => {
+                partial.extend_from_slice(&b);
+                let mut start = 0;
+                while let Some(pos) = partial[start..].iter().position(|c| *c == b'\n') {
+                    let line = String::from_utf8_lossy(&partial[start..start + pos]).trim().to_string();
+                    start += pos + 1;
+                    if line == "seq-done" {
+                        break 'read;
+                    }
+                    if let Ok(n) = line.parse::<u64>() {
+                        assert_eq!(n, next, "the healthy viewer saw {n} where {next} was due");
+                        next += 1;
+                    }
+                }
+                partial.drain(..start);
+            }
+            Some(Event::Close(code)) => panic!("the healthy viewer was closed ({code:?}) at {next}"),
+            Some(_) => {}
+            None => panic!("timed out at {next}"),
+        }
+    }
+    assert_eq!(next, LAST + 1, "every number arrived");
+    assert_eq!(stalled.sock.expect_close().await, Some(1008), "the stalled viewer is closed 1008");
+    let (_, metrics) = e.api.get_bytes("/metrics").await;
+    let text = String::from_utf8_lossy(&metrics);
+    let line = text.lines().find(|l| l.starts_with("tether_viewer_queue_high_water_bytes")).expect("gauge");
+    let high: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("value");
+    assert!(high <= 1_048_576.0, "the outbound queue passed its bound: {high}");
+}
