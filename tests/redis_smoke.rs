@@ -60,6 +60,20 @@ async fn standalone_publish_reaches_subscriber() {
         .await
         .expect("SUBSCRIBE");
 
+    // fred's subscribe() has been seen to return before another connection's
+    // PUBLISH counts the subscriber (1 run in 3 under load); wait until
+    // Redis itself reports it, so the receiver count below is meaningful.
+    bounded("subscription visible", async {
+        loop {
+            let counts: Vec<(String, i64)> = publisher.pubsub_numsub(channel.as_str()).await.expect("PUBSUB NUMSUB");
+            if counts.iter().any(|(c, n)| c == &channel && *n == 1) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+
     let receivers: i64 = bounded("publish", publisher.publish(channel.as_str(), "hello"))
         .await
         .expect("PUBLISH");
@@ -137,6 +151,19 @@ async fn cluster_sharded_pubsub_across_three_shards() {
         bounded("ssubscribe", subscriber.ssubscribe(channel.as_str()))
             .await
             .expect("SSUBSCRIBE");
+        // As in the standalone test: wait until the shard counts the
+        // subscriber before relying on SPUBLISH's receiver count.
+        bounded("shard subscription visible", async {
+            loop {
+                let counts: Vec<(String, i64)> =
+                    publisher.pubsub_shardnumsub(channel.as_str()).await.expect("PUBSUB SHARDNUMSUB");
+                if counts.iter().any(|(c, n)| c == channel && *n == 1) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
     }
 
     const PER_CHANNEL: usize = 20;

@@ -326,17 +326,28 @@ async fn dirs_limits_and_credentials_with_a_real_daemon() {
     assert_eq!(status, 200, "{body}");
     assert_eq!(body, json!({"ok": true, "hostId": e.host}));
     assert!(!e.server.log().contains("s3cret-value-917"), "the secret reached the server log");
-    let db = rusqlite::Connection::open(e.server.scratch_dir().join("tether.db")).expect("open db");
-    let (nonce, ciphertext): (Vec<u8>, Vec<u8>) = db
-        .query_row("SELECT nonce, ciphertext FROM host_credentials WHERE host_id = ?1", [&e.host], |r| {
-            Ok((r.get(0)?, r.get(1)?))
-        })
-        .expect("stored");
+    let host = uuid::Uuid::parse_str(&e.host).expect("uuid");
+    let (nonce, ciphertext): (Vec<u8>, Vec<u8>) = match e.server.database_url() {
+        Some(url) => {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+            actix_rt::spawn(conn);
+            let row = client
+                .query_one("SELECT nonce, ciphertext FROM host_credentials WHERE host_id = $1", &[&host])
+                .await
+                .expect("stored");
+            (row.get(0), row.get(1))
+        }
+        None => rusqlite::Connection::open(e.server.scratch_dir().join("tether.db"))
+            .expect("open db")
+            .query_row("SELECT nonce, ciphertext FROM host_credentials WHERE host_id = ?1", [&e.host], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .expect("stored"),
+    };
     assert_eq!(nonce.len(), 12);
     assert!(!ciphertext.windows(9).any(|w| w == b"s3cret-va"), "stored in the clear");
     let key: [u8; 32] = *b"01234567890123456789012345678901";
     let sealed = tether::store::SealedCredentials { nonce, ciphertext };
-    let host = uuid::Uuid::parse_str(&e.host).expect("uuid");
     assert_eq!(tether::crypto::open(&key, host, &sealed).expect("opens"), br#"{"apiKey":"s3cret-value-917"}"#);
 }
 

@@ -4,6 +4,9 @@
 //! directory (SQLite file, log), waits for `GET /readyz` to answer 200 and
 //! kills the process when dropped. `tether_cmd` runs a one-shot subcommand.
 //!
+//! With `TETHER_TEST_BACKEND=postgres`, a server started without database
+//! settings gets a fresh PostgreSQL database instead of a SQLite file.
+//!
 //! Children do not inherit the test process's `TETHER_*` variables (such as
 //! `TETHER_TEST_DATABASE_URL`): the config loader would read them as settings.
 //! They get exactly the variables the test passes.
@@ -78,6 +81,11 @@ impl TetherServer {
                 .into_iter()
                 .filter_map(|key| lookup(key).map(|value| (key.to_string(), value)))
                 .collect();
+        // TETHER_TEST_BACKEND=postgres (scripts/test's second pass) gives
+        // every server that names no database a fresh PostgreSQL one.
+        if database_env.is_empty() && std::env::var("TETHER_TEST_BACKEND").as_deref() == Ok("postgres") {
+            database_env.push(("TETHER_DATABASE__URL".into(), super::pg_database().await));
+        }
         if database_env.is_empty() {
             let sqlite = scratch.path().join("tether.db");
             database_env.push((
