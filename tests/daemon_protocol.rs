@@ -271,3 +271,41 @@ async fn requests_to_an_offline_host_are_409_and_a_silent_daemon_is_504() {
     assert!(started.elapsed() >= Duration::from_secs(9), "answered before the timeout");
     assert!(matches!(daemon.next_server_frame().await, server_frame::Frame::Dirs(_)));
 }
+
+#[actix_rt::test]
+async fn the_per_address_cap_is_4429_for_daemons_and_viewers() {
+    let server = TetherServer::start(&[("TETHER_HTTP__WS_PER_ADDRESS", "2")], &[]).await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let (_, body) = api.post("/api/v1/terminals", json!({"hostId": host})).await;
+    let terminal = body["terminal"]["id"].as_str().expect("id").to_string();
+    let _daemon = connected_daemon(&server, &api, &host).await;
+    let mut viewer = Socket::connect(&viewer_url(&server, &terminal), Some(&api.token), &["tether.v1"]).await;
+    assert!(matches!(viewer.next().await, Event::Text(_)), "the second socket is served");
+    let mut third = Socket::connect(&viewer_url(&server, &terminal), Some(&api.token), &["tether.v1"]).await;
+    assert_eq!(third.expect_close().await, Some(4429));
+    let mut fourth = Socket::connect(&daemon_url(&server), Some(&api.token), PROTOCOL).await;
+    assert_eq!(fourth.expect_close().await, Some(4429));
+    // A slot comes back when a socket closes.
+    viewer.close().await;
+    let _ = viewer.expect_close().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut again = Socket::connect(&viewer_url(&server, &terminal), Some(&api.token), &["tether.v1"]).await;
+        match again.next().await {
+            Event::Text(_) => break,
+            Event::Close(Some(4429)) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            other => panic!("expected a served socket, got {other:?}"),
+        }
+    }
+}
+
+#[actix_rt::test]
+async fn draining_closes_daemons_with_4503() {
+    let mut server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let mut daemon = connected_daemon(&server, &api, &host).await;
+    server.terminate(Duration::from_secs(10));
+    assert_eq!(daemon.expect_close().await, Some(4503), "daemons redial at once elsewhere");
+}
