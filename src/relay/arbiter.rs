@@ -523,8 +523,7 @@ impl Handler<FromViewer> for TerminalArbiter {
         let now = Instant::now();
         match msg {
             FromViewer::View { viewer, view } => {
-                let idle = Duration::from_millis(view.idle_ms);
-                let actions = self.grid.view(viewer, view.cols, view.rows, view.visible, idle, view.open, now);
+                let actions = self.grid.view(viewer, &view, now);
                 self.apply(actions, ctx);
             }
             FromViewer::Resize { viewer, cols, rows } => {

@@ -226,7 +226,12 @@ async fn read_loop(addr: Addr<DaemonConn>, mut stream: AggregatedMessageStream, 
     // Phase 1: until the hello is done, hold everything else.
     loop {
         let read = tokio::select! {
-            accepted = async { hello.as_mut().expect("guarded").await }, if hello.is_some() => {
+            accepted = async {
+                match hello.as_mut() {
+                    Some(pending) => pending.await,
+                    None => std::future::pending().await,
+                }
+            }, if hello.is_some() => {
                 match accepted {
                     Ok(true) => break,
                     _ => return, // refused: the actor closed the socket

@@ -12,6 +12,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::ViewReport;
+
 /// Timing of the rules (settings `viewer.*_ms`).
 #[derive(Debug, Clone, Copy)]
 pub struct GridTimings {
@@ -119,26 +121,17 @@ impl Grid {
     }
 
     /// A `view` message.
-    pub fn view(
-        &mut self,
-        viewer: u64,
-        cols: u16,
-        rows: u16,
-        visible: bool,
-        idle: Duration,
-        open: bool,
-        now: Instant,
-    ) -> Vec<GridAction> {
+    pub fn view(&mut self, viewer: u64, report: &ViewReport, now: Instant) -> Vec<GridAction> {
         self.heard(viewer, now);
         let Some(v) = self.viewers.get_mut(&viewer) else { return Vec::new() };
-        v.natural = Some((cols, rows));
-        v.visible = visible;
-        v.open = open;
-        v.last_use = now.checked_sub(idle).unwrap_or(now);
+        v.natural = Some((report.cols, report.rows));
+        v.visible = report.visible;
+        v.open = report.open;
+        v.last_use = now.checked_sub(Duration::from_millis(report.idle_ms)).unwrap_or(now);
         if self.holder == Some(viewer) {
             return self.fit_to(viewer).into_iter().collect();
         }
-        if open && visible {
+        if report.open && report.visible {
             return self.arrival(viewer, now);
         }
         Vec::new()
@@ -240,7 +233,7 @@ mod tests {
     }
 
     fn view(g: &mut Grid, v: u64, cols: u16, visible: bool, idle_s: u64, now: Instant) -> Vec<GridAction> {
-        g.view(v, cols, 30, visible, Duration::from_secs(idle_s), true, now)
+        g.view(v, &ViewReport { cols, rows: 30, visible, idle_ms: idle_s * 1000, open: true }, now)
     }
 
     #[test]
