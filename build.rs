@@ -4,8 +4,6 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(["tether/v1/daemon.proto"], ["proto"])?;
-    prost_build::Config::new()
-        .bytes(["."])
-        .compile_fds(fds)?;
+    prost_build::Config::new().bytes(["."]).compile_fds(fds)?;
     Ok(())
 }

@@ -48,9 +48,7 @@ pub fn bearer_token(req: &HttpRequest) -> Option<String> {
 /// `tether.auth.TOKEN` entry of `Sec-WebSocket-Protocol`.
 pub fn websocket_token(req: &HttpRequest) -> Option<String> {
     bearer_token(req).or_else(|| {
-        offered_subprotocols(req)
-            .into_iter()
-            .find_map(|p| p.strip_prefix(SUBPROTOCOL_AUTH_PREFIX).map(str::to_string))
+        offered_subprotocols(req).into_iter().find_map(|p| p.strip_prefix(SUBPROTOCOL_AUTH_PREFIX).map(str::to_string))
     })
 }
 

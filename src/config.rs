@@ -206,7 +206,13 @@ pub struct ViewerSettings {
 
 impl Default for ViewerSettings {
     fn default() -> Self {
-        Self { in_use_ms: 60_000, fresh_ms: 5_000, ping_timeout_ms: 1_500, queue_bytes: 4 * 1024 * 1024, slow_ms: 3_000 }
+        Self {
+            in_use_ms: 60_000,
+            fresh_ms: 5_000,
+            ping_timeout_ms: 1_500,
+            queue_bytes: 4 * 1024 * 1024,
+            slow_ms: 3_000,
+        }
     }
 }
 
@@ -325,8 +331,7 @@ impl Settings {
             if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
                 return Err(invalid("database.url", "must be a postgres:// or postgresql:// URL"));
             }
-            url.parse::<tokio_postgres::Config>()
-                .map_err(|e| invalid("database.url", e.to_string()))?;
+            url.parse::<tokio_postgres::Config>().map_err(|e| invalid("database.url", e.to_string()))?;
         }
         if let Some(url) = &self.redis.url {
             if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
@@ -421,9 +426,8 @@ impl Settings {
             let (host, port) = node
                 .rsplit_once(':')
                 .ok_or_else(|| invalid("redis.cluster_nodes", format!("`{node}` is not host:port")))?;
-            let port = port
-                .parse::<u16>()
-                .map_err(|_| invalid("redis.cluster_nodes", format!("`{node}` has a bad port")))?;
+            let port =
+                port.parse::<u16>().map_err(|_| invalid("redis.cluster_nodes", format!("`{node}` has a bad port")))?;
             out.push((host.to_string(), port));
         }
         if out.is_empty() {
@@ -434,10 +438,7 @@ impl Settings {
 
     /// The cell id: the setting, else the host name.
     pub fn cell_id(&self) -> String {
-        self.cell
-            .id
-            .clone()
-            .unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned())
+        self.cell.id.clone().unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned())
     }
 
     /// The credentials encryption key, when configured (validated at load).

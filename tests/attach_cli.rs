@@ -57,10 +57,7 @@ impl ScriptContext {
     async fn heard(&self, count: usize) {
         let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
         while self.connections.lock().unwrap()[self.index].received.len() < count {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "client never sent {count} messages"
-            );
+            assert!(tokio::time::Instant::now() < deadline, "client never sent {count} messages");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
@@ -80,16 +77,11 @@ struct FakeServer {
 
 impl FakeServer {
     async fn start(script: Script) -> Self {
-        let shared = Shared {
-            connections: Arc::default(),
-            script,
-        };
+        let shared = Shared { connections: Arc::default(), script };
         let connections = shared.connections.clone();
         let data = web::Data::new(shared);
         let server = HttpServer::new(move || {
-            App::new()
-                .app_data(data.clone())
-                .route("/ws/v1/terminals/{id}", web::get().to(viewer_endpoint))
+            App::new().app_data(data.clone()).route("/ws/v1/terminals/{id}", web::get().to(viewer_endpoint))
         })
         .workers(1)
         .disable_signals()
@@ -100,11 +92,7 @@ impl FakeServer {
         let server = server.run();
         let handle = server.handle();
         actix_rt::spawn(server);
-        FakeServer {
-            url: format!("http://{addr}"),
-            connections,
-            handle,
-        }
+        FakeServer { url: format!("http://{addr}"), connections, handle }
     }
 
     fn connections(&self) -> Vec<Connection> {
@@ -128,10 +116,7 @@ impl FakeServer {
     }
 
     async fn wait_ended(&self, count: usize) -> Vec<Connection> {
-        self.wait_for("connections to end", |c| {
-            c.len() == count && c.iter().all(|c| c.ended)
-        })
-        .await
+        self.wait_for("connections to end", |c| c.len() == count && c.iter().all(|c| c.ended)).await
     }
 
     async fn stop(self) {
@@ -145,14 +130,8 @@ async fn viewer_endpoint(
     terminal_id: web::Path<String>,
     shared: web::Data<Shared>,
 ) -> actix_web::Result<HttpResponse> {
-    let (response, session, mut messages) =
-        actix_ws::handle_with_protocols(&req, body, &["tether.v1"])?;
-    let header = |name: &str| {
-        req.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
+    let (response, session, mut messages) = actix_ws::handle_with_protocols(&req, body, &["tether.v1"])?;
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let index = {
         let mut connections = shared.connections.lock().unwrap();
         connections.push(Connection {
@@ -177,15 +156,13 @@ async fn viewer_endpoint(
     actix_rt::spawn(async move {
         while let Some(Ok(message)) = messages.next().await {
             match message {
-                Message::Text(text) => record(Some(Received::Text(
-                    serde_json::from_str(&text).unwrap_or(Value::String(text.to_string())),
-                ))),
+                Message::Text(text) => {
+                    record(Some(Received::Text(serde_json::from_str(&text).unwrap_or(Value::String(text.to_string())))))
+                }
                 Message::Binary(data) => record(Some(Received::Binary(data.to_vec()))),
                 Message::Pong(data) => record(Some(Received::Pong(data.to_vec()))),
                 Message::Close(reason) => {
-                    record(Some(Received::Close(
-                        reason.as_ref().map(|r| r.code.into()),
-                    )));
+                    record(Some(Received::Close(reason.as_ref().map(|r| r.code.into()))));
                     // Answer the client's close; fails harmlessly if the
                     // script closed first.
                     let _ = reader_session.clone().close(reason).await;
@@ -196,11 +173,8 @@ async fn viewer_endpoint(
         }
         record(None);
     });
-    let context = ScriptContext {
-        index,
-        query: req.query_string().to_owned(),
-        connections: shared.connections.clone(),
-    };
+    let context =
+        ScriptContext { index, query: req.query_string().to_owned(), connections: shared.connections.clone() };
     actix_rt::spawn((shared.script)(context, session));
     Ok(response)
 }
@@ -210,34 +184,20 @@ async fn send_json(session: &mut Session, value: Value) {
 }
 
 async fn send_bytes(session: &mut Session, bytes: &'static [u8]) {
-    session
-        .binary(Bytes::from_static(bytes))
-        .await
-        .expect("send bytes");
+    session.binary(Bytes::from_static(bytes)).await.expect("send bytes");
 }
 
 async fn close_with(session: Session, code: u16, description: &str) {
-    let reason = CloseReason {
-        code: CloseCode::from(code),
-        description: Some(description.to_owned()),
-    };
+    let reason = CloseReason { code: CloseCode::from(code), description: Some(description.to_owned()) };
     session.close(Some(reason)).await.expect("close");
 }
 
 /// status, a ping, replay + snapshot + live, live bytes, exit 3.
 fn exits_with_3(_: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
-        send_json(
-            &mut session,
-            json!({"type":"status","state":"running","host":"online"}),
-        )
-        .await;
+        send_json(&mut session, json!({"type":"status","state":"running","host":"online"})).await;
         session.ping(b"hb").await.expect("ping");
-        send_json(
-            &mut session,
-            json!({"type":"replay","cols":80,"rows":24,"offset":100}),
-        )
-        .await;
+        send_json(&mut session, json!({"type":"replay","cols":80,"rows":24,"offset":100})).await;
         send_bytes(&mut session, SNAPSHOT).await;
         send_json(&mut session, json!({"type":"live","offset":100})).await;
         send_bytes(&mut session, b"hello ").await;
@@ -253,11 +213,7 @@ fn exits_with_3(_: ScriptContext, mut session: Session) -> LocalBoxFuture<'stati
 fn moves_once(context: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
         if context.index == 0 {
-            send_json(
-                &mut session,
-                json!({"type":"replay","cols":80,"rows":24,"offset":1000}),
-            )
-            .await;
+            send_json(&mut session, json!({"type":"replay","cols":80,"rows":24,"offset":1000})).await;
             send_bytes(&mut session, b"SNAP").await;
             send_json(&mut session, json!({"type":"live","offset":1000})).await;
             send_bytes(&mut session, b"abc").await;
@@ -269,11 +225,7 @@ fn moves_once(context: ScriptContext, mut session: Session) -> LocalBoxFuture<'s
             send_bytes(&mut session, b"hij").await;
             send_json(&mut session, json!({"type":"exit","exitCode":0})).await;
         } else {
-            send_json(
-                &mut session,
-                json!({"type":"replay","cols":80,"rows":24,"offset":2000}),
-            )
-            .await;
+            send_json(&mut session, json!({"type":"replay","cols":80,"rows":24,"offset":2000})).await;
             send_bytes(&mut session, b"WRONG-REPAINT").await;
             send_json(&mut session, json!({"type":"live","offset":2000})).await;
             send_json(&mut session, json!({"type":"exit","exitCode":99})).await;
@@ -284,41 +236,23 @@ fn moves_once(context: ScriptContext, mut session: Session) -> LocalBoxFuture<'s
 
 /// Live at 0, two bytes, then 4503; the first reattach finds the host
 /// offline (its daemon has not redialled yet); the second resumes.
-fn moves_and_is_briefly_offline(
-    context: ScriptContext,
-    mut session: Session,
-) -> LocalBoxFuture<'static, ()> {
+fn moves_and_is_briefly_offline(context: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
         match context.index {
             0 => {
-                send_json(
-                    &mut session,
-                    json!({"type":"replay","cols":80,"rows":24,"offset":0}),
-                )
-                .await;
+                send_json(&mut session, json!({"type":"replay","cols":80,"rows":24,"offset":0})).await;
                 send_json(&mut session, json!({"type":"live","offset":0})).await;
                 send_bytes(&mut session, b"ok").await;
                 context.heard(2).await; // view, resize
                 close_with(session, 4503, "host moved").await;
             }
             1 => {
-                send_json(
-                    &mut session,
-                    json!({"type":"status","state":"running","host":"offline"}),
-                )
-                .await;
-                send_json(
-                    &mut session,
-                    json!({"type":"error","message":"host offline"}),
-                )
-                .await;
+                send_json(&mut session, json!({"type":"status","state":"running","host":"offline"})).await;
+                send_json(&mut session, json!({"type":"error","message":"host offline"})).await;
             }
             _ => {
-                let offset: u64 = context
-                    .query
-                    .strip_prefix("from=")
-                    .and_then(|n| n.parse().ok())
-                    .expect("reattach without from=");
+                let offset: u64 =
+                    context.query.strip_prefix("from=").and_then(|n| n.parse().ok()).expect("reattach without from=");
                 send_json(&mut session, json!({"type":"resume","offset":offset})).await;
                 send_bytes(&mut session, b"!").await;
                 send_json(&mut session, json!({"type":"exit","exitCode":null})).await;
@@ -331,11 +265,7 @@ fn moves_and_is_briefly_offline(
 /// Replay, live, then silence: the client decides when it ends.
 fn stays_open(_: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
-        send_json(
-            &mut session,
-            json!({"type":"replay","cols":80,"rows":24,"offset":0}),
-        )
-        .await;
+        send_json(&mut session, json!({"type":"replay","cols":80,"rows":24,"offset":0})).await;
         send_bytes(&mut session, SNAPSHOT).await;
         send_json(&mut session, json!({"type":"live","offset":0})).await;
     }
@@ -352,16 +282,8 @@ fn not_found(context: ScriptContext, session: Session) -> LocalBoxFuture<'static
 
 fn host_offline(_: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
-        send_json(
-            &mut session,
-            json!({"type":"status","state":"running","host":"offline"}),
-        )
-        .await;
-        send_json(
-            &mut session,
-            json!({"type":"error","message":"host offline"}),
-        )
-        .await;
+        send_json(&mut session, json!({"type":"status","state":"running","host":"offline"})).await;
+        send_json(&mut session, json!({"type":"error","message":"host offline"})).await;
     }
     .boxed_local()
 }
@@ -373,9 +295,7 @@ fn options(server: &FakeServer) -> AttachOptions {
 /// Keystrokes and window sizes the test pushes while the session runs.
 fn channel_stream<T: 'static>() -> (mpsc::UnboundedSender<T>, Pin<Box<dyn Stream<Item = T>>>) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let stream = stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    });
+    let stream = stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
     (tx, Box::pin(stream))
 }
 
@@ -429,11 +349,7 @@ async fn shows_snapshot_then_live_bytes_and_ends_with_the_exit_code() {
     assert_eq!(conn.query, "");
     assert_eq!(conn.authorization.as_deref(), Some("Bearer tth_test_token"));
     assert_eq!(conn.protocols.as_deref(), Some("tether.v1"));
-    assert!(
-        conn.received.contains(&Received::Pong(b"hb".to_vec())),
-        "ping not answered: {:?}",
-        conn.received
-    );
+    assert!(conn.received.contains(&Received::Pong(b"hb".to_vec())), "ping not answered: {:?}", conn.received);
     assert_eq!(conn.received.last(), Some(&Received::Close(Some(1000))));
     server.stop().await;
 }
@@ -480,66 +396,33 @@ async fn detach_key_ends_the_session_after_view_resize_and_input() {
     let (keys, input) = channel_stream::<Bytes>();
     let (sizes, resizes) = channel_stream::<(u16, u16)>();
     let mut output = Vec::new();
-    let io = LocalIo {
-        input,
-        size: (100, 30),
-        resizes,
-        output: &mut output,
-    };
+    let io = LocalIo { input, size: (100, 30), resizes, output: &mut output };
     let session = tokio::time::timeout(TEST_TIMEOUT, attach::run_with_io(options(&server), io));
     let user = async {
         // Type only once connected: the detach key also works while
         // connecting, which would end the session before any socket exists.
-        server
-            .wait_for("view and resize", |c| {
-                c.len() == 1 && c[0].received.len() >= 2
-            })
-            .await;
+        server.wait_for("view and resize", |c| c.len() == 1 && c[0].received.len() >= 2).await;
         sizes.send((120, 40)).expect("resize");
-        server
-            .wait_for("view after resize", |c| {
-                texts(&c[0].received).iter().any(|v| is_view(v, 120, 40))
-            })
-            .await;
+        server.wait_for("view after resize", |c| texts(&c[0].received).iter().any(|v| is_view(v, 120, 40))).await;
         keys.send(Bytes::from_static(b"ls\r")).expect("type");
-        keys.send(Bytes::from_static(b"x\x1dnot sent"))
-            .expect("type");
+        keys.send(Bytes::from_static(b"x\x1dnot sent")).expect("type");
     };
     let (outcome, ()) = tokio::join!(session, user);
-    let outcome = outcome
-        .expect("attach session timed out")
-        .expect("attach session failed");
+    let outcome = outcome.expect("attach session timed out").expect("attach session failed");
 
     assert_eq!(outcome, AttachOutcome::Detached);
     assert_eq!(attach::describe(&outcome), "[detached]");
     let connections = server.wait_ended(1).await;
     let received = &connections[0].received;
     assert_eq!(received.len(), 6, "{received:#?}");
-    assert!(
-        matches!(&received[0], Received::Text(v) if is_view(v, 100, 30)),
-        "{received:?}"
-    );
-    assert_eq!(
-        received[1],
-        Received::Text(json!({"type":"resize","cols":100,"rows":30}))
-    );
-    assert!(
-        matches!(&received[2], Received::Text(v) if is_view(v, 120, 40)),
-        "{received:?}"
-    );
+    assert!(matches!(&received[0], Received::Text(v) if is_view(v, 100, 30)), "{received:?}");
+    assert_eq!(received[1], Received::Text(json!({"type":"resize","cols":100,"rows":30})));
+    assert!(matches!(&received[2], Received::Text(v) if is_view(v, 120, 40)), "{received:?}");
     assert_eq!(
         received[3..],
-        [
-            Received::Binary(b"ls\r".to_vec()),
-            Received::Binary(b"x".to_vec()),
-            Received::Close(Some(1000)),
-        ]
+        [Received::Binary(b"ls\r".to_vec()), Received::Binary(b"x".to_vec()), Received::Close(Some(1000)),]
     );
-    assert!(
-        output.starts_with(SNAPSHOT),
-        "{:?}",
-        String::from_utf8_lossy(&output)
-    );
+    assert!(output.starts_with(SNAPSHOT), "{:?}", String::from_utf8_lossy(&output));
     server.stop().await;
 }
 
@@ -548,17 +431,8 @@ async fn refusal_close_codes_end_with_a_clear_reason() {
     let server = FakeServer::start(not_found).await;
     let (outcome, output) = attach_quietly(&server).await;
 
-    assert_eq!(
-        outcome,
-        AttachOutcome::Closed {
-            code: 4404,
-            reason: "terminal not found".into()
-        }
-    );
-    assert_eq!(
-        attach::describe(&outcome),
-        "[closed: terminal not found (4404)]"
-    );
+    assert_eq!(outcome, AttachOutcome::Closed { code: 4404, reason: "terminal not found".into() });
+    assert_eq!(attach::describe(&outcome), "[closed: terminal not found (4404)]");
     assert!(output.is_empty());
     // Not a reattachable code: exactly one connection.
     assert_eq!(server.wait_ended(1).await.len(), 1);
@@ -570,18 +444,9 @@ async fn host_offline_error_ends_the_session_with_its_message() {
     let server = FakeServer::start(host_offline).await;
     let (outcome, _) = attach_quietly(&server).await;
 
-    assert_eq!(
-        outcome,
-        AttachOutcome::Closed {
-            code: 1000,
-            reason: "host offline".into()
-        }
-    );
+    assert_eq!(outcome, AttachOutcome::Closed { code: 1000, reason: "host offline".into() });
     assert_eq!(attach::describe(&outcome), "[host offline]");
     let connections = server.wait_ended(1).await;
-    assert_eq!(
-        connections[0].received.last(),
-        Some(&Received::Close(Some(1000)))
-    );
+    assert_eq!(connections[0].received.last(), Some(&Received::Close(Some(1000))));
     server.stop().await;
 }

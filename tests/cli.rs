@@ -73,10 +73,7 @@ impl Finished {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "status {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            self.status, self.stdout, self.stderr
-        )
+        format!("status {}\n--- stdout ---\n{}\n--- stderr ---\n{}", self.status, self.stdout, self.stderr)
     }
 }
 
@@ -108,22 +105,14 @@ impl Tether {
             });
         }
         let what = format!("tether {}", args.join(" "));
-        let mut child = command
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+        let mut child = command.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}"));
         let stdout = Arc::new(Mutex::new(Vec::new()));
         let stderr = Arc::new(Mutex::new(Vec::new()));
         let readers = vec![
             collect(child.stdout.take().expect("piped stdout"), stdout.clone()),
             collect(child.stderr.take().expect("piped stderr"), stderr.clone()),
         ];
-        Tether {
-            child,
-            what,
-            stdout,
-            stderr,
-            readers,
-        }
+        Tether { child, what, stdout, stderr, readers }
     }
 
     fn stdout(&self) -> String {
@@ -135,11 +124,7 @@ impl Tether {
     }
 
     fn output(&self) -> String {
-        format!(
-            "--- stdout ---\n{}\n--- stderr ---\n{}",
-            self.stdout(),
-            self.stderr()
-        )
+        format!("--- stdout ---\n{}\n--- stderr ---\n{}", self.stdout(), self.stderr())
     }
 
     /// The exit status if the child has exited.
@@ -157,11 +142,7 @@ impl Tether {
             }
             if Instant::now() >= deadline {
                 self.kill();
-                panic!(
-                    "{} still running after {timeout:?}; killed it\n{}",
-                    self.what,
-                    self.output()
-                );
+                panic!("{} still running after {timeout:?}; killed it\n{}", self.what, self.output());
             }
             thread::sleep(Duration::from_millis(20));
         };
@@ -169,11 +150,7 @@ impl Tether {
         for reader in self.readers.drain(..) {
             let _ = reader.join();
         }
-        Finished {
-            status,
-            stdout: self.stdout(),
-            stderr: self.stderr(),
-        }
+        Finished { status, stdout: self.stdout(), stderr: self.stderr() }
     }
 
     fn kill(&mut self) {
@@ -187,22 +164,14 @@ impl Tether {
         let deadline = Instant::now() + START;
         loop {
             if let Some(status) = self.exited() {
-                panic!(
-                    "{} exited with {status} before GET {path} answered 200\n{}",
-                    self.what,
-                    self.output()
-                );
+                panic!("{} exited with {status} before GET {path} answered 200\n{}", self.what, self.output());
             }
             let answer = http_get(listen, path, &[]);
             if let Some((200, body)) = answer {
                 return body;
             }
             if Instant::now() >= deadline {
-                panic!(
-                    "{}: GET {path} not 200 after {START:?} (last answer {answer:?})\n{}",
-                    self.what,
-                    self.output()
-                );
+                panic!("{}: GET {path} not 200 after {START:?} (last answer {answer:?})\n{}", self.what, self.output());
             }
             thread::sleep(Duration::from_millis(50));
         }
@@ -216,11 +185,7 @@ impl Tether {
                 return line.to_string();
             }
             if Instant::now() >= deadline {
-                panic!(
-                    "{}: no stdout line containing {needle:?} after {timeout:?}\n{}",
-                    self.what,
-                    self.output()
-                );
+                panic!("{}: no stdout line containing {needle:?} after {timeout:?}\n{}", self.what, self.output());
             }
             thread::sleep(Duration::from_millis(20));
         }
@@ -234,10 +199,7 @@ impl Drop for Tether {
 }
 
 /// Copies a pipe into `sink` until it closes.
-fn collect(
-    mut pipe: impl Read + Send + 'static,
-    sink: Arc<Mutex<Vec<u8>>>,
-) -> thread::JoinHandle<()> {
+fn collect(mut pipe: impl Read + Send + 'static, sink: Arc<Mutex<Vec<u8>>>) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         let mut chunk = [0u8; 4096];
         while let Ok(n) = pipe.read(&mut chunk) {
@@ -262,10 +224,7 @@ fn run_in_empty_dir(args: &[&str], env: &[(&str, &str)]) -> Finished {
 }
 
 fn tempdir() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("tether-cli-")
-        .tempdir()
-        .expect("create a temp dir")
+    tempfile::Builder::new().prefix("tether-cli-").tempdir().expect("create a temp dir")
 }
 
 fn free_listen() -> String {
@@ -281,9 +240,7 @@ fn http_get(listen: &str, path: &str, headers: &[(&str, &str)]) -> Option<(u16, 
     let address = listen.parse().ok()?;
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(500)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    stream
-        .set_write_timeout(Some(Duration::from_secs(2)))
-        .ok()?;
+    stream.set_write_timeout(Some(Duration::from_secs(2))).ok()?;
     let mut request = format!("GET {path} HTTP/1.1\r\nHost: {listen}\r\nConnection: close\r\n");
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
@@ -295,22 +252,12 @@ fn http_get(listen: &str, path: &str, headers: &[(&str, &str)]) -> Option<(u16, 
     let split = response.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = String::from_utf8_lossy(&response[..split]).into_owned();
     let raw_body = &response[split + 4..];
-    let status = head
-        .lines()
-        .next()?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
+    let status = head.lines().next()?.split_whitespace().nth(1)?.parse().ok()?;
     let chunked = head.lines().any(|l| {
         let l = l.to_ascii_lowercase();
         l.starts_with("transfer-encoding:") && l.contains("chunked")
     });
-    let body = if chunked {
-        dechunk(raw_body)?
-    } else {
-        raw_body.to_vec()
-    };
+    let body = if chunked { dechunk(raw_body)? } else { raw_body.to_vec() };
     Some((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
@@ -330,10 +277,8 @@ fn dechunk(mut raw: &[u8]) -> Option<Vec<u8>> {
 }
 
 fn get_json(listen: &str, path: &str, headers: &[(&str, &str)]) -> (u16, Value) {
-    let (status, body) = http_get(listen, path, headers)
-        .unwrap_or_else(|| panic!("GET {path} on {listen}: no answer"));
-    let value = serde_json::from_str(&body)
-        .unwrap_or_else(|e| panic!("GET {path}: body is not JSON ({e}): {body:?}"));
+    let (status, body) = http_get(listen, path, headers).unwrap_or_else(|| panic!("GET {path} on {listen}: no answer"));
+    let value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: body is not JSON ({e}): {body:?}"));
     (status, value)
 }
 
@@ -341,61 +286,34 @@ fn get_json(listen: &str, path: &str, headers: &[(&str, &str)]) -> (u16, Value) 
 // Checks
 
 fn is_token(text: &str) -> bool {
-    text.strip_prefix("tth_").is_some_and(|rest| {
-        rest.len() == 43
-            && rest
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-    })
+    text.strip_prefix("tth_")
+        .is_some_and(|rest| rest.len() == 43 && rest.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
 }
 
 fn sha256_hex(text: &str) -> String {
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `<cell_id>#<6 lowercase hex>`.
 fn is_instance_id(id: &str, cell_id: &str) -> bool {
-    id.strip_prefix(cell_id)
-        .and_then(|rest| rest.strip_prefix('#'))
-        .is_some_and(|suffix| {
-            suffix.len() == 6
-                && suffix
-                    .chars()
-                    .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
-        })
+    id.strip_prefix(cell_id).and_then(|rest| rest.strip_prefix('#')).is_some_and(|suffix| {
+        suffix.len() == 6 && suffix.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+    })
 }
 
 /// The N of "N migration(s) applied" in `migrate`'s report.
 fn migrations_applied(stderr: &str) -> Option<u64> {
     let at = stderr.find(" migration")?;
-    let digits: String = stderr[..at]
-        .chars()
-        .rev()
-        .take_while(char::is_ascii_digit)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
+    let digits: String =
+        stderr[..at].chars().rev().take_while(char::is_ascii_digit).collect::<Vec<_>>().into_iter().rev().collect();
     digits.parse().ok()
 }
 
 /// Asserts a usage or configuration error: status 2, nothing on stdout,
 /// a message on stderr.
 fn assert_status_2(finished: &Finished, what: &str) {
-    assert_eq!(
-        finished.code(),
-        Some(2),
-        "{what}: expected exit status 2\n{}",
-        finished.describe()
-    );
-    assert!(
-        !finished.stderr.trim().is_empty(),
-        "{what}: exit 2 without a message on stderr\n{}",
-        finished.describe()
-    );
+    assert_eq!(finished.code(), Some(2), "{what}: expected exit status 2\n{}", finished.describe());
+    assert!(!finished.stderr.trim().is_empty(), "{what}: exit 2 without a message on stderr\n{}", finished.describe());
 }
 
 // ---------------------------------------------------------------------------
@@ -404,18 +322,9 @@ fn assert_status_2(finished: &Finished, what: &str) {
 #[test]
 fn help_of_every_subcommand_exits_0_and_lists_its_flags() {
     let cases: &[(&[&str], &[&str])] = &[
-        (
-            &["--help"],
-            &["--config", "serve", "daemon", "attach", "migrate", "token"],
-        ),
-        (
-            &["serve", "--help"],
-            &["--listen", "--role", "--demo", "--config"],
-        ),
-        (
-            &["daemon", "--help"],
-            &["--server", "--token", "--name", "--state-dir", "--config"],
-        ),
+        (&["--help"], &["--config", "serve", "daemon", "attach", "migrate", "token"]),
+        (&["serve", "--help"], &["--listen", "--role", "--demo", "--config"]),
+        (&["daemon", "--help"], &["--server", "--token", "--name", "--state-dir", "--config"]),
         (&["attach", "--help"], &["--server", "--token", "--config"]),
         (&["migrate", "--help"], &["--config"]),
         (&["token", "--help"], &["create", "--config"]),
@@ -431,10 +340,7 @@ fn help_of_every_subcommand_exits_0_and_lists_its_flags() {
             "tether {args:?}: expected status 0\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
         );
         for flag in *flags {
-            assert!(
-                stdout.contains(flag),
-                "tether {args:?} does not mention {flag}:\n{stdout}"
-            );
+            assert!(stdout.contains(flag), "tether {args:?} does not mention {flag}:\n{stdout}");
         }
     }
 }
@@ -445,10 +351,7 @@ fn serve_help_lists_the_three_roles() {
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8_lossy(&out.stdout);
     for role in ["combined", "cell", "director"] {
-        assert!(
-            stdout.contains(role),
-            "serve --help does not name role {role}:\n{stdout}"
-        );
+        assert!(stdout.contains(role), "serve --help does not name role {role}:\n{stdout}");
     }
 }
 
@@ -465,13 +368,7 @@ fn usage_errors_exit_2() {
         &["serve", "--role", "nonsense"],
         &["serve", "--no-such-flag"],
         &["daemon", "--token", "tth_x"],
-        &[
-            "attach",
-            "--server",
-            "http://127.0.0.1:1",
-            "--token",
-            "tth_x",
-        ],
+        &["attach", "--server", "http://127.0.0.1:1", "--token", "tth_x"],
     ];
     for args in cases {
         let finished = run_in_empty_dir(args, &[]);
@@ -488,27 +385,15 @@ fn usage_errors_exit_2() {
 fn unknown_subcommand_and_bad_role_are_named_in_the_message() {
     let finished = run_in_empty_dir(&["frobnicate"], &[]);
     assert_status_2(&finished, "unknown subcommand");
-    assert!(
-        finished.stderr.contains("frobnicate"),
-        "{}",
-        finished.describe()
-    );
+    assert!(finished.stderr.contains("frobnicate"), "{}", finished.describe());
 
     let finished = run_in_empty_dir(&["serve", "--role", "nonsense"], &[]);
     assert_status_2(&finished, "serve --role nonsense");
-    assert!(
-        finished.stderr.contains("nonsense"),
-        "{}",
-        finished.describe()
-    );
+    assert!(finished.stderr.contains("nonsense"), "{}", finished.describe());
 
     let finished = run_in_empty_dir(&["token", "create"], &[]);
     assert_status_2(&finished, "token create without --user");
-    assert!(
-        finished.stderr.contains("--user"),
-        "{}",
-        finished.describe()
-    );
+    assert!(finished.stderr.contains("--user"), "{}", finished.describe());
 }
 
 // ---------------------------------------------------------------------------
@@ -518,10 +403,7 @@ fn unknown_subcommand_and_bad_role_are_named_in_the_message() {
 fn lease_renew_not_below_ttl_is_refused_naming_the_key() {
     let listen = free_listen();
     for renew in ["40000", "30000"] {
-        let finished = run_in_empty_dir(
-            &["serve", "--listen", &listen],
-            &[("TETHER_LEASE__RENEW_MS", renew)],
-        );
+        let finished = run_in_empty_dir(&["serve", "--listen", &listen], &[("TETHER_LEASE__RENEW_MS", renew)]);
         assert_status_2(&finished, &format!("TETHER_LEASE__RENEW_MS={renew}"));
         assert!(
             finished.stderr.contains("lease.renew_ms"),
@@ -535,11 +417,7 @@ fn lease_renew_not_below_ttl_is_refused_naming_the_key() {
 fn bad_listen_address_is_refused_naming_the_key() {
     let finished = run_in_empty_dir(&["serve"], &[("TETHER_HTTP__LISTEN", "nowhere")]);
     assert_status_2(&finished, "TETHER_HTTP__LISTEN=nowhere");
-    assert!(
-        finished.stderr.contains("http.listen"),
-        "the message does not name http.listen\n{}",
-        finished.describe()
-    );
+    assert!(finished.stderr.contains("http.listen"), "the message does not name http.listen\n{}", finished.describe());
 
     // The flag is the same setting and is checked the same way.
     let finished = run_in_empty_dir(&["serve", "--listen", "nowhere"], &[]);
@@ -553,16 +431,9 @@ fn bad_listen_address_is_refused_naming_the_key() {
 
 #[test]
 fn bad_value_type_in_environment_is_refused_naming_the_key() {
-    let finished = run_in_empty_dir(
-        &["serve", "--listen", &free_listen()],
-        &[("TETHER_LEASE__TTL_MS", "soon")],
-    );
+    let finished = run_in_empty_dir(&["serve", "--listen", &free_listen()], &[("TETHER_LEASE__TTL_MS", "soon")]);
     assert_status_2(&finished, "TETHER_LEASE__TTL_MS=soon");
-    assert!(
-        finished.stderr.contains("ttl_ms"),
-        "the message does not name lease.ttl_ms\n{}",
-        finished.describe()
-    );
+    assert!(finished.stderr.contains("ttl_ms"), "the message does not name lease.ttl_ms\n{}", finished.describe());
 }
 
 #[test]
@@ -573,10 +444,7 @@ fn unknown_key_in_config_file_is_refused_naming_it() {
     let file = file.to_str().unwrap();
     let listen = free_listen();
     // `--config` is accepted before and after the subcommand.
-    for args in [
-        vec!["serve", "--listen", &listen, "--config", file],
-        vec!["--config", file, "migrate"],
-    ] {
+    for args in [vec!["serve", "--listen", &listen, "--config", file], vec!["--config", file, "migrate"]] {
         let finished = run_in_empty_dir(&args, &[]);
         assert_status_2(&finished, &format!("tether {args:?} with [lease] ttl = 5"));
         assert!(
@@ -592,14 +460,7 @@ fn missing_config_file_exits_2() {
     for args in [
         vec!["serve", "--config", "/no/such/file"],
         vec!["migrate", "--config", "/no/such/file"],
-        vec![
-            "token",
-            "create",
-            "--user",
-            "ann",
-            "--config",
-            "/no/such/file",
-        ],
+        vec!["token", "create", "--user", "ann", "--config", "/no/such/file"],
     ] {
         let finished = run_in_empty_dir(&args, &[]);
         assert_status_2(&finished, &format!("tether {args:?}"));
@@ -623,31 +484,13 @@ fn create_token(user: &str, db_env: &[(&str, &str)]) -> String {
     let out = tether_cmd(&["token", "create", "--user", user], db_env);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "token create failed\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
-    );
+    assert_eq!(out.status.code(), Some(0), "token create failed\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}");
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "stdout must hold exactly one line, the token; got {stdout:?}"
-    );
-    assert_eq!(
-        stdout,
-        format!("{}\n", lines[0]),
-        "stdout holds more than the token line"
-    );
+    assert_eq!(lines.len(), 1, "stdout must hold exactly one line, the token; got {stdout:?}");
+    assert_eq!(stdout, format!("{}\n", lines[0]), "stdout holds more than the token line");
     let token = lines[0].to_string();
-    assert!(
-        is_token(&token),
-        "{token:?} does not match ^tth_[A-Za-z0-9_-]{{43}}$"
-    );
-    assert!(
-        !stderr.contains(&token),
-        "the token also went to stderr (logs):\n{stderr}"
-    );
+    assert!(is_token(&token), "{token:?} does not match ^tth_[A-Za-z0-9_-]{{43}}$");
+    assert!(!stderr.contains(&token), "the token also went to stderr (logs):\n{stderr}");
     token
 }
 
@@ -663,25 +506,14 @@ fn token_create_prints_the_token_alone_on_stdout_sqlite() {
 
     // One user, two tokens, stored only as SHA-256.
     let conn = rusqlite::Connection::open(&db).expect("open the SQLite file");
-    let users: i64 = conn
-        .query_row("SELECT count(*) FROM users WHERE name = 'ann'", [], |r| {
-            r.get(0)
-        })
-        .unwrap();
+    let users: i64 = conn.query_row("SELECT count(*) FROM users WHERE name = 'ann'", [], |r| r.get(0)).unwrap();
     assert_eq!(users, 1, "token create made a second user `ann`");
     let mut stmt = conn.prepare("SELECT token_hash FROM api_tokens").unwrap();
-    let mut hashes: Vec<String> = stmt
-        .query_map([], |r| r.get(0))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let mut hashes: Vec<String> = stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
     hashes.sort();
     let mut expected = vec![sha256_hex(&first), sha256_hex(&second)];
     expected.sort();
-    assert_eq!(
-        hashes, expected,
-        "api_tokens must hold exactly the SHA-256 of each token"
-    );
+    assert_eq!(hashes, expected, "api_tokens must hold exactly the SHA-256 of each token");
 }
 
 #[actix_rt::test]
@@ -713,12 +545,7 @@ fn migrate_twice_then_refuse_a_newer_schema() {
     );
 
     let second = Tether::spawn(dir.path(), &["migrate"], &env).wait(QUICK);
-    assert_eq!(
-        second.code(),
-        Some(0),
-        "second migrate\n{}",
-        second.describe()
-    );
+    assert_eq!(second.code(), Some(0), "second migrate\n{}", second.describe());
     assert!(
         second.stderr.contains("0 migration") && migrations_applied(&second.stderr) == Some(0),
         "the second migrate should report 0 migrations applied\n{}",
@@ -727,47 +554,22 @@ fn migrate_twice_then_refuse_a_newer_schema() {
 
     // A database migrated by a newer binary.
     let conn = rusqlite::Connection::open(&db).expect("open the SQLite file");
-    conn.execute(
-        "INSERT INTO schema_migrations (version, name, applied_at) VALUES (999,'future',0)",
-        [],
-    )
-    .expect("record a future migration");
+    conn.execute("INSERT INTO schema_migrations (version, name, applied_at) VALUES (999,'future',0)", [])
+        .expect("record a future migration");
     drop(conn);
 
     let refused = Tether::spawn(dir.path(), &["migrate"], &env).wait(QUICK);
-    assert_eq!(
-        refused.code(),
-        Some(1),
-        "migrate on a newer schema\n{}",
-        refused.describe()
-    );
-    assert!(
-        refused.stderr.contains("newer than this binary"),
-        "{}",
-        refused.describe()
-    );
+    assert_eq!(refused.code(), Some(1), "migrate on a newer schema\n{}", refused.describe());
+    assert!(refused.stderr.contains("newer than this binary"), "{}", refused.describe());
 
     let listen = free_listen();
     let serve = Tether::spawn(dir.path(), &["serve", "--listen", &listen], &env).wait(QUICK);
-    assert_eq!(
-        serve.code(),
-        Some(1),
-        "serve on a newer schema\n{}",
-        serve.describe()
-    );
-    assert!(
-        serve.stderr.contains("newer than this binary"),
-        "{}",
-        serve.describe()
-    );
+    assert_eq!(serve.code(), Some(1), "serve on a newer schema\n{}", serve.describe());
+    assert!(serve.stderr.contains("newer than this binary"), "{}", serve.describe());
 
     // Refusing must not have touched the recorded versions.
     let conn = rusqlite::Connection::open(&db).unwrap();
-    let max: i64 = conn
-        .query_row("SELECT max(version) FROM schema_migrations", [], |r| {
-            r.get(0)
-        })
-        .unwrap();
+    let max: i64 = conn.query_row("SELECT max(version) FROM schema_migrations", [], |r| r.get(0)).unwrap();
     assert_eq!(max, 999);
 }
 
@@ -778,28 +580,11 @@ async fn migrate_twice_on_postgres() {
     let dir = tempdir();
     let first = Tether::spawn(dir.path(), &["migrate"], &env).wait(QUICK);
     assert_eq!(first.code(), Some(0), "first migrate\n{}", first.describe());
-    assert!(
-        migrations_applied(&first.stderr).is_some_and(|n| n > 0),
-        "{}",
-        first.describe()
-    );
+    assert!(migrations_applied(&first.stderr).is_some_and(|n| n > 0), "{}", first.describe());
     let second = Tether::spawn(dir.path(), &["migrate"], &env).wait(QUICK);
-    assert_eq!(
-        second.code(),
-        Some(0),
-        "second migrate\n{}",
-        second.describe()
-    );
-    assert_eq!(
-        migrations_applied(&second.stderr),
-        Some(0),
-        "{}",
-        second.describe()
-    );
-    assert!(
-        !dir.path().join("tether.db").exists(),
-        "migrate against PostgreSQL created ./tether.db"
-    );
+    assert_eq!(second.code(), Some(0), "second migrate\n{}", second.describe());
+    assert_eq!(migrations_applied(&second.stderr), Some(0), "{}", second.describe());
+    assert!(!dir.path().join("tether.db").exists(), "migrate against PostgreSQL created ./tether.db");
 }
 
 // ---------------------------------------------------------------------------
@@ -831,21 +616,13 @@ fn serve_in_an_empty_dir_uses_embedded_sqlite_and_listens() {
 fn serve_exits_0_on_sigterm() {
     let dir = tempdir();
     let listen = free_listen();
-    let mut serve = Tether::spawn(
-        dir.path(),
-        &["serve", "--listen", &listen],
-        &[("TETHER_SHUTDOWN__GRACE_MS", "5000")],
-    );
+    let mut serve =
+        Tether::spawn(dir.path(), &["serve", "--listen", &listen], &[("TETHER_SHUTDOWN__GRACE_MS", "5000")]);
     serve.wait_for_200(&listen, "/healthz");
     // SAFETY: kill(2) on our own, not yet reaped child.
     unsafe { libc::kill(serve.child.id() as libc::pid_t, libc::SIGTERM) };
     let finished = serve.wait(Duration::from_secs(15));
-    assert_eq!(
-        finished.code(),
-        Some(0),
-        "serve should stop with status 0 on SIGTERM\n{}",
-        finished.describe()
-    );
+    assert_eq!(finished.code(), Some(0), "serve should stop with status 0 on SIGTERM\n{}", finished.describe());
 }
 
 #[test]
@@ -855,32 +632,13 @@ fn serve_reads_its_settings_from_a_config_file() {
     let db = data.path().join("from-config.db");
     let listen = free_listen();
     let file = dir.path().join("tether.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "[http]\nlisten = \"{listen}\"\n[database]\nsqlite_path = \"{}\"\n",
-            db.display()
-        ),
-    )
-    .unwrap();
-    let mut serve = Tether::spawn(
-        dir.path(),
-        &["serve", "--config", file.to_str().unwrap()],
-        &[],
-    );
+    std::fs::write(&file, format!("[http]\nlisten = \"{listen}\"\n[database]\nsqlite_path = \"{}\"\n", db.display()))
+        .unwrap();
+    let mut serve = Tether::spawn(dir.path(), &["serve", "--config", file.to_str().unwrap()], &[]);
     serve.wait_for_200(&listen, "/readyz");
-    serve.wait_for_stdout_line(
-        &format!("listening on http://{listen}"),
-        Duration::from_secs(5),
-    );
-    assert!(
-        db.is_file(),
-        "database.sqlite_path from the file was not used"
-    );
-    assert!(
-        !dir.path().join("tether.db").exists(),
-        "serve created ./tether.db although database.sqlite_path was set"
-    );
+    serve.wait_for_stdout_line(&format!("listening on http://{listen}"), Duration::from_secs(5));
+    assert!(db.is_file(), "database.sqlite_path from the file was not used");
+    assert!(!dir.path().join("tether.db").exists(), "serve created ./tether.db although database.sqlite_path was set");
 }
 
 #[test]
@@ -889,12 +647,7 @@ fn serve_on_a_taken_port_exits_1() {
     let listen = taken.local_addr().unwrap().to_string();
     let dir = tempdir();
     let finished = Tether::spawn(dir.path(), &["serve", "--listen", &listen], &[]).wait(QUICK);
-    assert_eq!(
-        finished.code(),
-        Some(1),
-        "serve on a port in use should exit 1\n{}",
-        finished.describe()
-    );
+    assert_eq!(finished.code(), Some(1), "serve on a port in use should exit 1\n{}", finished.describe());
     assert!(finished.stderr.contains(&listen), "{}", finished.describe());
     drop(taken);
 }
@@ -905,34 +658,18 @@ fn serve_on_a_taken_port_exits_1() {
 #[actix_rt::test]
 async fn serve_on_postgres_describes_its_instance() {
     let url = support::pg_database().await;
-    let server = TetherServer::start(
-        &[
-            ("TETHER_DATABASE__URL", &url),
-            ("TETHER_CELL__ID", "cell-x"),
-        ],
-        &[],
-    )
-    .await;
+    let server = TetherServer::start(&[("TETHER_DATABASE__URL", &url), ("TETHER_CELL__ID", "cell-x")], &[]).await;
     let listen = server.listen_addr().to_string();
     let (status, _) = get_json(&listen, "/readyz", &[]);
     assert_eq!(status, 200, "/readyz on PostgreSQL\n{}", server.log());
 
     let (status, card) = get_json(&listen, "/api/v1/instance", &[]);
     assert_eq!(status, 200, "GET /api/v1/instance: {card}");
-    assert_eq!(
-        card["cellId"], "cell-x",
-        "cellId must be TETHER_CELL__ID: {card}"
-    );
+    assert_eq!(card["cellId"], "cell-x", "cellId must be TETHER_CELL__ID: {card}");
     assert_eq!(card["role"], "combined", "{card}");
     let instance_id = card["instanceId"].as_str().unwrap_or_default();
-    assert!(
-        is_instance_id(instance_id, "cell-x"),
-        "instanceId {instance_id:?} is not cell-x#<6 hex>"
-    );
-    assert!(
-        !server.scratch_dir().join("tether.db").exists(),
-        "serve with database.url also created ./tether.db"
-    );
+    assert!(is_instance_id(instance_id, "cell-x"), "instanceId {instance_id:?} is not cell-x#<6 hex>");
+    assert!(!server.scratch_dir().join("tether.db").exists(), "serve with database.url also created ./tether.db");
 
     // A token from `token create` on the same database authenticates.
     let token = server.run(&["token", "create", "--user", "ann"], &[]);
@@ -954,16 +691,9 @@ async fn instance_id_is_new_each_boot_and_cell_id_defaults_to_the_host_name() {
         let (status, card) = get_json(server.listen_addr(), "/api/v1/instance", &[]);
         assert_eq!(status, 200, "{card}");
         let hostname = gethostname::gethostname().to_string_lossy().into_owned();
-        assert_eq!(
-            card["cellId"],
-            hostname.as_str(),
-            "cellId defaults to the host name: {card}"
-        );
+        assert_eq!(card["cellId"], hostname.as_str(), "cellId defaults to the host name: {card}");
         let instance_id = card["instanceId"].as_str().unwrap_or_default().to_string();
-        assert!(
-            is_instance_id(&instance_id, &hostname),
-            "instanceId {instance_id:?} is not <host name>#<6 hex>"
-        );
+        assert!(is_instance_id(&instance_id, &hostname), "instanceId {instance_id:?} is not <host name>#<6 hex>");
         ids.push(instance_id);
     }
     assert_ne!(ids[0], ids[1], "two boots got the same instance id");
@@ -982,10 +712,7 @@ async fn serve_role_cell_reports_its_role() {
 
 #[test]
 fn serve_role_director_is_refused_with_status_2() {
-    let finished = run_in_empty_dir(
-        &["serve", "--role", "director", "--listen", &free_listen()],
-        &[],
-    );
+    let finished = run_in_empty_dir(&["serve", "--role", "director", "--listen", &free_listen()], &[]);
     assert_status_2(&finished, "serve --role director");
     assert!(
         finished.stderr.contains("director"),
@@ -1003,12 +730,7 @@ fn serve_role_director_is_refused_with_status_2() {
 fn tether_token_env_is_not_a_config_error() {
     for args in [
         vec!["daemon", "--server", "http://127.0.0.1:1"],
-        vec![
-            "attach",
-            "00000000-0000-0000-0000-000000000000",
-            "--server",
-            "http://127.0.0.1:1",
-        ],
+        vec!["attach", "00000000-0000-0000-0000-000000000000", "--server", "http://127.0.0.1:1"],
     ] {
         let dir = tempdir();
         let mut child = Tether::spawn(dir.path(), &args, &[("TETHER_TOKEN", "tth_x")]);
@@ -1020,8 +742,7 @@ fn tether_token_env_is_not_a_config_error() {
         }
         let stderr = child.stderr();
         assert!(
-            !stderr.contains("unknown field `token`")
-                && child.exited().and_then(|s| s.code()) != Some(2),
+            !stderr.contains("unknown field `token`") && child.exited().and_then(|s| s.code()) != Some(2),
             "tether {args:?} with TETHER_TOKEN set: {}",
             child.output()
         );

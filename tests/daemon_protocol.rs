@@ -156,8 +156,7 @@ async fn subprotocols_are_selected_and_the_token_never_echoed() {
         Event::Text(t) => assert!(t.contains("\"status\""), "{t}"),
         other => panic!("expected status, got {other:?}"),
     }
-    let (selected, _sock) =
-        Socket::connect_with_response(&daemon_url(&server), &["tether.daemon.v1"]).await;
+    let (selected, _sock) = Socket::connect_with_response(&daemon_url(&server), &["tether.daemon.v1"]).await;
     assert_eq!(selected.as_deref(), Some("tether.daemon.v1"));
 }
 
@@ -200,9 +199,8 @@ async fn spawn_start_and_exit_through_a_scripted_daemon() {
             signal: Some(15),
         }))
         .await;
-    let body = api
-        .wait_for(&format!("/api/v1/terminals/{parked}"), "exited", |b| b["terminal"]["state"] == "exited")
-        .await;
+    let body =
+        api.wait_for(&format!("/api/v1/terminals/{parked}"), "exited", |b| b["terminal"]["state"] == "exited").await;
     assert_eq!(body["terminal"]["exitSignal"], 15);
     assert_eq!(body["terminal"]["exitCode"], serde_json::Value::Null);
     // A late duplicate Started changes nothing.

@@ -13,8 +13,8 @@ use std::time::Duration;
 use fake_server::{FakeServer, Streams, TOKEN, WAIT};
 use tether::daemon::{DaemonError, DaemonOptions};
 use tether::proto::v1::{
-    daemon_frame::Frame as Out, server_frame::Frame as In, Attach, Credentials, Detach, Dirs,
-    DirsOp, HelloAck, Input, Kill, LimitsRefresh, Resize, Spawn,
+    daemon_frame::Frame as Out, server_frame::Frame as In, Attach, Credentials, Detach, Dirs, DirsOp, HelloAck, Input,
+    Kill, LimitsRefresh, Resize, Spawn,
 };
 
 struct Daemon {
@@ -43,11 +43,7 @@ fn start_daemon(server: &FakeServer) -> Daemon {
         allow_dirs: vec![work.clone()],
     };
     let handle = actix_web::rt::spawn(tether::daemon::run(opts));
-    Daemon {
-        state,
-        work,
-        handle,
-    }
+    Daemon { state, work, handle }
 }
 
 fn init_tracing() {
@@ -68,18 +64,11 @@ fn spawn(terminal_id: &str, dir: &Path, argv: &[&str]) -> In {
 }
 
 fn input(terminal_id: &str, text: &str) -> In {
-    In::Input(Input {
-        terminal_id: terminal_id.to_owned(),
-        data: text.as_bytes().to_vec().into(),
-    })
+    In::Input(Input { terminal_id: terminal_id.to_owned(), data: text.as_bytes().to_vec().into() })
 }
 
 fn attach(terminal_id: &str, attach_id: &str) -> In {
-    In::Attach(Attach {
-        terminal_id: terminal_id.to_owned(),
-        attach_id: attach_id.to_owned(),
-        resume_from: None,
-    })
+    In::Attach(Attach { terminal_id: terminal_id.to_owned(), attach_id: attach_id.to_owned(), resume_from: None })
 }
 
 async fn expect_started(server: &mut FakeServer, terminal_id: &str) -> u32 {
@@ -90,11 +79,7 @@ async fn expect_started(server: &mut FakeServer, terminal_id: &str) -> u32 {
 }
 
 /// Attaches and returns the Scrollback offset.
-async fn attach_and_expect_scrollback(
-    server: &mut FakeServer,
-    terminal_id: &str,
-    attach_id: &str,
-) -> u64 {
+async fn attach_and_expect_scrollback(server: &mut FakeServer, terminal_id: &str, attach_id: &str) -> u64 {
     server.send(attach(terminal_id, attach_id)).await;
     match server.next_control().await {
         Out::Scrollback(scrollback) => {
@@ -139,12 +124,7 @@ async fn a_shell_streams_resizes_and_exits_with_its_code() {
     assert_eq!(hello.host_id, HOST_ID);
     assert_eq!(hello.daemon_version, env!("CARGO_PKG_VERSION"));
     let capabilities = hello.capabilities.expect("capabilities");
-    assert!(
-        capabilities.manage_dirs
-            && capabilities.refresh_limits
-            && capabilities.credentials
-            && capabilities.usage
-    );
+    assert!(capabilities.manage_dirs && capabilities.refresh_limits && capabilities.credentials && capabilities.usage);
     assert_eq!(hello.dirs, [daemon.work.to_string_lossy()]);
     assert!(hello.terminals.is_empty());
     assert_eq!(server.registrations(), 1);
@@ -172,18 +152,9 @@ async fn a_shell_streams_resizes_and_exits_with_its_code() {
         other => panic!("expected Scrollback, got {other:?}"),
     }
 
-    server
-        .send(In::Resize(Resize {
-            terminal_id: "t1".to_owned(),
-            cols: 100,
-            rows: 30,
-        }))
-        .await;
+    server.send(In::Resize(Resize { terminal_id: "t1".to_owned(), cols: 100, rows: 30 })).await;
     match server.next_control().await {
-        Out::Size(size) => assert_eq!(
-            (size.terminal_id.as_str(), size.cols, size.rows),
-            ("t1", 100, 30)
-        ),
+        Out::Size(size) => assert_eq!((size.terminal_id.as_str(), size.cols, size.rows), ("t1", 100, 30)),
         other => panic!("expected Size, got {other:?}"),
     }
     server.send(input("t1", "stty size\n")).await;
@@ -192,27 +163,14 @@ async fn a_shell_streams_resizes_and_exits_with_its_code() {
     server.send(input("t1", "exit 3\n")).await;
     let (snapshot, exit, usage) = expect_final_frames(&mut server, "t1").await;
     assert_eq!((exit.exit_code, exit.signal), (Some(3), None));
-    assert!(
-        String::from_utf8_lossy(&snapshot).contains("30 100"),
-        "final screen lacks the last output"
-    );
-    assert_eq!(
-        usage.output_bytes, server.streams.next_offset["t1"],
-        "every byte was streamed before Exit"
-    );
+    assert!(String::from_utf8_lossy(&snapshot).contains("30 100"), "final screen lacks the last output");
+    assert_eq!(usage.output_bytes, server.streams.next_offset["t1"], "every byte was streamed before Exit");
     assert!(usage.wall_ms < 60_000);
 
     // A child killed with SIGTERM reports the signal, not an exit code.
-    server
-        .send(spawn("t2", &daemon.work, &["sleep", "1000"]))
-        .await;
+    server.send(spawn("t2", &daemon.work, &["sleep", "1000"])).await;
     expect_started(&mut server, "t2").await;
-    server
-        .send(In::Kill(Kill {
-            terminal_id: "t2".to_owned(),
-            signal: 15,
-        }))
-        .await;
+    server.send(In::Kill(Kill { terminal_id: "t2".to_owned(), signal: 15 })).await;
     let (_, exit, usage) = expect_final_frames(&mut server, "t2").await;
     assert_eq!((exit.exit_code, exit.signal), (None, Some(15)));
     assert_eq!(usage.output_bytes, 0);
@@ -220,10 +178,7 @@ async fn a_shell_streams_resizes_and_exits_with_its_code() {
     // Exited terminals are forgotten: an attach is refused.
     server.send(attach("t1", "a3")).await;
     match server.next_control().await {
-        Out::AttachError(error) => assert_eq!(
-            (error.terminal_id.as_str(), error.attach_id.as_str()),
-            ("t1", "a3")
-        ),
+        Out::AttachError(error) => assert_eq!((error.terminal_id.as_str(), error.attach_id.as_str()), ("t1", "a3")),
         other => panic!("expected AttachError, got {other:?}"),
     }
 }
@@ -239,37 +194,21 @@ async fn requests_are_answered_and_refusals_explained() {
     match server.next_control().await {
         Out::SpawnError(error) => {
             assert_eq!(error.terminal_id, "outside");
-            assert!(
-                error.message.contains("not inside an allowed dir"),
-                "{}",
-                error.message
-            );
+            assert!(error.message.contains("not inside an allowed dir"), "{}", error.message);
         }
         other => panic!("expected SpawnError, got {other:?}"),
     }
     // So is a program that does not exist.
-    server
-        .send(spawn("missing", &daemon.work, &["/no/such/program"]))
-        .await;
-    assert!(
-        matches!(server.next_control().await, Out::SpawnError(error) if error.terminal_id == "missing")
-    );
+    server.send(spawn("missing", &daemon.work, &["/no/such/program"])).await;
+    assert!(matches!(server.next_control().await, Out::SpawnError(error) if error.terminal_id == "missing"));
 
     server.send(attach("nope", "a1")).await;
-    assert!(
-        matches!(server.next_control().await, Out::AttachError(error) if error.message == "unknown terminal")
-    );
+    assert!(matches!(server.next_control().await, Out::AttachError(error) if error.message == "unknown terminal"));
 
     let dirs = |request_id: &str, op: DirsOp, path: &str| {
-        In::Dirs(Dirs {
-            request_id: request_id.to_owned(),
-            op: op.into(),
-            path: path.to_owned(),
-        })
+        In::Dirs(Dirs { request_id: request_id.to_owned(), op: op.into(), path: path.to_owned() })
     };
-    server
-        .send(dirs("r1", DirsOp::Add, "/definitely/not/here"))
-        .await;
+    server.send(dirs("r1", DirsOp::Add, "/definitely/not/here")).await;
     match server.next_control().await {
         Out::DirsResult(result) => {
             assert_eq!(result.request_id, "r1");
@@ -280,61 +219,38 @@ async fn requests_are_answered_and_refusals_explained() {
     }
     let extra = daemon.work.with_file_name("extra");
     std::fs::create_dir_all(&extra).expect("extra dir");
-    server
-        .send(dirs("r2", DirsOp::Add, &extra.to_string_lossy()))
-        .await;
+    server.send(dirs("r2", DirsOp::Add, &extra.to_string_lossy())).await;
     match server.next_control().await {
         Out::DirsResult(result) => {
             assert_eq!(result.error, None);
-            assert_eq!(
-                result.dirs,
-                [daemon.work.to_string_lossy(), extra.to_string_lossy()]
-            );
+            assert_eq!(result.dirs, [daemon.work.to_string_lossy(), extra.to_string_lossy()]);
         }
         other => panic!("expected DirsResult, got {other:?}"),
     }
-    server
-        .send(dirs("r3", DirsOp::Remove, &daemon.work.to_string_lossy()))
-        .await;
+    server.send(dirs("r3", DirsOp::Remove, &daemon.work.to_string_lossy())).await;
     assert!(
         matches!(server.next_control().await, Out::DirsResult(result) if result.error.is_none() && result.dirs == [extra.to_string_lossy()])
     );
-    server
-        .send(dirs("r4", DirsOp::Remove, &extra.to_string_lossy()))
-        .await;
-    assert!(
-        matches!(server.next_control().await, Out::DirsResult(result) if result.error.is_some())
-    );
+    server.send(dirs("r4", DirsOp::Remove, &extra.to_string_lossy())).await;
+    assert!(matches!(server.next_control().await, Out::DirsResult(result) if result.error.is_some()));
     // The removed dir no longer admits terminals.
     server.send(spawn("removed", &daemon.work, &["sh"])).await;
     assert!(matches!(server.next_control().await, Out::SpawnError(_)));
 
-    server
-        .send(In::LimitsRefresh(LimitsRefresh {
-            request_id: "l1".to_owned(),
-        }))
-        .await;
+    server.send(In::LimitsRefresh(LimitsRefresh { request_id: "l1".to_owned() })).await;
     match server.next_control().await {
         Out::LimitsResult(result) => {
             assert_eq!((result.request_id.as_str(), result.error), ("l1", None));
-            let limits: serde_json::Value =
-                serde_json::from_str(&result.limits_json).expect("limits JSON");
+            let limits: serde_json::Value = serde_json::from_str(&result.limits_json).expect("limits JSON");
             for key in ["nofile", "nproc", "as", "cpu"] {
-                assert!(
-                    limits["rlimits"][key].get("soft").is_some(),
-                    "{key} missing: {limits}"
-                );
+                assert!(limits["rlimits"][key].get("soft").is_some(), "{key} missing: {limits}");
             }
             assert!(limits["cpus"].as_u64().unwrap_or(0) >= 1);
         }
         other => panic!("expected LimitsResult, got {other:?}"),
     }
 
-    server
-        .send(In::Credentials(Credentials {
-            request_id: "c1".to_owned(),
-        }))
-        .await;
+    server.send(In::Credentials(Credentials { request_id: "c1".to_owned() })).await;
     match server.next_control().await {
         Out::CredentialsResult(result) => {
             assert_eq!(result.error.as_deref(), Some("no credentials file"))
@@ -342,16 +258,8 @@ async fn requests_are_answered_and_refusals_explained() {
         other => panic!("expected CredentialsResult, got {other:?}"),
     }
     let credentials = br#"{"github": {"token": "secret"}}"#;
-    std::fs::write(
-        daemon.state.path().join("state/credentials.json"),
-        credentials,
-    )
-    .expect("write credentials");
-    server
-        .send(In::Credentials(Credentials {
-            request_id: "c2".to_owned(),
-        }))
-        .await;
+    std::fs::write(daemon.state.path().join("state/credentials.json"), credentials).expect("write credentials");
+    server.send(In::Credentials(Credentials { request_id: "c2".to_owned() })).await;
     match server.next_control().await {
         Out::CredentialsResult(result) => {
             assert_eq!(result.error, None);
@@ -369,9 +277,7 @@ async fn a_reconnect_reports_live_terminals_and_delivers_queued_exits() {
 
     server.send(spawn("live", &daemon.work, &["sh"])).await;
     expect_started(&mut server, "live").await;
-    server
-        .send(spawn("doomed", &daemon.work, &["sleep", "1000"]))
-        .await;
+    server.send(spawn("doomed", &daemon.work, &["sleep", "1000"])).await;
     let doomed_pid = expect_started(&mut server, "doomed").await;
 
     attach_and_expect_scrollback(&mut server, "live", "a1").await;
@@ -388,23 +294,13 @@ async fn a_reconnect_reports_live_terminals_and_delivers_queued_exits() {
 
     let hello = server.accept().await;
     assert_eq!(hello.host_id, HOST_ID);
-    let mut reported: Vec<_> = hello
-        .terminals
-        .iter()
-        .map(|t| (t.terminal_id.as_str(), t.running, t.next_offset))
-        .collect();
+    let mut reported: Vec<_> =
+        hello.terminals.iter().map(|t| (t.terminal_id.as_str(), t.running, t.next_offset)).collect();
     reported.sort();
-    assert_eq!(
-        reported,
-        [("doomed", false, 0), ("live", true, offset_before)]
-    );
+    assert_eq!(reported, [("doomed", false, 0), ("live", true, offset_before)]);
 
     // The queued frames of the dead terminal follow the HelloAck.
-    server
-        .send(In::HelloAck(HelloAck {
-            instance_id: "fake#000002".to_owned(),
-        }))
-        .await;
+    server.send(In::HelloAck(HelloAck { instance_id: "fake#000002".to_owned() })).await;
     let (_, exit, _) = expect_final_frames(&mut server, "doomed").await;
     assert_eq!((exit.exit_code, exit.signal), (None, Some(9)));
 
@@ -417,11 +313,7 @@ async fn a_reconnect_reports_live_terminals_and_delivers_queued_exits() {
     assert!(offset > offset_before);
     server.send(input("live", "echo again-$((3+3))\n")).await;
     server.wait_for_text("live", "again-6").await;
-    server
-        .send(In::Detach(Detach {
-            terminal_id: "live".to_owned(),
-        }))
-        .await;
+    server.send(In::Detach(Detach { terminal_id: "live".to_owned() })).await;
     server.send(input("live", "exit 0\n")).await;
     let (snapshot, exit, _) = expect_final_frames(&mut server, "live").await;
     assert_eq!(exit.exit_code, Some(0));
@@ -446,13 +338,8 @@ async fn a_refused_host_registers_again_once_then_gives_up() {
     // Refused again before any HelloAck: fatal.
     server.close(Some(4403)).await;
     let mut daemon = daemon;
-    let result = tokio::time::timeout(WAIT, &mut daemon.handle)
-        .await
-        .expect("daemon did not give up");
-    assert!(
-        matches!(result, Ok(Err(DaemonError::ForeignHost { .. }))),
-        "{result:?}"
-    );
+    let result = tokio::time::timeout(WAIT, &mut daemon.handle).await.expect("daemon did not give up");
+    assert!(matches!(result, Ok(Err(DaemonError::ForeignHost { .. }))), "{result:?}");
 }
 
 #[actix_rt::test]
@@ -462,13 +349,8 @@ async fn a_bad_token_is_fatal() {
     server.accept().await;
     server.close(Some(4401)).await;
     let mut daemon = daemon;
-    let result = tokio::time::timeout(WAIT, &mut daemon.handle)
-        .await
-        .expect("daemon did not stop");
-    assert!(
-        matches!(result, Ok(Err(DaemonError::BadToken))),
-        "{result:?}"
-    );
+    let result = tokio::time::timeout(WAIT, &mut daemon.handle).await.expect("daemon did not stop");
+    assert!(matches!(result, Ok(Err(DaemonError::BadToken))), "{result:?}");
 }
 
 #[actix_rt::test]
@@ -480,13 +362,7 @@ async fn a_background_process_holding_the_pty_does_not_delay_exit_forever() {
     // `sleep` ignores the hangup (inherited trap) and keeps the PTY open
     // after `sh` exits, so the reader sees no EOF; the daemon reports the
     // exit after a grace period instead of waiting for it.
-    server
-        .send(spawn(
-            "bg",
-            &daemon.work,
-            &["sh", "-c", "trap \"\" HUP; sleep 20 & echo started; exit 4"],
-        ))
-        .await;
+    server.send(spawn("bg", &daemon.work, &["sh", "-c", "trap \"\" HUP; sleep 20 & echo started; exit 4"])).await;
     let sleep_group = expect_started(&mut server, "bg").await;
     let (snapshot, exit, _) = expect_final_frames(&mut server, "bg").await;
     assert_eq!(exit.exit_code, Some(4));
@@ -508,23 +384,11 @@ async fn an_empty_argv_starts_a_login_shell_without_the_daemon_settings() {
     server.send(spawn("login", &daemon.work, &[])).await;
     expect_started(&mut server, "login").await;
     attach_and_expect_scrollback(&mut server, "login", "a1").await;
-    server
-        .send(input(
-            "login",
-            "echo \"argv0=$0 term=$TERM secret=${TETHER_TEST_SECRET:-none} pwd=$(pwd)\"\n",
-        ))
-        .await;
-    let expected = format!(
-        "term=xterm-256color secret=none pwd={}",
-        daemon.work.display()
-    );
+    server.send(input("login", "echo \"argv0=$0 term=$TERM secret=${TETHER_TEST_SECRET:-none} pwd=$(pwd)\"\n")).await;
+    let expected = format!("term=xterm-256color secret=none pwd={}", daemon.work.display());
     server.wait_for_text("login", &expected).await;
     // A login shell's argv[0] starts with '-'.
-    assert!(
-        server.streams.text("login").contains("argv0=-"),
-        "not a login shell: {}",
-        server.streams.text("login")
-    );
+    assert!(server.streams.text("login").contains("argv0=-"), "not a login shell: {}", server.streams.text("login"));
     server.send(input("login", "exit\n")).await;
     let (_, exit, _) = expect_final_frames(&mut server, "login").await;
     assert_eq!(exit.exit_code, Some(0));

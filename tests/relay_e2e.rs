@@ -36,7 +36,9 @@ async fn start(postgres: bool, env: &[(&str, &str)]) -> E2e {
 /// Waits until the user's (single) host is online; returns its id.
 async fn wait_online(api: &Api) -> String {
     let body = api
-        .wait_for("/api/v1/hosts", "host online", |b| b["hosts"].as_array().is_some_and(|h| h.iter().any(|h| h["state"] == "online")))
+        .wait_for("/api/v1/hosts", "host online", |b| {
+            b["hosts"].as_array().is_some_and(|h| h.iter().any(|h| h["state"] == "online"))
+        })
         .await;
     body["hosts"].as_array().and_then(|h| h.iter().find(|h| h["state"] == "online")).expect("host")["id"]
         .as_str()
@@ -53,7 +55,8 @@ async fn terminal(e: &E2e, argv: &[&str]) -> String {
 }
 
 async fn wait_state(api: &Api, id: &str, state: &str) -> Value {
-    api.wait_for(&format!("/api/v1/terminals/{id}"), state, |b| b["terminal"]["state"] == state).await["terminal"].clone()
+    api.wait_for(&format!("/api/v1/terminals/{id}"), state, |b| b["terminal"]["state"] == state).await["terminal"]
+        .clone()
 }
 
 /// A viewer that records the stream: where its live bytes start and what came.
@@ -142,14 +145,20 @@ macro_rules! both_backends {
     };
 }
 
-both_backends!(shell_io_resize_second_viewer_resume_and_exit, kill_keeps_running_until_the_real_exit, runs_succeed_and_fail);
+both_backends!(
+    shell_io_resize_second_viewer_resume_and_exit,
+    kill_keeps_running_until_the_real_exit,
+    runs_succeed_and_fail
+);
 
 async fn shell_io_resize_second_viewer_resume_and_exit(postgres: bool) {
     let e = start(postgres, &[]).await;
     let id = terminal(&e, &["sh"]).await;
     let mut v1 = Viewer::attach(&e, &id, "").await;
     v1.sock.send_json(json!({"type": "resize", "cols": 101, "rows": 33})).await;
-    v1.sock.send_json(json!({"type": "view", "cols": 101, "rows": 33, "visible": true, "idleMs": 0, "open": true})).await;
+    v1.sock
+        .send_json(json!({"type": "view", "cols": 101, "rows": 33, "visible": true, "idleMs": 0, "open": true}))
+        .await;
     // The shell expands this, so seeing the result proves a real shell ran it.
     v1.type_line("echo hello-$((6*7))").await;
     v1.until("hello-42").await;
@@ -211,9 +220,11 @@ async fn kill_keeps_running_until_the_real_exit(postgres: bool) {
 
 async fn runs_succeed_and_fail(postgres: bool) {
     let e = start(postgres, &[]).await;
-    let (status, ok) = e.api.post("/api/v1/runs", json!({"hostId": e.host, "argv": ["sh", "-c", "echo out; exit 0"]})).await;
+    let (status, ok) =
+        e.api.post("/api/v1/runs", json!({"hostId": e.host, "argv": ["sh", "-c", "echo out; exit 0"]})).await;
     assert_eq!(status, 201, "{ok}");
-    let (_, bad) = e.api.post("/api/v1/runs", json!({"hostId": e.host, "argv": ["sh", "-c", "echo failing; exit 7"]})).await;
+    let (_, bad) =
+        e.api.post("/api/v1/runs", json!({"hostId": e.host, "argv": ["sh", "-c", "echo failing; exit 7"]})).await;
     let ok_id = ok["run"]["id"].as_str().expect("id");
     let bad_id = bad["run"]["id"].as_str().expect("id");
     let run = e
@@ -230,10 +241,8 @@ async fn runs_succeed_and_fail(postgres: bool) {
     let (status, log) = e.api.get_bytes(&format!("/api/v1/runs/{ok_id}/log")).await;
     assert_eq!(status, 200);
     assert!(String::from_utf8_lossy(&log).contains("out"), "log: {:?}", String::from_utf8_lossy(&log));
-    let run = e
-        .api
-        .wait_for(&format!("/api/v1/runs/{bad_id}"), "run failed", |b| b["run"]["state"] == "failed")
-        .await["run"]
+    let run = e.api.wait_for(&format!("/api/v1/runs/{bad_id}"), "run failed", |b| b["run"]["state"] == "failed").await
+        ["run"]
         .clone();
     assert_eq!(run["exitCode"], 7);
     let (_, log) = e.api.get_bytes(&format!("/api/v1/runs/{bad_id}/log")).await;
@@ -245,14 +254,16 @@ async fn daemon_restart_parks_then_spawns_and_reconciles() {
     let mut e = start(false, &[]).await;
     let old = terminal(&e, &["sleep", "1000"]).await;
     e.daemon.kill();
-    e.api
-        .wait_for(&format!("/api/v1/hosts/{}", e.host), "host offline", |b| b["host"]["state"] == "offline")
-        .await;
+    e.api.wait_for(&format!("/api/v1/hosts/{}", e.host), "host offline", |b| b["host"]["state"] == "offline").await;
     // Created while the host is away: parked.
     let (_, body) = e.api.post("/api/v1/terminals", json!({"hostId": e.host, "argv": ["sleep", "1000"]})).await;
     let parked = body["terminal"]["id"].as_str().expect("id").to_string();
-    assert_eq!((body["terminal"]["state"].as_str(), body["terminal"]["pendingReason"].as_str()), (Some("pending"), Some("host_offline")));
-    let (_, body) = e.api.post("/api/v1/runs", json!({"hostId": e.host, "argv": ["sh", "-c", "echo queued-run"]})).await;
+    assert_eq!(
+        (body["terminal"]["state"].as_str(), body["terminal"]["pendingReason"].as_str()),
+        (Some("pending"), Some("host_offline"))
+    );
+    let (_, body) =
+        e.api.post("/api/v1/runs", json!({"hostId": e.host, "argv": ["sh", "-c", "echo queued-run"]})).await;
     let run = body["run"]["id"].as_str().expect("id").to_string();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (_, body) = e.api.get(&format!("/api/v1/runs/{run}")).await;
@@ -320,7 +331,11 @@ async fn dirs_limits_and_credentials_with_a_real_daemon() {
     assert!(body["limits"]["rlimits"].is_object(), "{body}");
 
     let (status, body) = e.api.post(&format!("/api/v1/hosts/{}/credentials/refresh", e.host), json!({})).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("daemon_refused")), "no credentials file yet: {body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (502, Some("daemon_refused")),
+        "no credentials file yet: {body}"
+    );
     std::fs::write(e.daemon.state_dir().join("credentials.json"), r#"{"apiKey":"s3cret-value-917"}"#).expect("write");
     let (status, body) = e.api.post(&format!("/api/v1/hosts/{}/credentials/refresh", e.host), json!({})).await;
     assert_eq!(status, 200, "{body}");

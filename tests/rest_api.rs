@@ -129,7 +129,8 @@ async fn hosts_register_list_get_delete(fx: Fixture) {
     let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/hosts/{id}")), &t).to_request()).await;
     assert_eq!(json_body(res).await["host"]["id"], id);
 
-    let res = call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/hosts/{id}")), &t).to_request()).await;
+    let res =
+        call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/hosts/{id}")), &t).to_request()).await;
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
     let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/hosts/{id}")), &t).to_request()).await;
     expect_error(res, StatusCode::NOT_FOUND, "not_found").await;
@@ -157,14 +158,17 @@ async fn terminals_create_pending_list_get_delete(fx: Fixture) {
     let uri = format!("/api/v1/terminals?hostId={}&state=pending", host["id"].as_str().expect("id"));
     let res = call_service(&app, auth(TestRequest::get().uri(&uri), &t).to_request()).await;
     assert_eq!(json_body(res).await["terminals"].as_array().map(Vec::len), Some(1));
-    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/terminals?state=running"), &t).to_request()).await;
+    let res =
+        call_service(&app, auth(TestRequest::get().uri("/api/v1/terminals?state=running"), &t).to_request()).await;
     assert_eq!(json_body(res).await["terminals"].as_array().map(Vec::len), Some(0));
-    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/terminals/{id}")), &t).to_request()).await;
+    let res =
+        call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/terminals/{id}")), &t).to_request()).await;
     assert_eq!(json_body(res).await["terminal"]["id"], id);
     let res =
         call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/terminals/{id}")), &t).to_request()).await;
     assert_eq!(res.status(), StatusCode::NO_CONTENT);
-    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/terminals/{id}")), &t).to_request()).await;
+    let res =
+        call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/terminals/{id}")), &t).to_request()).await;
     expect_error(res, StatusCode::NOT_FOUND, "not_found").await;
 }
 
@@ -188,7 +192,8 @@ async fn runs_create_list_get_log(fx: Fixture) {
     assert_eq!(json_body(res).await["runs"].as_array().map(Vec::len), Some(1));
     let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/runs/{id}")), &t).to_request()).await;
     assert_eq!(json_body(res).await["run"]["argv"], json!(["sh", "-c", "echo out"]));
-    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/runs/{id}/log")), &t).to_request()).await;
+    let res =
+        call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/runs/{id}/log")), &t).to_request()).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert!(read_body(res).await.is_empty());
 }
@@ -208,11 +213,9 @@ async fn unauthorized_is_401(fx: Fixture) {
     let t = token(&fx.state, "ann").await;
     let res = call_service(&app, TestRequest::get().uri(&format!("/api/v1/hosts?token={t}")).to_request()).await;
     expect_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
-    let res = call_service(
-        &app,
-        TestRequest::post().uri("/api/v1/terminals").set_json(json!({"hostId": "x"})).to_request(),
-    )
-    .await;
+    let res =
+        call_service(&app, TestRequest::post().uri("/api/v1/terminals").set_json(json!({"hostId": "x"})).to_request())
+            .await;
     expect_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
 }
 
@@ -230,7 +233,9 @@ async fn other_users_resources_are_404(fx: Fixture) {
     let tid = json_body(res).await["terminal"]["id"].as_str().expect("id").to_string();
     let res = call_service(
         &app,
-        auth(TestRequest::post().uri("/api/v1/runs"), &ann).set_json(json!({"hostId": hid, "argv": ["true"]})).to_request(),
+        auth(TestRequest::post().uri("/api/v1/runs"), &ann)
+            .set_json(json!({"hostId": hid, "argv": ["true"]}))
+            .to_request(),
     )
     .await;
     let rid = json_body(res).await["run"]["id"].as_str().expect("id").to_string();
@@ -244,10 +249,12 @@ async fn other_users_resources_are_404(fx: Fixture) {
         let res = call_service(&app, auth(TestRequest::get().uri(&uri), &bob).to_request()).await;
         expect_error(res, StatusCode::NOT_FOUND, "not_found").await;
     }
-    let res = call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/hosts/{hid}")), &bob).to_request()).await;
+    let res =
+        call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/hosts/{hid}")), &bob).to_request()).await;
     expect_error(res, StatusCode::NOT_FOUND, "not_found").await;
     let res =
-        call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/terminals/{tid}")), &bob).to_request()).await;
+        call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/terminals/{tid}")), &bob).to_request())
+            .await;
     expect_error(res, StatusCode::NOT_FOUND, "not_found").await;
     let res = call_service(
         &app,
@@ -258,7 +265,8 @@ async fn other_users_resources_are_404(fx: Fixture) {
     let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/hosts"), &bob).to_request()).await;
     assert_eq!(json_body(res).await["hosts"], json!([]));
     // Nothing of ann's changed.
-    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/terminals/{tid}")), &ann).to_request()).await;
+    let res =
+        call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/terminals/{tid}")), &ann).to_request()).await;
     assert_eq!(res.status(), StatusCode::OK);
     let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/no-such-route"), &ann).to_request()).await;
     expect_error(res, StatusCode::NOT_FOUND, "not_found").await;
@@ -273,11 +281,7 @@ async fn bad_input_is_400(fx: Fixture) {
     let hid = host["id"].as_str().expect("id").to_string();
     // Record an allowlist as a daemon hello would.
     let host_uuid = uuid::Uuid::parse_str(&hid).expect("uuid");
-    fx.state
-        .store
-        .host_connected(host_uuid, &Default::default(), &["/home/ann".into()])
-        .await
-        .expect("dirs");
+    fx.state.store.host_connected(host_uuid, &Default::default(), &["/home/ann".into()]).await.expect("dirs");
 
     let cases: Vec<(&str, Value, &str)> = vec![
         ("/api/v1/hosts", json!({"hostname": ""}), "missing_field"),
@@ -311,7 +315,8 @@ async fn bad_input_is_400(fx: Fixture) {
     )
     .await;
     expect_error(res, StatusCode::BAD_REQUEST, "bad_json").await;
-    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/terminals?state=sleeping"), &t).to_request()).await;
+    let res =
+        call_service(&app, auth(TestRequest::get().uri("/api/v1/terminals?state=sleeping"), &t).to_request()).await;
     expect_error(res, StatusCode::BAD_REQUEST, "invalid_state").await;
     let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/terminals?hostId=zzz"), &t).to_request()).await;
     expect_error(res, StatusCode::BAD_REQUEST, "invalid_id").await;
@@ -362,7 +367,8 @@ async fn conflicts_are_409(fx: Fixture) {
         .expect("lease");
     let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/hosts/{hid}")), &t).to_request()).await;
     assert_eq!(json_body(res).await["host"]["state"], "online", "state is live, from the lease");
-    let res = call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/hosts/{hid}")), &t).to_request()).await;
+    let res =
+        call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/hosts/{hid}")), &t).to_request()).await;
     expect_error(res, StatusCode::CONFLICT, "host_online").await;
     let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/hosts/{hid}")), &t).to_request()).await;
     assert_eq!(res.status(), StatusCode::OK, "the host is still there");
@@ -378,7 +384,8 @@ async fn conflicts_are_409(fx: Fixture) {
     let res =
         call_service(&app, auth(TestRequest::delete().uri(&format!("/api/v1/terminals/{tid}")), &t).to_request()).await;
     expect_error(res, StatusCode::CONFLICT, "terminal_live").await;
-    let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/terminals/{tid}")), &t).to_request()).await;
+    let res =
+        call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/terminals/{tid}")), &t).to_request()).await;
     assert_eq!(json_body(res).await["terminal"]["state"], "running");
 }
 

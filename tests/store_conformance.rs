@@ -276,23 +276,20 @@ async fn lease_claim_and_renew_check_the_holder(store: &Arc<dyn Store>) {
     assert!(store.claim_lease("host:1", "a#1", TTL).await.expect("reclaim by holder"));
     assert!(!store.claim_lease("host:1", "b#1", TTL).await.expect("claim by other"), "a live lease is not claimable");
     assert_eq!(store.lease_holder("host:1").await.expect("holder").as_deref(), Some("a#1"));
-    let renewed = store
-        .renew_leases(&[("host:1".into(), "b#1".into())], TTL)
-        .await
-        .expect("renew by non-holder");
+    let renewed = store.renew_leases(&[("host:1".into(), "b#1".into())], TTL).await.expect("renew by non-holder");
     assert!(renewed.is_empty(), "a renew by a non-holder fails");
     store.claim_lease("host:2", "a#2", TTL).await.expect("claim");
     store.claim_lease("host:3", "c#1", TTL).await.expect("claim");
     let mut renewed = store
-        .renew_leases(&[("host:1".into(), "a#1".into()), ("host:2".into(), "a#2".into()), ("host:3".into(), "a#3".into())], TTL)
+        .renew_leases(
+            &[("host:1".into(), "a#1".into()), ("host:2".into(), "a#2".into()), ("host:3".into(), "a#3".into())],
+            TTL,
+        )
         .await
         .expect("renew");
     renewed.sort();
     assert_eq!(renewed, vec!["host:1", "host:2"], "only the leases this holder holds are renewed");
-    let mut holders = store
-        .lease_holders(&["host:1".into(), "host:3".into(), "host:9".into()])
-        .await
-        .expect("holders");
+    let mut holders = store.lease_holders(&["host:1".into(), "host:3".into(), "host:9".into()]).await.expect("holders");
     holders.sort();
     assert_eq!(holders, vec![("host:1".to_string(), "a#1".to_string()), ("host:3".to_string(), "c#1".to_string())]);
 }
@@ -310,7 +307,10 @@ async fn lease_seize_replaces_any_holder(store: &Arc<dyn Store>) {
     assert_eq!(store.seize_lease("host:1", "a#1", TTL).await.expect("seize free"), None);
     assert_eq!(store.seize_lease("host:1", "b#7", TTL).await.expect("seize").as_deref(), Some("a#1"));
     assert_eq!(store.lease_holder("host:1").await.expect("holder").as_deref(), Some("b#7"));
-    assert!(!store.release_lease("host:1", "a#1").await.expect("old holder release"), "the old holder releases nothing");
+    assert!(
+        !store.release_lease("host:1", "a#1").await.expect("old holder release"),
+        "the old holder releases nothing"
+    );
     assert!(store.renew_leases(&[("host:1".into(), "a#1".into())], TTL).await.expect("renew").is_empty());
     assert_eq!(store.lease_holder("host:1").await.expect("holder").as_deref(), Some("b#7"));
 }
@@ -335,7 +335,12 @@ async fn runs_queue_and_finish(store: &Arc<dyn Store>) {
     let bob = user(store, "bob").await;
     let h = host(store, &ann, "box").await;
     let run = store
-        .insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["sh".into(), "-c".into(), "exit 7".into()], dir: None })
+        .insert_run(&NewRun {
+            user_id: ann.id,
+            host_id: h.id,
+            argv: vec!["sh".into(), "-c".into(), "exit 7".into()],
+            dir: None,
+        })
         .await
         .expect("run");
     assert_eq!(run.state, RunState::Queued);
@@ -353,7 +358,10 @@ async fn runs_queue_and_finish(store: &Arc<dyn Store>) {
     assert!(store.finish_run(run.id, RunState::Failed, Some(7)).await.expect("finish"));
     assert!(!store.finish_run(run.id, RunState::Succeeded, Some(0)).await.expect("finish twice"), "final is final");
     let run = store.get_run(ann.id, run.id).await.expect("get").expect("exists");
-    assert_eq!((run.state, run.exit_code, run.usage, run.terminal_id), (RunState::Failed, Some(7), Some(usage), Some(t.id)));
+    assert_eq!(
+        (run.state, run.exit_code, run.usage, run.terminal_id),
+        (RunState::Failed, Some(7), Some(usage), Some(t.id))
+    );
     assert!(run.finished_at.is_some());
     assert_eq!(store.list_runs(ann.id, Some(h.id)).await.expect("list").len(), 1);
     assert!(store.list_runs(bob.id, None).await.expect("list").is_empty());
@@ -363,7 +371,10 @@ async fn run_claims_never_overlap(store: &Arc<dyn Store>) {
     let ann = user(store, "ann").await;
     let h = host(store, &ann, "box").await;
     for _ in 0..40 {
-        store.insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["true".into()], dir: None }).await.expect("run");
+        store
+            .insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["true".into()], dir: None })
+            .await
+            .expect("run");
     }
     let mut tasks = Vec::new();
     for _ in 0..4 {

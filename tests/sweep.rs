@@ -57,7 +57,16 @@ async fn runs_of_a_host_gone_too_long_are_lost() {
 #[actix_rt::test]
 async fn a_host_whose_owner_died_is_marked_offline() {
     let url = pg_database().await;
-    let mut first = TetherServer::start(&[("TETHER_DATABASE__URL", &url), ("TETHER_LEASE__TTL_MS", "1000"), ("TETHER_LEASE__RENEW_MS", "300"), ("TETHER_SWEEP__STALE_HOST_MS", "1000")], &[]).await;
+    let mut first = TetherServer::start(
+        &[
+            ("TETHER_DATABASE__URL", &url),
+            ("TETHER_LEASE__TTL_MS", "1000"),
+            ("TETHER_LEASE__RENEW_MS", "300"),
+            ("TETHER_SWEEP__STALE_HOST_MS", "1000"),
+        ],
+        &[],
+    )
+    .await;
     let api = Api::new(first.url(), create_token(&first, "ann"));
     let (host, _sock) = daemon(&first, &api).await;
     first.kill(); // a crash: nothing released, the row still says online
@@ -67,7 +76,12 @@ async fn a_host_whose_owner_died_is_marked_offline() {
     let row = client.query_one("SELECT state FROM hosts WHERE id = $1", &[&host_id]).await.expect("row");
     assert_eq!(row.get::<_, String>(0), "online");
     let mut env: Vec<(&str, &str)> = FAST.to_vec();
-    env.extend([("TETHER_DATABASE__URL", url.as_str()), ("TETHER_LEASE__TTL_MS", "1000"), ("TETHER_LEASE__RENEW_MS", "300"), ("TETHER_SWEEP__STALE_HOST_MS", "1000")]);
+    env.extend([
+        ("TETHER_DATABASE__URL", url.as_str()),
+        ("TETHER_LEASE__TTL_MS", "1000"),
+        ("TETHER_LEASE__RENEW_MS", "300"),
+        ("TETHER_SWEEP__STALE_HOST_MS", "1000"),
+    ]);
     let _second = TetherServer::start(&env, &[]).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {

@@ -111,7 +111,11 @@ impl Setup {
 
     async fn size(&mut self, cols: u32, rows: u32) {
         self.daemon
-            .send_frame(daemon_frame::Frame::Size(tether::proto::v1::Size { terminal_id: self.terminal.clone(), cols, rows }))
+            .send_frame(daemon_frame::Frame::Size(tether::proto::v1::Size {
+                terminal_id: self.terminal.clone(),
+                cols,
+                rows,
+            }))
             .await;
     }
 }
@@ -390,7 +394,13 @@ async fn a_reader_that_stops_is_closed_1008_and_others_get_every_byte() {
     let mut offset = 0u64;
     let mut next: u8 = 0;
     while (offset as usize) < TOTAL {
-        let chunk: Vec<u8> = (0..CHUNK).map(|_| { let b = next; next = next.wrapping_add(1); b }).collect();
+        let chunk: Vec<u8> = (0..CHUNK)
+            .map(|_| {
+                let b = next;
+                next = next.wrapping_add(1);
+                b
+            })
+            .collect();
         s.output(offset, &chunk).await;
         offset += CHUNK as u64;
     }
@@ -467,9 +477,7 @@ async fn exit_reaches_viewers_and_later_viewers_get_the_final_screen() {
         .await;
     assert_eq!(until(&mut v, "exit").await["exitCode"], 3);
     assert_eq!(v.expect_close().await, Some(1000));
-    s.api
-        .wait_for(&format!("/api/v1/terminals/{}", s.terminal), "exited", |b| b["terminal"]["exitCode"] == 3)
-        .await;
+    s.api.wait_for(&format!("/api/v1/terminals/{}", s.terminal), "exited", |b| b["terminal"]["exitCode"] == 3).await;
     let mut late = s.viewer("").await;
     assert_eq!(until(&mut late, "status").await["state"], "exited");
     assert_eq!(until(&mut late, "size").await["cols"], 80);

@@ -27,10 +27,7 @@ pub(super) struct Fragments {
 impl Fragments {
     /// Reassembled messages are limited to `max_len` bytes, like frames.
     pub(super) fn new(max_len: usize) -> Self {
-        Self {
-            partial: None,
-            max_len,
-        }
+        Self { partial: None, max_len }
     }
 
     pub(super) fn push(&mut self, item: Item) -> Result<Option<Complete>, AttachError> {
@@ -44,26 +41,17 @@ impl Fragments {
             self.partial = Some((is_text, BytesMut::new()));
         }
         let Some((is_text, buf)) = self.partial.as_mut() else {
-            return Err(AttachError::Protocol(
-                "continuation frame without a first fragment".into(),
-            ));
+            return Err(AttachError::Protocol("continuation frame without a first fragment".into()));
         };
         if buf.len() + data.len() > self.max_len {
-            return Err(AttachError::Protocol(format!(
-                "fragmented message over {} bytes",
-                self.max_len
-            )));
+            return Err(AttachError::Protocol(format!("fragmented message over {} bytes", self.max_len)));
         }
         buf.extend_from_slice(&data);
         if !last {
             return Ok(None);
         }
         let message = buf.split().freeze();
-        let complete = if *is_text {
-            Complete::Text(message)
-        } else {
-            Complete::Binary(message)
-        };
+        let complete = if *is_text { Complete::Text(message) } else { Complete::Binary(message) };
         self.partial = None;
         Ok(Some(complete))
     }
@@ -76,41 +64,18 @@ mod tests {
     #[test]
     fn reassembles_fragments_within_the_limit() {
         let mut fragments = Fragments::new(64);
+        assert_eq!(fragments.push(Item::FirstText(Bytes::from_static(b"{\"type\":"))).unwrap(), None);
+        assert_eq!(fragments.push(Item::Continue(Bytes::from_static(b"\"live\","))).unwrap(), None);
         assert_eq!(
-            fragments
-                .push(Item::FirstText(Bytes::from_static(b"{\"type\":")))
-                .unwrap(),
-            None
+            fragments.push(Item::Last(Bytes::from_static(b"\"offset\":1}"))).unwrap(),
+            Some(Complete::Text(Bytes::from_static(b"{\"type\":\"live\",\"offset\":1}")))
         );
+        assert_eq!(fragments.push(Item::FirstBinary(Bytes::from_static(b"ab"))).unwrap(), None);
         assert_eq!(
-            fragments
-                .push(Item::Continue(Bytes::from_static(b"\"live\",")))
-                .unwrap(),
-            None
-        );
-        assert_eq!(
-            fragments
-                .push(Item::Last(Bytes::from_static(b"\"offset\":1}")))
-                .unwrap(),
-            Some(Complete::Text(Bytes::from_static(
-                b"{\"type\":\"live\",\"offset\":1}"
-            )))
-        );
-        assert_eq!(
-            fragments
-                .push(Item::FirstBinary(Bytes::from_static(b"ab")))
-                .unwrap(),
-            None
-        );
-        assert_eq!(
-            fragments
-                .push(Item::Last(Bytes::from_static(b"c")))
-                .unwrap(),
+            fragments.push(Item::Last(Bytes::from_static(b"c"))).unwrap(),
             Some(Complete::Binary(Bytes::from_static(b"abc")))
         );
-        assert!(fragments
-            .push(Item::Last(Bytes::from_static(b"x")))
-            .is_err());
+        assert!(fragments.push(Item::Last(Bytes::from_static(b"x"))).is_err());
         fragments.push(Item::FirstBinary(Bytes::new())).unwrap();
         let too_big = Bytes::from(vec![0u8; 65]);
         assert!(fragments.push(Item::Continue(too_big)).is_err());

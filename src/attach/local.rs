@@ -46,10 +46,7 @@ impl TerminalGuard {
         if raw_mode {
             crossterm::terminal::enable_raw_mode()?;
         }
-        Ok(Self {
-            raw_mode,
-            reset_screen: io::stdout().is_terminal(),
-        })
+        Ok(Self { raw_mode, reset_screen: io::stdout().is_terminal() })
     }
 }
 
@@ -81,27 +78,25 @@ pub(super) fn window_size() -> (u16, u16) {
 /// when the session is gone and a further keystroke finds the channel closed.
 pub(super) fn stdin_chunks() -> io::Result<StdinChunks> {
     let (tx, rx) = mpsc::channel(STDIN_QUEUE);
-    std::thread::Builder::new()
-        .name("tether-attach-stdin".into())
-        .spawn(move || {
-            let mut stdin = io::stdin().lock();
-            let mut buf = [0u8; 4096];
-            loop {
-                match stdin.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => {
-                        if tx.blocking_send(Bytes::copy_from_slice(&buf[..n])).is_err() {
-                            break;
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "tether_attach_stdin_failed");
+    std::thread::Builder::new().name("tether-attach-stdin".into()).spawn(move || {
+        let mut stdin = io::stdin().lock();
+        let mut buf = [0u8; 4096];
+        loop {
+            match stdin.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if tx.blocking_send(Bytes::copy_from_slice(&buf[..n])).is_err() {
                         break;
                     }
                 }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::debug!(error = %e, "tether_attach_stdin_failed");
+                    break;
+                }
             }
-        })?;
+        }
+    })?;
     Ok(StdinChunks(rx))
 }
 
@@ -127,8 +122,6 @@ impl Stream for WindowResizes {
     type Item = (u16, u16);
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<(u16, u16)>> {
-        self.0
-            .poll_recv(cx)
-            .map(|signal| signal.map(|()| window_size()))
+        self.0.poll_recv(cx).map(|signal| signal.map(|()| window_size()))
     }
 }

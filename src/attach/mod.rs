@@ -68,11 +68,7 @@ pub struct AttachOptions {
 
 impl AttachOptions {
     /// Options with the default detach key.
-    pub fn new(
-        server: impl Into<String>,
-        token: impl Into<String>,
-        terminal_id: impl Into<String>,
-    ) -> Self {
+    pub fn new(server: impl Into<String>, token: impl Into<String>, terminal_id: impl Into<String>) -> Self {
         Self {
             server: server.into(),
             token: token.into(),
@@ -123,10 +119,7 @@ pub fn describe(outcome: &AttachOutcome) -> String {
         AttachOutcome::Detached => "[detached]".to_owned(),
         AttachOutcome::Exited { code: Some(code) } => format!("[terminal exited with code {code}]"),
         AttachOutcome::Exited { code: None } => "[terminal exited]".to_owned(),
-        AttachOutcome::Closed {
-            code: protocol::CLOSE_NORMAL,
-            reason,
-        } => format!("[{reason}]"),
+        AttachOutcome::Closed { code: protocol::CLOSE_NORMAL, reason } => format!("[{reason}]"),
         AttachOutcome::Closed { code, reason } => format!("[closed: {reason} ({code})]"),
     }
 }
@@ -163,9 +156,7 @@ impl AttachError {
     fn is_permanent(&self) -> bool {
         match self {
             AttachError::InvalidServerUrl(_) | AttachError::InvalidTerminalId(_) => true,
-            AttachError::Rejected { status } => {
-                (400..500).contains(status) && !matches!(status, 408 | 429)
-            }
+            AttachError::Rejected { status } => (400..500).contains(status) && !matches!(status, 408 | 429),
             _ => false,
         }
     }
@@ -198,10 +189,7 @@ pub async fn run(opts: AttachOptions) -> Result<AttachOutcome, AttachError> {
 }
 
 /// One attach session over the given local side (see [`LocalIo`]).
-pub async fn run_with_io<I, R, W>(
-    opts: AttachOptions,
-    io: LocalIo<I, R, W>,
-) -> Result<AttachOutcome, AttachError>
+pub async fn run_with_io<I, R, W>(opts: AttachOptions, io: LocalIo<I, R, W>) -> Result<AttachOutcome, AttachError>
 where
     I: Stream<Item = Bytes> + Unpin,
     R: Stream<Item = (u16, u16)> + Unpin,
@@ -217,26 +205,11 @@ mod tests {
     #[test]
     fn describes_every_outcome() {
         assert_eq!(describe(&AttachOutcome::Detached), "[detached]");
+        assert_eq!(describe(&AttachOutcome::Exited { code: Some(3) }), "[terminal exited with code 3]");
+        assert_eq!(describe(&AttachOutcome::Exited { code: None }), "[terminal exited]");
+        assert_eq!(describe(&AttachOutcome::Closed { code: 1000, reason: "host offline".into() }), "[host offline]");
         assert_eq!(
-            describe(&AttachOutcome::Exited { code: Some(3) }),
-            "[terminal exited with code 3]"
-        );
-        assert_eq!(
-            describe(&AttachOutcome::Exited { code: None }),
-            "[terminal exited]"
-        );
-        assert_eq!(
-            describe(&AttachOutcome::Closed {
-                code: 1000,
-                reason: "host offline".into()
-            }),
-            "[host offline]"
-        );
-        assert_eq!(
-            describe(&AttachOutcome::Closed {
-                code: 4404,
-                reason: protocol::describe_close(4404, None)
-            }),
+            describe(&AttachOutcome::Closed { code: 4404, reason: protocol::describe_close(4404, None) }),
             "[closed: terminal not found (4404)]"
         );
     }
@@ -247,10 +220,7 @@ mod tests {
         assert_eq!(AttachOutcome::Exited { code: Some(0) }.exit_status(), 0);
         assert_eq!(AttachOutcome::Exited { code: Some(3) }.exit_status(), 1);
         assert_eq!(AttachOutcome::Exited { code: None }.exit_status(), 1);
-        let closed = AttachOutcome::Closed {
-            code: 4401,
-            reason: "bad token".into(),
-        };
+        let closed = AttachOutcome::Closed { code: 4401, reason: "bad token".into() };
         assert_eq!(closed.exit_status(), 1);
     }
 
@@ -273,10 +243,7 @@ mod tests {
         assert!(AttachError::Rejected { status: 404 }.is_permanent());
         assert!(!AttachError::Rejected { status: 429 }.is_permanent());
         assert!(!AttachError::Rejected { status: 502 }.is_permanent());
-        let refused = AttachError::Connect {
-            url: "ws://h".into(),
-            message: "refused".into(),
-        };
+        let refused = AttachError::Connect { url: "ws://h".into(), message: "refused".into() };
         assert!(!refused.is_permanent());
     }
 }

@@ -19,10 +19,7 @@ pub(super) struct StreamPosition {
 
 impl StreamPosition {
     pub(super) fn new() -> Self {
-        Self {
-            live: false,
-            offset: None,
-        }
+        Self { live: false, offset: None }
     }
 
     /// A new connection starts in its preamble; the offset is kept, since it

@@ -100,13 +100,7 @@ impl ClientControl {
     /// A CLI viewer is always open and visible: it is the user's terminal.
     pub(super) fn view((cols, rows): (u16, u16), idle_ms: u64) -> Self {
         let (cols, rows) = clamp_grid(cols, rows);
-        Self::View {
-            cols,
-            rows,
-            visible: true,
-            idle_ms,
-            open: true,
-        }
+        Self::View { cols, rows, visible: true, idle_ms, open: true }
     }
 
     pub(super) fn to_json(&self) -> String {
@@ -117,10 +111,7 @@ impl ClientControl {
 }
 
 fn clamp_grid(cols: u16, rows: u16) -> (u16, u16) {
-    (
-        cols.clamp(GRID_MIN, GRID_MAX),
-        rows.clamp(GRID_MIN, GRID_MAX),
-    )
+    (cols.clamp(GRID_MIN, GRID_MAX), rows.clamp(GRID_MIN, GRID_MAX))
 }
 
 /// What a close code means, in words a user can act on.
@@ -164,15 +155,9 @@ pub(super) fn describe_close(code: u16, description: Option<&str>) -> String {
 }
 
 /// `ws(s)://HOST[/prefix]/ws/v1/terminals/{id}[?from=N]` from the HTTP base URL.
-pub(super) fn viewer_url(
-    server: &str,
-    terminal_id: &str,
-    resume_from: Option<u64>,
-) -> Result<String, AttachError> {
+pub(super) fn viewer_url(server: &str, terminal_id: &str, resume_from: Option<u64>) -> Result<String, AttachError> {
     let server = server.trim().trim_end_matches('/');
-    let (scheme, rest) = server
-        .split_once("://")
-        .ok_or_else(|| AttachError::InvalidServerUrl(server.to_owned()))?;
+    let (scheme, rest) = server.split_once("://").ok_or_else(|| AttachError::InvalidServerUrl(server.to_owned()))?;
     let ws_scheme = match scheme.to_ascii_lowercase().as_str() {
         "http" | "ws" => "ws",
         "https" | "wss" => "wss",
@@ -184,9 +169,7 @@ pub(super) fn viewer_url(
     // Ids are UUIDs; refusing anything that would need escaping keeps a
     // stray `/` or `?` from silently addressing another route.
     let id_ok = !terminal_id.is_empty()
-        && terminal_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~'));
+        && terminal_id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~'));
     if !id_ok {
         return Err(AttachError::InvalidTerminalId(terminal_id.to_owned()));
     }
@@ -206,61 +189,26 @@ mod tests {
         let cases: &[(&str, ServerControl)] = &[
             (
                 r#"{"type":"status","state":"running","host":"online"}"#,
-                ServerControl::Status {
-                    state: "running".into(),
-                    host: "online".into(),
-                },
+                ServerControl::Status { state: "running".into(), host: "online".into() },
             ),
             (
                 r#"{"type":"replay","cols":80,"rows":24,"offset":12345}"#,
-                ServerControl::Replay {
-                    cols: 80,
-                    rows: 24,
-                    offset: 12345,
-                },
+                ServerControl::Replay { cols: 80, rows: 24, offset: 12345 },
             ),
-            (
-                r#"{"type":"live","offset":7}"#,
-                ServerControl::Live { offset: 7 },
-            ),
-            (
-                r#"{"type":"resume","offset":9}"#,
-                ServerControl::Resume { offset: 9 },
-            ),
+            (r#"{"type":"live","offset":7}"#, ServerControl::Live { offset: 7 }),
+            (r#"{"type":"resume","offset":9}"#, ServerControl::Resume { offset: 9 }),
             (
                 r#"{"type":"size","cols":100,"rows":30,"yours":false}"#,
-                ServerControl::Size {
-                    cols: 100,
-                    rows: 30,
-                    yours: false,
-                },
+                ServerControl::Size { cols: 100, rows: 30, yours: false },
             ),
-            (
-                r#"{"type":"exit","exitCode":3}"#,
-                ServerControl::Exit { exit_code: Some(3) },
-            ),
-            (
-                r#"{"type":"exit","exitCode":null}"#,
-                ServerControl::Exit { exit_code: None },
-            ),
-            (
-                r#"{"type":"exit"}"#,
-                ServerControl::Exit { exit_code: None },
-            ),
-            (
-                r#"{"type":"error","message":"host offline"}"#,
-                ServerControl::Error {
-                    message: "host offline".into(),
-                },
-            ),
+            (r#"{"type":"exit","exitCode":3}"#, ServerControl::Exit { exit_code: Some(3) }),
+            (r#"{"type":"exit","exitCode":null}"#, ServerControl::Exit { exit_code: None }),
+            (r#"{"type":"exit"}"#, ServerControl::Exit { exit_code: None }),
+            (r#"{"type":"error","message":"host offline"}"#, ServerControl::Error { message: "host offline".into() }),
             (r#"{"type":"somethingNew","x":1}"#, ServerControl::Unknown),
         ];
         for (json, expected) in cases {
-            assert_eq!(
-                &ServerControl::parse(json.as_bytes()).unwrap(),
-                expected,
-                "{json}"
-            );
+            assert_eq!(&ServerControl::parse(json.as_bytes()).unwrap(), expected, "{json}");
         }
     }
 
@@ -273,28 +221,19 @@ mod tests {
             br#"{"type":"live","offset":-1}"#,
             br#"{"type":"replay","cols":80,"rows":24,"offset":"x"}"#,
         ] {
-            assert!(
-                ServerControl::parse(bad).is_err(),
-                "{}",
-                String::from_utf8_lossy(bad)
-            );
+            assert!(ServerControl::parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
     }
 
     #[test]
     fn client_messages_match_the_spec_shapes() {
-        let view: serde_json::Value =
-            serde_json::from_str(&ClientControl::view((120, 40), 1500).to_json()).unwrap();
+        let view: serde_json::Value = serde_json::from_str(&ClientControl::view((120, 40), 1500).to_json()).unwrap();
         assert_eq!(
             view,
             serde_json::json!({"type":"view","cols":120,"rows":40,"visible":true,"idleMs":1500,"open":true})
         );
-        let resize: serde_json::Value =
-            serde_json::from_str(&ClientControl::resize((0, 5000)).to_json()).unwrap();
-        assert_eq!(
-            resize,
-            serde_json::json!({"type":"resize","cols":1,"rows":1000})
-        );
+        let resize: serde_json::Value = serde_json::from_str(&ClientControl::resize((0, 5000)).to_json()).unwrap();
+        assert_eq!(resize, serde_json::json!({"type":"resize","cols":1,"rows":1000}));
     }
 
     #[test]
@@ -308,27 +247,12 @@ mod tests {
             viewer_url("https://relay.example.com/tether/", id, Some(42)).unwrap(),
             format!("wss://relay.example.com/tether/ws/v1/terminals/{id}?from=42")
         );
-        assert_eq!(
-            viewer_url("WS://h:1", "t1", Some(0)).unwrap(),
-            "ws://h:1/ws/v1/terminals/t1?from=0"
-        );
-        assert!(matches!(
-            viewer_url("127.0.0.1:8080", id, None),
-            Err(AttachError::InvalidServerUrl(_))
-        ));
-        assert!(matches!(
-            viewer_url("ftp://h", id, None),
-            Err(AttachError::InvalidServerUrl(_))
-        ));
-        assert!(matches!(
-            viewer_url("http://h?x=1", id, None),
-            Err(AttachError::InvalidServerUrl(_))
-        ));
+        assert_eq!(viewer_url("WS://h:1", "t1", Some(0)).unwrap(), "ws://h:1/ws/v1/terminals/t1?from=0");
+        assert!(matches!(viewer_url("127.0.0.1:8080", id, None), Err(AttachError::InvalidServerUrl(_))));
+        assert!(matches!(viewer_url("ftp://h", id, None), Err(AttachError::InvalidServerUrl(_))));
+        assert!(matches!(viewer_url("http://h?x=1", id, None), Err(AttachError::InvalidServerUrl(_))));
         for bad_id in ["", "a/b", "a?from=1", "a b"] {
-            assert!(matches!(
-                viewer_url("http://h", bad_id, None),
-                Err(AttachError::InvalidTerminalId(_))
-            ));
+            assert!(matches!(viewer_url("http://h", bad_id, None), Err(AttachError::InvalidTerminalId(_))));
         }
     }
 
@@ -342,15 +266,9 @@ mod tests {
         assert_eq!(close_reason(4429), "too many connections");
         assert_eq!(close_reason(1008), "connection too slow or input overflow");
         assert_eq!(close_reason(1011), "server error");
-        assert_eq!(
-            describe_close(4404, Some("Terminal not found")),
-            "terminal not found"
-        );
+        assert_eq!(describe_close(4404, Some("Terminal not found")), "terminal not found");
         assert_eq!(describe_close(4404, Some("  ")), "terminal not found");
-        assert_eq!(
-            describe_close(1011, Some("database unavailable")),
-            "server error: database unavailable"
-        );
+        assert_eq!(describe_close(1011, Some("database unavailable")), "server error: database unavailable");
     }
 
     #[test]

@@ -20,8 +20,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use super::fragments::{Complete, Fragments};
 use super::position::StreamPosition;
 use super::protocol::{
-    describe_close, should_reattach, viewer_url, ClientControl, ServerControl, CLOSE_ABNORMAL,
-    CLOSE_NORMAL, CLOSE_NO_STATUS, SUBPROTOCOL,
+    describe_close, should_reattach, viewer_url, ClientControl, ServerControl, CLOSE_ABNORMAL, CLOSE_NORMAL,
+    CLOSE_NO_STATUS, SUBPROTOCOL,
 };
 use super::{AttachError, AttachOptions, AttachOutcome, LocalIo};
 
@@ -103,11 +103,7 @@ where
         // host that is gone for good ends the session instead of a retry loop.
         let mut attempts = 0u32;
         loop {
-            let url = viewer_url(
-                &self.opts.server,
-                &self.opts.terminal_id,
-                self.position.resume_from(),
-            )?;
+            let url = viewer_url(&self.opts.server, &self.opts.terminal_id, self.position.resume_from())?;
             let connecting = self.open_socket(&url);
             let Some(connected) = self.watch_input_while(connecting).await else {
                 return Ok(AttachOutcome::Detached);
@@ -115,17 +111,11 @@ where
             let ended = match connected {
                 Ok(mut socket) => self.serve_connection(&mut socket, reattaching).await?,
                 Err(e) if !reattaching || e.is_permanent() => return Err(e),
-                Err(e) => Ended::Lost {
-                    went_live: false,
-                    if_giving_up: Err(e),
-                },
+                Err(e) => Ended::Lost { went_live: false, if_giving_up: Err(e) },
             };
             let if_giving_up = match ended {
                 Ended::Finished(outcome) => return Ok(outcome),
-                Ended::Lost {
-                    went_live,
-                    if_giving_up,
-                } => {
+                Ended::Lost { went_live, if_giving_up } => {
                     if went_live {
                         attempts = 0;
                     }
@@ -152,29 +142,20 @@ where
         url: &str,
     ) -> impl Future<
         Output = Result<
-            impl Stream<Item = Result<Frame, WsProtocolError>>
-                + Sink<Message, Error = WsProtocolError>
-                + Unpin,
+            impl Stream<Item = Result<Frame, WsProtocolError>> + Sink<Message, Error = WsProtocolError> + Unpin,
             AttachError,
         >,
     > + 'static {
-        let request = self
-            .client
-            .ws(url)
-            .protocols([SUBPROTOCOL])
-            .bearer_auth(&self.opts.token)
-            .max_frame_size(MAX_FRAME);
+        let request =
+            self.client.ws(url).protocols([SUBPROTOCOL]).bearer_auth(&self.opts.token).max_frame_size(MAX_FRAME);
         let url = url.to_owned();
         async move {
             match request.connect().await {
                 Ok((_response, socket)) => Ok(socket),
-                Err(WsClientError::InvalidResponseStatus(status)) => Err(AttachError::Rejected {
-                    status: status.as_u16(),
-                }),
-                Err(e) => Err(AttachError::Connect {
-                    url,
-                    message: e.to_string(),
-                }),
+                Err(WsClientError::InvalidResponseStatus(status)) => {
+                    Err(AttachError::Rejected { status: status.as_u16() })
+                }
+                Err(e) => Err(AttachError::Connect { url, message: e.to_string() }),
             }
         }
     }
@@ -201,15 +182,9 @@ where
         }
     }
 
-    async fn serve_connection<S>(
-        &mut self,
-        socket: &mut S,
-        reattaching: bool,
-    ) -> Result<Ended, AttachError>
+    async fn serve_connection<S>(&mut self, socket: &mut S, reattaching: bool) -> Result<Ended, AttachError>
     where
-        S: Stream<Item = Result<Frame, WsProtocolError>>
-            + Sink<Message, Error = WsProtocolError>
-            + Unpin,
+        S: Stream<Item = Result<Frame, WsProtocolError>> + Sink<Message, Error = WsProtocolError> + Unpin,
     {
         self.position.on_connect();
         self.send_control(socket, &self.view()).await;
@@ -292,16 +267,9 @@ where
         }
     }
 
-    async fn on_control<S>(
-        &mut self,
-        socket: &mut S,
-        text: &[u8],
-        reattaching: bool,
-    ) -> Option<Ended>
+    async fn on_control<S>(&mut self, socket: &mut S, text: &[u8], reattaching: bool) -> Option<Ended>
     where
-        S: Stream<Item = Result<Frame, WsProtocolError>>
-            + Sink<Message, Error = WsProtocolError>
-            + Unpin,
+        S: Stream<Item = Result<Frame, WsProtocolError>> + Sink<Message, Error = WsProtocolError> + Unpin,
     {
         let control = match ServerControl::parse(text) {
             Ok(control) => control,
@@ -334,18 +302,12 @@ where
             }
             ServerControl::Error { message } => {
                 close_gracefully(socket).await;
-                let outcome = AttachOutcome::Closed {
-                    code: CLOSE_NORMAL,
-                    reason: message,
-                };
+                let outcome = AttachOutcome::Closed { code: CLOSE_NORMAL, reason: message };
                 // While reattaching, "host offline" is expected for a moment:
                 // the daemon redials another instance as we do. Count it as a
                 // failed attempt rather than the end.
                 if reattaching && !self.position.is_live() {
-                    return Some(Ended::Lost {
-                        went_live: false,
-                        if_giving_up: Ok(outcome),
-                    });
+                    return Some(Ended::Lost { went_live: false, if_giving_up: Ok(outcome) });
                 }
                 return Some(Ended::Finished(outcome));
             }
@@ -360,38 +322,26 @@ where
     where
         S: Sink<Message, Error = WsProtocolError> + Unpin,
     {
-        let code = reason
-            .as_ref()
-            .map_or(CLOSE_NO_STATUS, |reason| u16::from(reason.code));
+        let code = reason.as_ref().map_or(CLOSE_NO_STATUS, |reason| u16::from(reason.code));
         let description = reason.as_ref().and_then(|r| r.description.clone());
         // RFC 6455 §5.5.1: answer a Close with a Close (echoing the code).
         send(socket, Message::Close(reason)).await;
         if should_reattach(code) {
             return self.lost(code, description.as_deref());
         }
-        Ended::Finished(AttachOutcome::Closed {
-            code,
-            reason: describe_close(code, description.as_deref()),
-        })
+        Ended::Finished(AttachOutcome::Closed { code, reason: describe_close(code, description.as_deref()) })
     }
 
     fn lost(&self, code: u16, description: Option<&str>) -> Ended {
         Ended::Lost {
             went_live: self.position.is_live(),
-            if_giving_up: Ok(AttachOutcome::Closed {
-                code,
-                reason: describe_close(code, description),
-            }),
+            if_giving_up: Ok(AttachOutcome::Closed { code, reason: describe_close(code, description) }),
         }
     }
 
     /// Terminal bytes go to the user's screen at once and in order.
     fn show(&mut self, bytes: &[u8]) -> Result<(), AttachError> {
-        self.io
-            .output
-            .write_all(bytes)
-            .and_then(|()| self.io.output.flush())
-            .map_err(AttachError::Output)?;
+        self.io.output.write_all(bytes).and_then(|()| self.io.output.flush()).map_err(AttachError::Output)?;
         self.position.on_output(bytes.len());
         Ok(())
     }
@@ -404,13 +354,9 @@ where
     fn hold_input(&mut self, keys: &[u8]) {
         let room = MAX_HELD_INPUT.saturating_sub(self.held_input.len());
         if keys.len() > room {
-            tracing::debug!(
-                dropped = keys.len() - room,
-                "tether_attach_input_dropped_while_disconnected"
-            );
+            tracing::debug!(dropped = keys.len() - room, "tether_attach_input_dropped_while_disconnected");
         }
-        self.held_input
-            .extend_from_slice(&keys[..keys.len().min(room)]);
+        self.held_input.extend_from_slice(&keys[..keys.len().min(room)]);
     }
 
     fn view(&self) -> ClientControl {
@@ -443,15 +389,9 @@ where
 /// shown: the session is already over.
 async fn close_gracefully<S>(socket: &mut S)
 where
-    S: Stream<Item = Result<Frame, WsProtocolError>>
-        + Sink<Message, Error = WsProtocolError>
-        + Unpin,
+    S: Stream<Item = Result<Frame, WsProtocolError>> + Sink<Message, Error = WsProtocolError> + Unpin,
 {
-    send(
-        socket,
-        Message::Close(Some(CloseReason::from(CloseCode::Normal))),
-    )
-    .await;
+    send(socket, Message::Close(Some(CloseReason::from(CloseCode::Normal)))).await;
     let drain = async {
         while let Some(Ok(frame)) = socket.next().await {
             if matches!(frame, Frame::Close(_)) {
@@ -475,27 +415,19 @@ fn split_at_detach_key(chunk: Bytes, detach_key: u8) -> (Bytes, bool) {
 /// a draining instance do not all redial in the same instant.
 fn reattach_delay(attempt: u32) -> Duration {
     let doublings = attempt.saturating_sub(1).min(16);
-    let base = REATTACH_BASE_DELAY
-        .saturating_mul(1 << doublings)
-        .min(REATTACH_MAX_DELAY);
+    let base = REATTACH_BASE_DELAY.saturating_mul(1 << doublings).min(REATTACH_MAX_DELAY);
     let jitter_ms = base.as_millis() as u64 / 4;
     base + Duration::from_millis(rand::random_range(0..=jitter_ms))
 }
 
-fn give_up(
-    if_giving_up: Result<AttachOutcome, AttachError>,
-    attempts: u32,
-) -> Result<AttachOutcome, AttachError> {
+fn give_up(if_giving_up: Result<AttachOutcome, AttachError>, attempts: u32) -> Result<AttachOutcome, AttachError> {
     match if_giving_up {
         Ok(AttachOutcome::Closed { code, reason }) => Ok(AttachOutcome::Closed {
             code,
             reason: format!("{reason}; gave up reattaching after {attempts} attempts"),
         }),
         Ok(outcome) => Ok(outcome),
-        Err(last) => Err(AttachError::ReattachFailed {
-            attempts,
-            last: Box::new(last),
-        }),
+        Err(last) => Err(AttachError::ReattachFailed { attempts, last: Box::new(last) }),
     }
 }
 
@@ -519,13 +451,8 @@ mod tests {
     fn reattach_delay_grows_and_is_capped() {
         for attempt in 1..=20 {
             let delay = reattach_delay(attempt);
-            let base = REATTACH_BASE_DELAY
-                .saturating_mul(1 << (attempt - 1).min(16))
-                .min(REATTACH_MAX_DELAY);
-            assert!(
-                delay >= base && delay <= base + base / 4,
-                "{attempt}: {delay:?}"
-            );
+            let base = REATTACH_BASE_DELAY.saturating_mul(1 << (attempt - 1).min(16)).min(REATTACH_MAX_DELAY);
+            assert!(delay >= base && delay <= base + base / 4, "{attempt}: {delay:?}");
         }
         assert!(reattach_delay(1) < Duration::from_millis(320));
         assert!(reattach_delay(30) <= REATTACH_MAX_DELAY + REATTACH_MAX_DELAY / 4);
@@ -533,14 +460,8 @@ mod tests {
 
     #[test]
     fn giving_up_says_so() {
-        let closed = give_up(
-            Ok(AttachOutcome::Closed {
-                code: 4503,
-                reason: "host disconnected or moved".into(),
-            }),
-            5,
-        )
-        .unwrap();
+        let closed =
+            give_up(Ok(AttachOutcome::Closed { code: 4503, reason: "host disconnected or moved".into() }), 5).unwrap();
         assert_eq!(
             closed,
             AttachOutcome::Closed {
@@ -549,9 +470,6 @@ mod tests {
             }
         );
         let err = give_up(Err(AttachError::Rejected { status: 502 }), 5).unwrap_err();
-        assert!(
-            matches!(err, AttachError::ReattachFailed { attempts: 5, .. }),
-            "{err}"
-        );
+        assert!(matches!(err, AttachError::ReattachFailed { attempts: 5, .. }), "{err}");
     }
 }

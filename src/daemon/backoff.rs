@@ -58,10 +58,7 @@ mod tests {
         for step_secs in [1u64, 2, 4, 8, 16, 30, 30] {
             let delay = backoff.next_delay();
             let step = Duration::from_secs(step_secs);
-            assert!(
-                delay >= step && delay <= step + step / 4,
-                "{delay:?} for step {step:?}"
-            );
+            assert!(delay >= step && delay <= step + step / 4, "{delay:?} for step {step:?}");
         }
     }
 }

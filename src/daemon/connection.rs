@@ -66,11 +66,7 @@ pub struct Connection {
 }
 
 /// Opens the daemon socket.
-pub async fn dial(
-    client: &awc::Client,
-    server: &ServerUrl,
-    token: &str,
-) -> Result<Connection, DialError> {
+pub async fn dial(client: &awc::Client, server: &ServerUrl, token: &str) -> Result<Connection, DialError> {
     let (response, framed) = client
         .ws(server.daemon_ws_endpoint())
         .protocols([SUBPROTOCOL])
@@ -79,14 +75,10 @@ pub async fn dial(
         .connect()
         .await
         .map_err(|err| match err {
-            awc::error::WsClientError::InvalidResponseStatus(status) => {
-                DialError::Refused(status.as_u16())
-            }
+            awc::error::WsClientError::InvalidResponseStatus(status) => DialError::Refused(status.as_u16()),
             other => DialError::Failed(other.to_string()),
         })?;
-    let selected = response
-        .headers()
-        .get(awc::http::header::SEC_WEBSOCKET_PROTOCOL);
+    let selected = response.headers().get(awc::http::header::SEC_WEBSOCKET_PROTOCOL);
     if selected.is_none_or(|protocol| protocol.as_bytes() != SUBPROTOCOL.as_bytes()) {
         tracing::warn!(selected = ?selected, "tether_daemon_subprotocol_not_selected");
     }
@@ -95,11 +87,7 @@ pub async fn dial(
     let (out, queue) = mpsc::channel(OUTBOUND_FRAMES);
     let writer = WriterTask(tokio::task::spawn_local(write_loop(sink, queue)));
     Ok(Connection {
-        inbound: InboundFrames {
-            stream: stream.boxed_local(),
-            out: out.clone(),
-            last_heard: Instant::now(),
-        },
+        inbound: InboundFrames { stream: stream.boxed_local(), out: out.clone(), last_heard: Instant::now() },
         out,
         writer,
     })
@@ -167,10 +155,8 @@ impl Drop for WriterTask {
     }
 }
 
-async fn write_loop<S>(
-    mut sink: SplitSink<S, awc::ws::Message>,
-    mut queue: mpsc::Receiver<Outbound>,
-) where
+async fn write_loop<S>(mut sink: SplitSink<S, awc::ws::Message>, mut queue: mpsc::Receiver<Outbound>)
+where
     S: Sink<awc::ws::Message, Error = awc::error::WsProtocolError> + futures_util::Stream,
 {
     while let Some(item) = queue.recv().await {
@@ -204,6 +190,5 @@ where
         tracing::error!(bytes = len, "tether_daemon_frame_too_large");
         return Ok(());
     }
-    sink.feed(awc::ws::Message::Binary(Bytes::from(frame.encode_to_vec())))
-        .await
+    sink.feed(awc::ws::Message::Binary(Bytes::from(frame.encode_to_vec()))).await
 }

@@ -45,14 +45,9 @@ impl DirAllowlist {
         let dirs = if flags.is_empty() {
             vec![canonical_dir(&home_dir().ok_or(DirError::NoHome)?)?]
         } else {
-            flags
-                .iter()
-                .map(|dir| canonical_dir(dir))
-                .collect::<Result<_, _>>()?
+            flags.iter().map(|dir| canonical_dir(dir)).collect::<Result<_, _>>()?
         };
-        Ok(Self {
-            dirs: without_duplicates(dirs),
-        })
+        Ok(Self { dirs: without_duplicates(dirs) })
     }
 
     pub fn dirs(&self) -> &[PathBuf] {
@@ -61,10 +56,7 @@ impl DirAllowlist {
 
     /// The list as sent in Hello and DirsResult.
     pub fn to_strings(&self) -> Vec<String> {
-        self.dirs
-            .iter()
-            .map(|dir| dir.to_string_lossy().into_owned())
-            .collect()
+        self.dirs.iter().map(|dir| dir.to_string_lossy().into_owned()).collect()
     }
 
     /// Adds an existing directory; adding one already listed is a no-op.
@@ -100,11 +92,7 @@ impl DirAllowlist {
             return Ok(self.dirs[0].clone());
         }
         let resolved = canonical_dir(absolute(dir)?)?;
-        if self
-            .dirs
-            .iter()
-            .any(|allowed| resolved.starts_with(allowed))
-        {
+        if self.dirs.iter().any(|allowed| resolved.starts_with(allowed)) {
             Ok(resolved)
         } else {
             Err(DirError::NotAllowed(dir.to_owned()))
@@ -133,10 +121,7 @@ fn absolute(path: &str) -> Result<&Path, DirError> {
 
 /// The canonical form of an existing directory.
 fn canonical_dir(path: &Path) -> Result<PathBuf, DirError> {
-    let unusable = |reason: String| DirError::Unusable {
-        path: path.to_string_lossy().into_owned(),
-        reason,
-    };
+    let unusable = |reason: String| DirError::Unusable { path: path.to_string_lossy().into_owned(), reason };
     let canonical = std::fs::canonicalize(path).map_err(|err| unusable(err.to_string()))?;
     if canonical.is_dir() {
         Ok(canonical)
@@ -162,15 +147,7 @@ fn home_from_passwd() -> Option<PathBuf> {
     // `buf`, which outlives every use of them below.
     let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
     let mut result: *mut libc::passwd = std::ptr::null_mut();
-    let rc = unsafe {
-        libc::getpwuid_r(
-            libc::getuid(),
-            &mut entry,
-            buf.as_mut_ptr(),
-            buf.len(),
-            &mut result,
-        )
-    };
+    let rc = unsafe { libc::getpwuid_r(libc::getuid(), &mut entry, buf.as_mut_ptr(), buf.len(), &mut result) };
     if rc != 0 || result.is_null() || entry.pw_dir.is_null() {
         return None;
     }
@@ -199,12 +176,7 @@ mod tests {
         }
         std::fs::write(base.join("file"), b"x").unwrap();
         std::os::unix::fs::symlink(&outside, a.join("escape")).unwrap();
-        Tree {
-            _root: root,
-            a,
-            b,
-            outside,
-        }
+        Tree { _root: root, a, b, outside }
     }
 
     fn s(path: &Path) -> String {
@@ -216,57 +188,27 @@ mod tests {
         let t = tree();
         let list = DirAllowlist::seed(std::slice::from_ref(&t.a)).unwrap();
         assert_eq!(list.resolve_spawn_dir(""), Ok(t.a.clone()));
-        assert_eq!(
-            list.resolve_spawn_dir(&s(&t.a.join("sub"))),
-            Ok(t.a.join("sub"))
-        );
-        assert_eq!(
-            list.resolve_spawn_dir(&s(&t.a.join("sub/.."))),
-            Ok(t.a.clone())
-        );
-        assert!(matches!(
-            list.resolve_spawn_dir(&s(&t.outside)),
-            Err(DirError::NotAllowed(_))
-        ));
+        assert_eq!(list.resolve_spawn_dir(&s(&t.a.join("sub"))), Ok(t.a.join("sub")));
+        assert_eq!(list.resolve_spawn_dir(&s(&t.a.join("sub/.."))), Ok(t.a.clone()));
+        assert!(matches!(list.resolve_spawn_dir(&s(&t.outside)), Err(DirError::NotAllowed(_))));
         // `..` and symlinks are resolved before the prefix test.
-        assert!(matches!(
-            list.resolve_spawn_dir(&s(&t.a.join("../outside"))),
-            Err(DirError::NotAllowed(_))
-        ));
-        assert!(matches!(
-            list.resolve_spawn_dir(&s(&t.a.join("escape"))),
-            Err(DirError::NotAllowed(_))
-        ));
+        assert!(matches!(list.resolve_spawn_dir(&s(&t.a.join("../outside"))), Err(DirError::NotAllowed(_))));
+        assert!(matches!(list.resolve_spawn_dir(&s(&t.a.join("escape"))), Err(DirError::NotAllowed(_))));
         // A sibling sharing a name prefix is not inside (component-wise test).
         let sibling = t.a.with_file_name("a-sibling");
         std::fs::create_dir(&sibling).unwrap();
-        assert!(matches!(
-            list.resolve_spawn_dir(&s(&sibling)),
-            Err(DirError::NotAllowed(_))
-        ));
-        assert!(matches!(
-            list.resolve_spawn_dir("relative"),
-            Err(DirError::NotAbsolute(_))
-        ));
-        assert!(matches!(
-            list.resolve_spawn_dir(&s(&t.a.join("missing"))),
-            Err(DirError::Unusable { .. })
-        ));
+        assert!(matches!(list.resolve_spawn_dir(&s(&sibling)), Err(DirError::NotAllowed(_))));
+        assert!(matches!(list.resolve_spawn_dir("relative"), Err(DirError::NotAbsolute(_))));
+        assert!(matches!(list.resolve_spawn_dir(&s(&t.a.join("missing"))), Err(DirError::Unusable { .. })));
     }
 
     #[test]
     fn add_requires_an_existing_directory_and_is_idempotent() {
         let t = tree();
         let mut list = DirAllowlist::seed(std::slice::from_ref(&t.a)).unwrap();
-        assert!(matches!(
-            list.add("/definitely/not/here"),
-            Err(DirError::Unusable { .. })
-        ));
+        assert!(matches!(list.add("/definitely/not/here"), Err(DirError::Unusable { .. })));
         let file = t.a.parent().unwrap().join("file");
-        assert!(matches!(
-            list.add(&s(&file)),
-            Err(DirError::Unusable { .. })
-        ));
+        assert!(matches!(list.add(&s(&file)), Err(DirError::Unusable { .. })));
         assert!(matches!(list.add("b"), Err(DirError::NotAbsolute(_))));
         list.add(&s(&t.b)).unwrap();
         list.add(&s(&t.b.join("."))).unwrap();
@@ -277,10 +219,7 @@ mod tests {
     fn remove_refuses_unlisted_and_last_dirs() {
         let t = tree();
         let mut list = DirAllowlist::seed(&[t.a.clone(), t.b.clone()]).unwrap();
-        assert_eq!(
-            list.remove(&s(&t.outside)),
-            Err(DirError::NotListed(s(&t.outside)))
-        );
+        assert_eq!(list.remove(&s(&t.outside)), Err(DirError::NotListed(s(&t.outside))));
         list.remove(&s(&t.a.join("sub/.."))).unwrap();
         assert_eq!(list.dirs(), std::slice::from_ref(&t.b));
         assert_eq!(list.remove(&s(&t.b)), Err(DirError::LastDir));

@@ -101,10 +101,7 @@ mod tests {
     fn an_incomplete_trailing_sequence_is_held_back() {
         assert_eq!(cut(b"ab\x1b"), (&b"ab"[..], &b"\x1b"[..]));
         assert_eq!(cut(b"ab\x1b[3"), (&b"ab"[..], &b"\x1b[3"[..]));
-        assert_eq!(
-            cut(b"\x1b[0mab\x1b[38;5"),
-            (&b"\x1b[0mab"[..], &b"\x1b[38;5"[..])
-        );
+        assert_eq!(cut(b"\x1b[0mab\x1b[38;5"), (&b"\x1b[0mab"[..], &b"\x1b[38;5"[..]));
         assert_eq!(cut(b"x\x1b]0;tit"), (&b"x"[..], &b"\x1b]0;tit"[..]));
         assert_eq!(cut(b"x\x1bP1$r"), (&b"x"[..], &b"\x1bP1$r"[..]));
         assert_eq!(cut(b"x\x1b("), (&b"x"[..], &b"\x1b("[..]));
@@ -116,11 +113,7 @@ mod tests {
         for split in 1..smile.len() {
             let mut data = b"ok ".to_vec();
             data.extend_from_slice(&smile[..split]);
-            assert_eq!(
-                cut(&data),
-                (&b"ok "[..], &smile[..split]),
-                "split at {split}"
-            );
+            assert_eq!(cut(&data), (&b"ok "[..], &smile[..split]), "split at {split}");
         }
         assert_eq!(cut("\u{e9}".as_bytes()).1, b"");
         assert_eq!(cut(&"\u{e9}".as_bytes()[..1]).1, &"\u{e9}".as_bytes()[..1]);

@@ -24,9 +24,8 @@ use super::screen::GridSize;
 use super::state::StateDir;
 use super::terminal::{self, ChildStreams, FinalFrames, TerminalCommand, TerminalHandle};
 use crate::proto::v1::{
-    daemon_frame::Frame, server_frame::Frame as In, AttachError, Capabilities, CredentialsResult,
-    Dirs, DirsOp, DirsResult, Hello, LimitsResult, Ping, ServerFrame, Spawn, SpawnError, Started,
-    TerminalReport,
+    daemon_frame::Frame, server_frame::Frame as In, AttachError, Capabilities, CredentialsResult, Dirs, DirsOp,
+    DirsResult, Hello, LimitsResult, Ping, ServerFrame, Spawn, SpawnError, Started, TerminalReport,
 };
 
 /// How often the daemon pings (SPEC §4).
@@ -141,13 +140,7 @@ impl Link {
 impl Host {
     pub fn new(state: StateDir, dirs: DirAllowlist) -> Self {
         let (finished_tx, finished_rx) = mpsc::unbounded_channel();
-        Self {
-            state,
-            dirs,
-            terminals: HashMap::new(),
-            finished_tx,
-            finished_rx,
-        }
+        Self { state, dirs, terminals: HashMap::new(), finished_tx, finished_rx }
     }
 
     /// Waits out a reconnect delay while still noting terminals that end.
@@ -166,46 +159,28 @@ impl Host {
     /// until the socket ends.
     pub async fn serve(&mut self, connection: Connection, host_id: &str) -> SessionOutcome {
         let started = Instant::now();
-        let Connection {
-            mut inbound,
-            out,
-            mut writer,
-        } = connection;
-        let outcome = |established: bool, end: SessionEnd| SessionOutcome {
-            established,
-            lived: started.elapsed(),
-            end,
-        };
+        let Connection { mut inbound, out, mut writer } = connection;
+        let outcome =
+            |established: bool, end: SessionEnd| SessionOutcome { established, lived: started.elapsed(), end };
 
         // Terminals that ended since the last look must be reported as not running.
         while let Ok(final_frames) = self.finished_rx.try_recv() {
             self.on_finished(final_frames, None).await;
         }
-        let mut link = Link {
-            out,
-            ledger: PingLedger::default(),
-            stalled: false,
-        };
+        let mut link = Link { out, ledger: PingLedger::default(), stalled: false };
         if !link.send(Frame::Hello(self.hello(host_id))).await {
-            return outcome(
-                false,
-                SessionEnd::Lost("writer stopped before hello".to_owned()),
-            );
+            return outcome(false, SessionEnd::Lost("writer stopped before hello".to_owned()));
         }
 
         let mut established = false;
         let hello_deadline = tokio::time::sleep(HELLO_ACK_TIMEOUT);
         tokio::pin!(hello_deadline);
-        let mut ping =
-            tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
+        let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
         loop {
             if link.stalled {
-                return outcome(
-                    established,
-                    SessionEnd::Lost("outbound queue stalled".to_owned()),
-                );
+                return outcome(established, SessionEnd::Lost("outbound queue stalled".to_owned()));
             }
             tokio::select! {
                 inbound_item = inbound.next() => match inbound_item {
@@ -269,11 +244,8 @@ impl Host {
     /// After HelloAck: the final frames of terminals that ended while the
     /// socket was down (or whose frames were never confirmed).
     async fn send_pending_final_frames(&mut self, link: &mut Link) {
-        let pending: Vec<FinalFrames> = self
-            .terminals
-            .values()
-            .filter_map(|entry| entry.final_frames.clone())
-            .collect();
+        let pending: Vec<FinalFrames> =
+            self.terminals.values().filter_map(|entry| entry.final_frames.clone()).collect();
         for final_frames in pending {
             link.send_final_frames(final_frames).await;
         }
@@ -299,11 +271,7 @@ impl Host {
 
     /// The server confirmed a terminal's final frames.
     fn forget(&mut self, terminal_id: &str) {
-        if self
-            .terminals
-            .get(terminal_id)
-            .is_some_and(|entry| !entry.running())
-        {
+        if self.terminals.get(terminal_id).is_some_and(|entry| !entry.running()) {
             self.terminals.remove(terminal_id);
             tracing::debug!(terminal_id, "tether_daemon_terminal_forgotten");
         }
@@ -344,9 +312,7 @@ impl Host {
                 limits_json: HostLimits::collect().to_json(),
                 error: None,
             })),
-            In::Credentials(request) => Some(Frame::CredentialsResult(
-                self.credentials(request.request_id),
-            )),
+            In::Credentials(request) => Some(Frame::CredentialsResult(self.credentials(request.request_id))),
         };
         if let Some(reply) = reply {
             // A failed send means the connection is gone; the serve loop sees it.
@@ -359,19 +325,11 @@ impl Host {
         if let Some(entry) = self.terminals.get(&terminal_id) {
             // Idempotent: a re-sent Spawn learns the pid again; one for a
             // terminal that already ended is answered by its pending Exit.
-            return entry.running().then(|| {
-                Frame::Started(Started {
-                    terminal_id,
-                    pid: entry.pid,
-                })
-            });
+            return entry.running().then(|| Frame::Started(Started { terminal_id, pid: entry.pid }));
         }
         let spawn_error = |terminal_id: String, message: String| {
             tracing::info!(%terminal_id, %message, "tether_daemon_spawn_failed");
-            Some(Frame::SpawnError(SpawnError {
-                terminal_id,
-                message,
-            }))
+            Some(Frame::SpawnError(SpawnError { terminal_id, message }))
         };
         if terminal_id.is_empty() {
             return spawn_error(terminal_id, "empty terminal id".to_owned());
@@ -409,17 +367,11 @@ impl Host {
                 final_frames: None,
             },
         );
-        Some(Frame::Started(Started {
-            terminal_id,
-            pid: process.pid,
-        }))
+        Some(Frame::Started(Started { terminal_id, pid: process.pid }))
     }
 
     fn running_terminal(&mut self, terminal_id: &str) -> Option<&mut TerminalEntry> {
-        let entry = self
-            .terminals
-            .get_mut(terminal_id)
-            .filter(|entry| entry.running());
+        let entry = self.terminals.get_mut(terminal_id).filter(|entry| entry.running());
         if entry.is_none() {
             tracing::debug!(terminal_id, "tether_daemon_frame_for_absent_terminal");
         }
@@ -433,11 +385,7 @@ impl Host {
         if let Err(mpsc::error::TrySendError::Full(data)) = entry.input.try_send(data) {
             // The child is not reading its input; blocking here would stall
             // every other terminal's frames behind it.
-            tracing::warn!(
-                terminal_id,
-                bytes = data.len(),
-                "tether_daemon_input_dropped"
-            );
+            tracing::warn!(terminal_id, bytes = data.len(), "tether_daemon_input_dropped");
         }
     }
 
@@ -456,10 +404,7 @@ impl Host {
             return;
         }
         entry.size = size;
-        let _ = entry.handle.commands.send(TerminalCommand::Resize {
-            size,
-            out: out.clone(),
-        });
+        let _ = entry.handle.commands.send(TerminalCommand::Resize { size, out: out.clone() });
     }
 
     fn kill(&mut self, terminal_id: &str, signal: i32) {
@@ -481,11 +426,7 @@ impl Host {
         let message = match self.terminals.get(&terminal_id) {
             None => "unknown terminal",
             Some(entry) if entry.running() => {
-                let command = TerminalCommand::Attach {
-                    attach_id: attach_id.clone(),
-                    resume_from,
-                    out: out.clone(),
-                };
+                let command = TerminalCommand::Attach { attach_id: attach_id.clone(), resume_from, out: out.clone() };
                 match entry.handle.commands.send(command) {
                     Ok(()) => return None,
                     // The task ended a moment ago; its final frames are on their way.
@@ -494,11 +435,7 @@ impl Host {
             }
             Some(_) => "terminal has exited",
         };
-        Some(Frame::AttachError(AttachError {
-            terminal_id,
-            attach_id,
-            message: message.to_owned(),
-        }))
+        Some(Frame::AttachError(AttachError { terminal_id, attach_id, message: message.to_owned() }))
     }
 
     fn change_dirs(&mut self, request: Dirs) -> DirsResult {
@@ -518,32 +455,18 @@ impl Host {
             Ok(()) => {
                 self.dirs = dirs;
                 tracing::info!(dirs = ?self.dirs.dirs(), "tether_daemon_dirs_changed");
-                DirsResult {
-                    request_id: request.request_id,
-                    dirs: self.dirs.to_strings(),
-                    error: None,
-                }
+                DirsResult { request_id: request.request_id, dirs: self.dirs.to_strings(), error: None }
             }
-            Err(error) => DirsResult {
-                request_id: request.request_id,
-                dirs: self.dirs.to_strings(),
-                error: Some(error),
-            },
+            Err(error) => {
+                DirsResult { request_id: request.request_id, dirs: self.dirs.to_strings(), error: Some(error) }
+            }
         }
     }
 
     fn credentials(&self, request_id: String) -> CredentialsResult {
         match self.state.credentials() {
-            Ok(credentials_json) => CredentialsResult {
-                request_id,
-                credentials_json,
-                error: None,
-            },
-            Err(err) => CredentialsResult {
-                request_id,
-                credentials_json: Bytes::new(),
-                error: Some(err.to_string()),
-            },
+            Ok(credentials_json) => CredentialsResult { request_id, credentials_json, error: None },
+            Err(err) => CredentialsResult { request_id, credentials_json: Bytes::new(), error: Some(err.to_string()) },
         }
     }
 }

@@ -47,9 +47,7 @@ impl HostLimits {
                 address_space: rlimit(libc::RLIMIT_AS),
                 cpu: rlimit(libc::RLIMIT_CPU),
             },
-            cpus: std::thread::available_parallelism()
-                .ok()
-                .and_then(|n| u64::try_from(n.get()).ok()),
+            cpus: std::thread::available_parallelism().ok().and_then(|n| u64::try_from(n.get()).ok()),
             mem_total_kb: std::fs::read_to_string("/proc/meminfo")
                 .ok()
                 .and_then(|meminfo| parse_mem_total_kb(&meminfo)),
@@ -69,21 +67,12 @@ type Resource = libc::__rlimit_resource_t;
 type Resource = libc::c_int;
 
 fn rlimit(resource: Resource) -> Rlimit {
-    let mut raw = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
+    let mut raw = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit only writes the struct we pass.
     if unsafe { libc::getrlimit(resource, &mut raw) } != 0 {
-        return Rlimit {
-            soft: None,
-            hard: None,
-        };
+        return Rlimit { soft: None, hard: None };
     }
-    Rlimit {
-        soft: rlimit_value(raw.rlim_cur),
-        hard: rlimit_value(raw.rlim_max),
-    }
+    Rlimit { soft: rlimit_value(raw.rlim_cur), hard: rlimit_value(raw.rlim_max) }
 }
 
 // rlim_t is u64 on Linux but not on every unix.
@@ -99,12 +88,7 @@ fn rlimit_value(raw: libc::rlim_t) -> Option<u64> {
 fn parse_mem_total_kb(meminfo: &str) -> Option<u64> {
     meminfo.lines().find_map(|line| {
         let value = line.strip_prefix("MemTotal:")?.trim();
-        value
-            .strip_suffix("kB")
-            .unwrap_or(value)
-            .trim()
-            .parse()
-            .ok()
+        value.strip_suffix("kB").unwrap_or(value).trim().parse().ok()
     })
 }
 
@@ -129,22 +113,10 @@ mod tests {
     fn json_shape_matches_the_protocol_doc() {
         let limits = HostLimits {
             rlimits: Rlimits {
-                nofile: Rlimit {
-                    soft: Some(1024),
-                    hard: Some(4096),
-                },
-                nproc: Rlimit {
-                    soft: None,
-                    hard: None,
-                },
-                address_space: Rlimit {
-                    soft: None,
-                    hard: None,
-                },
-                cpu: Rlimit {
-                    soft: Some(60),
-                    hard: None,
-                },
+                nofile: Rlimit { soft: Some(1024), hard: Some(4096) },
+                nproc: Rlimit { soft: None, hard: None },
+                address_space: Rlimit { soft: None, hard: None },
+                cpu: Rlimit { soft: Some(60), hard: None },
             },
             cpus: Some(2),
             mem_total_kb: Some(1000),

@@ -30,8 +30,7 @@ impl PingLedger {
     /// A terminal's final frames went into the queue; the next Ping queued
     /// will confirm them.
     pub fn final_frames_queued(&mut self, terminal_id: String) {
-        self.awaiting
-            .push_back((self.pings_queued + 1, terminal_id));
+        self.awaiting.push_back((self.pings_queued + 1, terminal_id));
     }
 
     /// A Pong arrived: the terminals whose final frames the server now has.
@@ -64,10 +63,7 @@ mod tests {
         ledger.final_frames_queued("c".to_owned());
         ledger.ping_queued(); // #3 confirms b and c
 
-        assert!(
-            ledger.pong_received().is_empty(),
-            "pong #1 predates every final frame"
-        );
+        assert!(ledger.pong_received().is_empty(), "pong #1 predates every final frame");
         assert_eq!(ledger.pong_received(), ["a"]);
         assert_eq!(ledger.pong_received(), ["b", "c"]);
         assert!(ledger.pong_received().is_empty());

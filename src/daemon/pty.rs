@@ -67,9 +67,8 @@ pub struct PtyProcess {
 
 /// Starts `argv` (empty: the user's login shell) in `dir` on a PTY of `size`.
 pub fn spawn(dir: &Path, argv: &[String], size: GridSize) -> Result<PtyProcess, PtyError> {
-    let pair = portable_pty::native_pty_system()
-        .openpty(pty_size(size))
-        .map_err(|err| PtyError::Open(format!("{err:#}")))?;
+    let pair =
+        portable_pty::native_pty_system().openpty(pty_size(size)).map_err(|err| PtyError::Open(format!("{err:#}")))?;
 
     let mut command = if argv.is_empty() {
         // $SHELL, else the passwd entry, else /bin/sh; started as a login
@@ -96,16 +95,12 @@ pub fn spawn(dir: &Path, argv: &[String], size: GridSize) -> Result<PtyProcess, 
     let child = pair
         .slave
         .spawn_command(command)
-        .map_err(|err| PtyError::Spawn {
-            program: program.clone(),
-            reason: format!("{err:#}"),
-        })?;
+        .map_err(|err| PtyError::Spawn { program: program.clone(), reason: format!("{err:#}") })?;
     // The reader only sees EOF once every slave fd is closed, ours included.
     drop(pair.slave);
-    let pid = child.process_id().ok_or_else(|| PtyError::Spawn {
-        program,
-        reason: "the child has no process id".to_owned(),
-    })?;
+    let pid = child
+        .process_id()
+        .ok_or_else(|| PtyError::Spawn { program, reason: "the child has no process id".to_owned() })?;
     // Reaping is the waiter thread's job (wait4, for the rusage); dropping
     // the handle neither waits nor kills.
     drop(child);
@@ -125,12 +120,8 @@ pub fn spawn(dir: &Path, argv: &[String], size: GridSize) -> Result<PtyProcess, 
         let writer = master.take_writer().map_err(io::Error::other)?;
         let (output_tx, output) = mpsc::channel(OUTPUT_CHANNEL_CHUNKS);
         let (input, input_rx) = mpsc::channel(INPUT_CHANNEL_FRAMES);
-        start_thread(format!("tether-pty-out-{pid}"), move || {
-            read_loop(reader, output_tx)
-        })?;
-        start_thread(format!("tether-pty-in-{pid}"), move || {
-            write_loop(writer, input_rx)
-        })?;
+        start_thread(format!("tether-pty-out-{pid}"), move || read_loop(reader, output_tx))?;
+        start_thread(format!("tether-pty-in-{pid}"), move || write_loop(writer, input_rx))?;
         Ok((output, input))
     })();
     let (output, input) = match io_threads {
@@ -140,21 +131,12 @@ pub fn spawn(dir: &Path, argv: &[String], size: GridSize) -> Result<PtyProcess, 
             return Err(PtyError::Threads(err));
         }
     };
-    Ok(PtyProcess {
-        pid,
-        master,
-        output,
-        input,
-        exit,
-        started_at,
-    })
+    Ok(PtyProcess { pid, master, output, input, exit, started_at })
 }
 
 /// Resizes the PTY; the kernel sends SIGWINCH to the foreground group.
 pub fn resize(master: &dyn MasterPty, size: GridSize) -> Result<(), String> {
-    master
-        .resize(pty_size(size))
-        .map_err(|err| format!("{err:#}"))
+    master.resize(pty_size(size)).map_err(|err| format!("{err:#}"))
 }
 
 /// Sends `signal` (0 = SIGTERM) to the child's process group, or to the
@@ -184,20 +166,11 @@ pub fn send_signal(pid: u32, signal: i32) -> io::Result<()> {
 }
 
 fn pty_size(size: GridSize) -> PtySize {
-    PtySize {
-        rows: size.rows(),
-        cols: size.cols(),
-        pixel_width: 0,
-        pixel_height: 0,
-    }
+    PtySize { rows: size.rows(), cols: size.cols(), pixel_width: 0, pixel_height: 0 }
 }
 
 fn start_thread(name: String, body: impl FnOnce() + Send + 'static) -> io::Result<()> {
-    std::thread::Builder::new()
-        .name(name)
-        .stack_size(THREAD_STACK_BYTES)
-        .spawn(body)
-        .map(drop)
+    std::thread::Builder::new().name(name).stack_size(THREAD_STACK_BYTES).spawn(body).map(drop)
 }
 
 fn read_loop(mut reader: Box<dyn Read + Send>, output: mpsc::Sender<Bytes>) {
@@ -207,10 +180,7 @@ fn read_loop(mut reader: Box<dyn Read + Send>, output: mpsc::Sender<Bytes>) {
             // Linux reports a hung-up PTY master (all slave fds closed) as EIO.
             Ok(0) => return,
             Ok(n) => {
-                if output
-                    .blocking_send(Bytes::copy_from_slice(&buf[..n]))
-                    .is_err()
-                {
+                if output.blocking_send(Bytes::copy_from_slice(&buf[..n])).is_err() {
                     return;
                 }
             }
@@ -246,13 +216,7 @@ fn wait_for_exit(pid: u32) -> ChildExit {
         // Someone else reaped it (e.g. SIGCHLD ignored in the host process):
         // the status is lost, report an end with no code.
         tracing::warn!(pid, "tether_daemon_exit_status_lost");
-        return ChildExit {
-            exit_code: None,
-            signal: None,
-            cpu_ms: 0,
-            max_rss_kb: 0,
-            ended_at,
-        };
+        return ChildExit { exit_code: None, signal: None, cpu_ms: 0, max_rss_kb: 0, ended_at };
     }
     let (exit_code, signal) = if libc::WIFEXITED(status) {
         (Some(libc::WEXITSTATUS(status)), None)

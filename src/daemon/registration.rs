@@ -36,9 +36,7 @@ impl HostDescription {
     pub fn of_this_machine(name: Option<String>) -> Self {
         let hostname = gethostname::gethostname().to_string_lossy().into_owned();
         Self {
-            name: name
-                .filter(|name| !name.trim().is_empty())
-                .unwrap_or_else(|| hostname.clone()),
+            name: name.filter(|name| !name.trim().is_empty()).unwrap_or_else(|| hostname.clone()),
             hostname,
             platform: std::env::consts::OS,
             arch: std::env::consts::ARCH,
@@ -89,18 +87,11 @@ pub async fn register(
             Ok(body) => body.error.code,
             Err(_) => "no error code".to_owned(),
         };
-        return Err(RegisterError::Status {
-            status: status.as_u16(),
-            code,
-        });
+        return Err(RegisterError::Status { status: status.as_u16(), code });
     }
-    let registered: Registered = response
-        .json()
-        .await
-        .map_err(|err| RegisterError::BadResponse(err.to_string()))?;
+    let registered: Registered = response.json().await.map_err(|err| RegisterError::BadResponse(err.to_string()))?;
     let id = registered.host.id;
     // The id names a file's contents and every Hello; insist on a real UUID.
-    uuid::Uuid::parse_str(&id)
-        .map_err(|_| RegisterError::BadResponse(format!("host id {id:?} is not a UUID")))?;
+    uuid::Uuid::parse_str(&id).map_err(|_| RegisterError::BadResponse(format!("host id {id:?} is not a UUID")))?;
     Ok(id)
 }

@@ -22,11 +22,7 @@ pub struct OutputRing {
 
 impl OutputRing {
     pub fn with_capacity(capacity: usize) -> Self {
-        Self {
-            buf: VecDeque::with_capacity(capacity.min(64 * 1024)),
-            capacity,
-            start: 0,
-        }
+        Self { buf: VecDeque::with_capacity(capacity.min(64 * 1024)), capacity, start: 0 }
     }
 
     pub fn capacity(&self) -> usize {

@@ -32,18 +32,12 @@ pub struct GridSize {
 impl GridSize {
     /// Clamps a requested grid into 1..=1000.
     pub fn clamped(cols: u32, rows: u32) -> Self {
-        Self {
-            cols: clamp_dimension(cols),
-            rows: clamp_dimension(rows),
-        }
+        Self { cols: clamp_dimension(cols), rows: clamp_dimension(rows) }
     }
 
     /// A Spawn's grid: 0 means "not given" and picks the classic 80x24.
     pub fn for_spawn(cols: u32, rows: u32) -> Self {
-        Self::clamped(
-            if cols == 0 { 80 } else { cols },
-            if rows == 0 { 24 } else { rows },
-        )
+        Self::clamped(if cols == 0 { 80 } else { cols }, if rows == 0 { 24 } else { rows })
     }
 
     pub fn cols(self) -> u16 {
@@ -69,9 +63,7 @@ impl ScreenModel {
     pub fn new(size: GridSize) -> Self {
         // No scrollback: snapshots repaint the visible screen only, and the
         // ring buffer already holds recent history.
-        Self {
-            parser: vt100::Parser::new(size.rows, size.cols, 0),
-        }
+        Self { parser: vt100::Parser::new(size.rows, size.cols, 0) }
     }
 
     pub fn process(&mut self, output: &[u8]) {
@@ -93,21 +85,14 @@ impl ScreenModel {
     /// mouse) so a fresh viewer behaves like the one that was there.
     pub fn snapshot(&self) -> Bytes {
         let screen = self.parser.screen();
-        let buffer_switch = if screen.alternate_screen() {
-            ENTER_ALTERNATE_SCREEN
-        } else {
-            LEAVE_ALTERNATE_SCREEN
-        };
+        let buffer_switch = if screen.alternate_screen() { ENTER_ALTERNATE_SCREEN } else { LEAVE_ALTERNATE_SCREEN };
         let state = screen.state_formatted();
         let mut out = Vec::with_capacity(buffer_switch.len() + state.len());
         out.extend_from_slice(buffer_switch);
         if buffer_switch.len() + state.len() <= MAX_SNAPSHOT_BYTES {
             out.extend_from_slice(state.as_bytes());
         } else {
-            tracing::warn!(
-                formatted_bytes = state.len(),
-                "tether_daemon_snapshot_too_large"
-            );
+            tracing::warn!(formatted_bytes = state.len(), "tether_daemon_snapshot_too_large");
             out.extend_from_slice(CLEAR_AND_HOME);
             out.extend_from_slice(screen.cursor_state_formatted().as_bytes());
         }
@@ -137,15 +122,11 @@ mod tests {
         model.process(b"hello\r\n\x1b[31mred\x1b[0m world\r\nab");
         let snapshot = model.snapshot();
 
-        let mut replay =
-            vt100::Parser::new(NonZeroU16::new(5).unwrap(), NonZeroU16::new(20).unwrap(), 0);
+        let mut replay = vt100::Parser::new(NonZeroU16::new(5).unwrap(), NonZeroU16::new(20).unwrap(), 0);
         replay.process(&snapshot);
         assert_eq!(replay.screen().contents(), model.parser.screen().contents());
         assert_eq!(replay.screen().cursor_position(), (2, 2));
-        assert_eq!(
-            replay.screen().cell(1, 0).map(|cell| cell.fgcolor()),
-            Some(vt100::Color::Idx(1))
-        );
+        assert_eq!(replay.screen().cell(1, 0).map(|cell| cell.fgcolor()), Some(vt100::Color::Idx(1)));
     }
 
     #[test]

@@ -25,10 +25,7 @@ pub struct ServerUrl {
 
 impl ServerUrl {
     pub fn parse(url: &str) -> Result<Self, BadServerUrl> {
-        let bad = |reason| BadServerUrl {
-            url: url.to_owned(),
-            reason,
-        };
+        let bad = |reason| BadServerUrl { url: url.to_owned(), reason };
         let trimmed = url.trim().trim_end_matches('/');
         let (ws_scheme, rest) = if let Some(rest) = trimmed.strip_prefix("http://") {
             ("ws://", rest)
@@ -48,10 +45,7 @@ impl ServerUrl {
         if trimmed.parse::<awc::http::Uri>().is_err() {
             return Err(bad("not a valid URL"));
         }
-        Ok(Self {
-            base: trimmed.to_owned(),
-            ws_base: format!("{ws_scheme}{rest}"),
-        })
+        Ok(Self { base: trimmed.to_owned(), ws_base: format!("{ws_scheme}{rest}") })
     }
 
     /// `POST` here registers the host (SPEC §6.1).
@@ -82,27 +76,13 @@ mod tests {
         assert_eq!(url.daemon_ws_endpoint(), "ws://127.0.0.1:8080/ws/v1/daemon");
 
         let url = ServerUrl::parse("https://relay.example.com/tether").unwrap();
-        assert_eq!(
-            url.hosts_endpoint(),
-            "https://relay.example.com/tether/api/v1/hosts"
-        );
-        assert_eq!(
-            url.daemon_ws_endpoint(),
-            "wss://relay.example.com/tether/ws/v1/daemon"
-        );
+        assert_eq!(url.hosts_endpoint(), "https://relay.example.com/tether/api/v1/hosts");
+        assert_eq!(url.daemon_ws_endpoint(), "wss://relay.example.com/tether/ws/v1/daemon");
     }
 
     #[test]
     fn rejects_what_cannot_be_a_base_url() {
-        for bad in [
-            "",
-            "127.0.0.1:8080",
-            "ws://x",
-            "http://",
-            "http:///x",
-            "http://x/?a=1",
-            "http://bad host",
-        ] {
+        for bad in ["", "127.0.0.1:8080", "ws://x", "http://", "http:///x", "http://x/?a=1", "http://bad host"] {
             assert!(ServerUrl::parse(bad).is_err(), "{bad:?} was accepted");
         }
     }

@@ -78,10 +78,7 @@ impl StateDir {
             .recursive(true)
             .mode(0o700)
             .create(&root)
-            .map_err(|source| StateError::Io {
-                path: root.clone(),
-                source,
-            })?;
+            .map_err(|source| StateError::Io { path: root.clone(), source })?;
         Ok(Self { root })
     }
 
@@ -104,18 +101,14 @@ impl StateDir {
     }
 
     pub fn save_host_id(&self, host_id: &str) -> Result<(), StateError> {
-        let file = HostFile {
-            host_id: host_id.to_owned(),
-        };
+        let file = HostFile { host_id: host_id.to_owned() };
         self.write_json(HOST_FILE, &file)
     }
 
     pub fn forget_host_id(&self) -> Result<(), StateError> {
         let path = self.root.join(HOST_FILE);
         match std::fs::remove_file(&path) {
-            Err(err) if err.kind() != io::ErrorKind::NotFound => {
-                Err(StateError::Io { path, source: err })
-            }
+            Err(err) if err.kind() != io::ErrorKind::NotFound => Err(StateError::Io { path, source: err }),
             _ => Ok(()),
         }
     }
@@ -126,19 +119,13 @@ impl StateDir {
         let path = self.root.join(DIRS_FILE);
         match std::fs::read(&path) {
             Ok(text) => {
-                let corrupt = |reason: String| StateError::Corrupt {
-                    path: path.clone(),
-                    reason,
-                };
-                let file: DirsFile =
-                    serde_json::from_slice(&text).map_err(|err| corrupt(err.to_string()))?;
-                let list = DirAllowlist::from_canonical(file.dirs)
-                    .ok_or_else(|| corrupt("no dirs listed".to_owned()))?;
+                let corrupt = |reason: String| StateError::Corrupt { path: path.clone(), reason };
+                let file: DirsFile = serde_json::from_slice(&text).map_err(|err| corrupt(err.to_string()))?;
+                let list =
+                    DirAllowlist::from_canonical(file.dirs).ok_or_else(|| corrupt("no dirs listed".to_owned()))?;
                 let ignored: Vec<_> = flags
                     .iter()
-                    .filter(|flag| {
-                        std::fs::canonicalize(flag).map_or(true, |dir| !list.dirs().contains(&dir))
-                    })
+                    .filter(|flag| std::fs::canonicalize(flag).map_or(true, |dir| !list.dirs().contains(&dir)))
                     .collect();
                 if !ignored.is_empty() {
                     tracing::warn!(
@@ -159,12 +146,7 @@ impl StateDir {
     }
 
     pub fn save_dirs(&self, list: &DirAllowlist) -> Result<(), StateError> {
-        self.write_json(
-            DIRS_FILE,
-            &DirsFile {
-                dirs: list.dirs().to_vec(),
-            },
-        )
+        self.write_json(DIRS_FILE, &DirsFile { dirs: list.dirs().to_vec() })
     }
 
     /// The raw contents of `credentials.json`, checked to be a JSON object.
@@ -189,10 +171,7 @@ impl StateDir {
     fn write_json(&self, name: &str, value: &impl Serialize) -> Result<(), StateError> {
         let path = self.root.join(name);
         let temp = self.root.join(format!(".{name}.tmp"));
-        let io_error = |source| StateError::Io {
-            path: path.clone(),
-            source,
-        };
+        let io_error = |source| StateError::Io { path: path.clone(), source };
         let text = serde_json::to_vec_pretty(value).map_err(|err| io_error(err.into()))?;
         std::fs::write(&temp, text).map_err(io_error)?;
         std::fs::rename(&temp, &path).map_err(io_error)
@@ -225,13 +204,8 @@ mod tests {
     fn host_id_round_trips_and_can_be_forgotten() {
         let (_root, state) = state();
         assert_eq!(state.host_id(), None);
-        state
-            .save_host_id("0b5e2c1a-1111-2222-3333-444455556666")
-            .unwrap();
-        assert_eq!(
-            state.host_id().as_deref(),
-            Some("0b5e2c1a-1111-2222-3333-444455556666")
-        );
+        state.save_host_id("0b5e2c1a-1111-2222-3333-444455556666").unwrap();
+        assert_eq!(state.host_id().as_deref(), Some("0b5e2c1a-1111-2222-3333-444455556666"));
         state.forget_host_id().unwrap();
         assert_eq!(state.host_id(), None);
         state.forget_host_id().unwrap();
@@ -261,10 +235,7 @@ mod tests {
     fn a_seed_flag_that_does_not_exist_is_an_error() {
         let (root, state) = state();
         let missing = root.path().join("missing");
-        assert!(matches!(
-            state.load_dirs(&[missing]),
-            Err(StateError::Dirs(_))
-        ));
+        assert!(matches!(state.load_dirs(&[missing]), Err(StateError::Dirs(_))));
     }
 
     #[test]
@@ -277,9 +248,6 @@ mod tests {
         std::fs::write(&path, b"not json").unwrap();
         assert_eq!(state.credentials(), Err(CredentialsError::NotAnObject));
         std::fs::write(&path, br#"{"aws": {"key": "k"}}"#).unwrap();
-        assert_eq!(
-            state.credentials().as_deref(),
-            Ok(&br#"{"aws": {"key": "k"}}"#[..])
-        );
+        assert_eq!(state.credentials().as_deref(), Ok(&br#"{"aws": {"key": "k"}}"#[..]));
     }
 }

@@ -136,9 +136,7 @@ impl FatalEnd {
     fn with_host_id(self, host_id: &str) -> DaemonError {
         match self {
             FatalEnd::BadToken => DaemonError::BadToken,
-            FatalEnd::ForeignHost => DaemonError::ForeignHost {
-                host_id: host_id.to_owned(),
-            },
+            FatalEnd::ForeignHost => DaemonError::ForeignHost { host_id: host_id.to_owned() },
         }
     }
 }
@@ -166,40 +164,18 @@ mod tests {
     use super::*;
 
     fn closed(code: u16, established: bool) -> SessionOutcome {
-        SessionOutcome {
-            established,
-            lived: Duration::from_secs(1),
-            end: SessionEnd::Closed(Some(code)),
-        }
+        SessionOutcome { established, lived: Duration::from_secs(1), end: SessionEnd::Closed(Some(code)) }
     }
 
     #[test]
     fn close_codes_map_to_the_spec_policy() {
-        assert!(matches!(
-            decide(&closed(4401, true), false, false),
-            Decision::Fatal(FatalEnd::BadToken)
-        ));
-        assert!(matches!(
-            decide(&closed(4403, false), false, false),
-            Decision::Reregister
-        ));
-        assert!(matches!(
-            decide(&closed(4403, false), true, false),
-            Decision::Fatal(FatalEnd::ForeignHost)
-        ));
-        assert!(matches!(
-            decide(&closed(4503, true), false, false),
-            Decision::RedialAfterDrain
-        ));
-        assert!(matches!(
-            decide(&closed(4503, false), false, true),
-            Decision::BackOff
-        ));
+        assert!(matches!(decide(&closed(4401, true), false, false), Decision::Fatal(FatalEnd::BadToken)));
+        assert!(matches!(decide(&closed(4403, false), false, false), Decision::Reregister));
+        assert!(matches!(decide(&closed(4403, false), true, false), Decision::Fatal(FatalEnd::ForeignHost)));
+        assert!(matches!(decide(&closed(4503, true), false, false), Decision::RedialAfterDrain));
+        assert!(matches!(decide(&closed(4503, false), false, true), Decision::BackOff));
         for code in [4000, 4429, 4408, 1000, 1011] {
-            assert!(
-                matches!(decide(&closed(code, true), false, false), Decision::BackOff),
-                "{code}"
-            );
+            assert!(matches!(decide(&closed(code, true), false, false), Decision::BackOff), "{code}");
         }
         let lost = SessionOutcome {
             established: true,

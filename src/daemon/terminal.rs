@@ -77,11 +77,7 @@ pub struct FinalFrames {
 
 impl FinalFrames {
     pub fn into_frames(self) -> [Frame; 3] {
-        [
-            Frame::Snapshot(self.snapshot),
-            Frame::Exit(self.exit),
-            Frame::Usage(self.usage),
-        ]
+        [Frame::Snapshot(self.snapshot), Frame::Exit(self.exit), Frame::Usage(self.usage)]
     }
 }
 
@@ -113,10 +109,7 @@ pub fn start(
     };
     let span = tracing::info_span!("terminal", terminal_id = %task.terminal_id);
     tokio::task::spawn_local(task.run(child, commands, finished).instrument(span));
-    TerminalHandle {
-        commands: commands_tx,
-        next_offset,
-    }
+    TerminalHandle { commands: commands_tx, next_offset }
 }
 
 struct Attachment {
@@ -142,12 +135,7 @@ impl TerminalTask {
         mut commands: mpsc::UnboundedReceiver<TerminalCommand>,
         finished: mpsc::UnboundedSender<FinalFrames>,
     ) {
-        let ChildStreams {
-            pid,
-            mut output,
-            mut exit,
-            started_at,
-        } = child;
+        let ChildStreams { pid, mut output, mut exit, started_at } = child;
         let mut output_open = true;
         let mut commands_open = true;
         let mut child_exit: Option<ChildExit> = None;
@@ -207,9 +195,9 @@ impl TerminalTask {
 
     /// Bytes read but not yet handed to the attached connection.
     fn pending_bytes(&self) -> usize {
-        self.attached.as_ref().map_or(0, |attachment| {
-            usize::try_from(self.ring.end_offset() - attachment.sent).unwrap_or(usize::MAX)
-        })
+        self.attached
+            .as_ref()
+            .map_or(0, |attachment| usize::try_from(self.ring.end_offset() - attachment.sent).unwrap_or(usize::MAX))
     }
 
     /// A slot in the attached connection's queue, when there is output to
@@ -219,11 +207,7 @@ impl TerminalTask {
         &self,
         wanted: bool,
     ) -> impl std::future::Future<Output = Option<mpsc::OwnedPermit<Outbound>>> + 'static {
-        let out = self
-            .attached
-            .as_ref()
-            .filter(|_| wanted)
-            .map(|attachment| attachment.out.clone());
+        let out = self.attached.as_ref().filter(|_| wanted).map(|attachment| attachment.out.clone());
         async move {
             match out {
                 Some(out) => out.reserve_owned().await.ok(),
@@ -268,11 +252,7 @@ impl TerminalTask {
             TerminalCommand::Attach { attach_id, resume_from, out } => {
                 // Viewers already on this connection must get everything up
                 // to the new snapshot's offset before it.
-                if self
-                    .attached
-                    .as_ref()
-                    .is_some_and(|current| current.out.same_channel(&out))
-                {
+                if self.attached.as_ref().is_some_and(|current| current.out.same_channel(&out)) {
                     self.flush().await;
                 }
                 let offset = self.ring.end_offset();
@@ -291,21 +271,14 @@ impl TerminalTask {
                     offset: from,
                     resumed,
                 };
-                self.attached = match out
-                    .send(Outbound::Frame(Frame::Scrollback(scrollback)))
-                    .await
-                {
+                self.attached = match out.send(Outbound::Frame(Frame::Scrollback(scrollback))).await {
                     Ok(()) => Some(Attachment { out, sent: offset }),
                     Err(_) => None,
                 };
             }
             TerminalCommand::Detach => self.attached = None,
             TerminalCommand::Resize { size, out } => {
-                if self
-                    .attached
-                    .as_ref()
-                    .is_some_and(|current| current.out.same_channel(&out))
-                {
+                if self.attached.as_ref().is_some_and(|current| current.out.same_channel(&out)) {
                     self.flush().await;
                 }
                 self.screen.resize(size);
@@ -328,11 +301,7 @@ impl TerminalTask {
     /// Hands every pending byte to the attached connection.
     async fn flush(&mut self) {
         while self.pending_bytes() > 0 {
-            let Some(out) = self
-                .attached
-                .as_ref()
-                .map(|attachment| attachment.out.clone())
-            else {
+            let Some(out) = self.attached.as_ref().map(|attachment| attachment.out.clone()) else {
                 return;
             };
             let Ok(permit) = out.reserve_owned().await else {
@@ -350,11 +319,7 @@ impl TerminalTask {
             Some(data) if !data.is_empty() => {
                 let offset = attachment.sent;
                 attachment.sent += data.len() as u64;
-                Some(Frame::Output(Output {
-                    terminal_id: self.terminal_id.clone(),
-                    offset,
-                    data,
-                }))
+                Some(Frame::Output(Output { terminal_id: self.terminal_id.clone(), offset, data }))
             }
             Some(_) => None,
             None => {
@@ -382,11 +347,7 @@ impl TerminalTask {
                 cols: u32::from(size.cols()),
                 rows: u32::from(size.rows()),
             },
-            exit: Exit {
-                terminal_id: terminal_id.clone(),
-                exit_code: child_exit.exit_code,
-                signal: child_exit.signal,
-            },
+            exit: Exit { terminal_id: terminal_id.clone(), exit_code: child_exit.exit_code, signal: child_exit.signal },
             usage: Usage {
                 terminal_id: terminal_id.clone(),
                 cpu_ms: child_exit.cpu_ms,
@@ -402,13 +363,7 @@ impl TerminalTask {
 /// The waiter thread vanished without a status (it cannot panic in
 /// practice); report an end with no code rather than never ending.
 fn unknown_exit() -> ChildExit {
-    ChildExit {
-        exit_code: None,
-        signal: None,
-        cpu_ms: 0,
-        max_rss_kb: 0,
-        ended_at: Instant::now(),
-    }
+    ChildExit { exit_code: None, signal: None, cpu_ms: 0, max_rss_kb: 0, ended_at: Instant::now() }
 }
 
 #[cfg(test)]
@@ -416,13 +371,7 @@ mod tests {
     use super::*;
 
     fn exit_status() -> ChildExit {
-        ChildExit {
-            exit_code: Some(0),
-            signal: None,
-            cpu_ms: 1,
-            max_rss_kb: 2,
-            ended_at: Instant::now(),
-        }
+        ChildExit { exit_code: Some(0), signal: None, cpu_ms: 1, max_rss_kb: 2, ended_at: Instant::now() }
     }
 
     /// A connection that is not read stops the reading of the PTY at a
@@ -436,24 +385,10 @@ mod tests {
                 let (exit_tx, exit) = oneshot::channel();
                 let (finished_tx, mut finished) = mpsc::unbounded_channel();
                 // pid 0 is never signalled (send_signal refuses it).
-                let child = ChildStreams {
-                    pid: 0,
-                    output,
-                    exit,
-                    started_at: Instant::now(),
-                };
-                let handle = start(
-                    "t".to_owned(),
-                    GridSize::clamped(80, 24),
-                    child,
-                    finished_tx,
-                );
+                let child = ChildStreams { pid: 0, output, exit, started_at: Instant::now() };
+                let handle = start("t".to_owned(), GridSize::clamped(80, 24), child, finished_tx);
                 let (out, mut wire) = mpsc::channel(2);
-                let attach = TerminalCommand::Attach {
-                    attach_id: "a".to_owned(),
-                    resume_from: None,
-                    out,
-                };
+                let attach = TerminalCommand::Attach { attach_id: "a".to_owned(), resume_from: None, out };
                 assert!(handle.commands.send(attach).is_ok());
 
                 let mut fed = 0u64;
@@ -462,9 +397,7 @@ mod tests {
                     // Distinct bytes per chunk, so a reordering would show.
                     counter = counter.wrapping_add(1);
                     let chunk = Bytes::from(vec![counter; pty::READ_CHUNK]);
-                    let sent =
-                        tokio::time::timeout(Duration::from_millis(200), output_tx.send(chunk))
-                            .await;
+                    let sent = tokio::time::timeout(Duration::from_millis(200), output_tx.send(chunk)).await;
                     match sent {
                         Ok(Ok(())) => fed += pty::READ_CHUNK as u64,
                         _ => break,
@@ -492,10 +425,7 @@ mod tests {
                     }
                 }
                 assert_eq!(expected_offset, fed);
-                let chunks: Vec<u8> = received
-                    .chunks(pty::READ_CHUNK)
-                    .map(|chunk| chunk[0])
-                    .collect();
+                let chunks: Vec<u8> = received.chunks(pty::READ_CHUNK).map(|chunk| chunk[0]).collect();
                 let in_order: Vec<u8> = (1..=chunks.len()).map(|n| n as u8).collect();
                 assert_eq!(chunks, in_order);
 
@@ -518,39 +448,19 @@ mod tests {
                 let (output_tx, output) = mpsc::channel(4);
                 let (_exit_tx, exit) = oneshot::channel();
                 let (finished_tx, _finished) = mpsc::unbounded_channel();
-                let child = ChildStreams {
-                    pid: 0,
-                    output,
-                    exit,
-                    started_at: Instant::now(),
-                };
-                let handle = start(
-                    "t".to_owned(),
-                    GridSize::clamped(80, 24),
-                    child,
-                    finished_tx,
-                );
-                assert!(output_tx
-                    .send(Bytes::from_static(b"plain \x1b[3"))
-                    .await
-                    .is_ok());
+                let child = ChildStreams { pid: 0, output, exit, started_at: Instant::now() };
+                let handle = start("t".to_owned(), GridSize::clamped(80, 24), child, finished_tx);
+                assert!(output_tx.send(Bytes::from_static(b"plain \x1b[3")).await.is_ok());
                 tokio::task::yield_now().await;
 
                 let (out, mut wire) = mpsc::channel(8);
-                let attach = TerminalCommand::Attach {
-                    attach_id: "a".to_owned(),
-                    resume_from: None,
-                    out,
-                };
+                let attach = TerminalCommand::Attach { attach_id: "a".to_owned(), resume_from: None, out };
                 assert!(handle.commands.send(attach).is_ok());
                 let offset = match wire.recv().await {
                     Some(Outbound::Frame(Frame::Scrollback(scrollback))) => scrollback.offset,
                     _ => panic!("expected Scrollback"),
                 };
-                assert_eq!(
-                    offset, 6,
-                    "the snapshot must sit before the partial sequence"
-                );
+                assert_eq!(offset, 6, "the snapshot must sit before the partial sequence");
                 assert_eq!(handle.next_offset.get(), 6);
 
                 assert!(output_tx.send(Bytes::from_static(b"1mred")).await.is_ok());

@@ -28,7 +28,11 @@ impl ApiError {
     }
 
     pub fn unauthorized() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", "a valid API token is required (Authorization: Bearer TOKEN)")
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid API token is required (Authorization: Bearer TOKEN)",
+        )
     }
 
     pub fn not_found(what: &str) -> Self {

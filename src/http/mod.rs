@@ -16,10 +16,7 @@ use actix_web::web;
 /// Registers every route of the application.
 pub fn configure(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
     cfg.app_data(
-        web::JsonConfig::default()
-            .limit(max_body_bytes)
-            .content_type_required(false)
-            .error_handler(error::json_error),
+        web::JsonConfig::default().limit(max_body_bytes).content_type_required(false).error_handler(error::json_error),
     )
     .app_data(web::QueryConfig::default().error_handler(error::query_error))
     .route("/healthz", web::get().to(ops::healthz))

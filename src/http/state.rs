@@ -15,12 +15,12 @@ use crate::bus::RedisLink;
 use crate::config::{ms, Settings};
 use crate::jobs::runs::RunDispatcher;
 use crate::jobs::sweep::Sweeper;
+use crate::metrics::Metrics;
 use crate::relay::arbiter::ArbiterConfig;
 use crate::relay::grid::GridTimings;
 use crate::relay::limiter::AddressLimiter;
 use crate::relay::registry::HostRegistry;
 use crate::relay::RelayContext;
-use crate::metrics::Metrics;
 use crate::store::{Store, User};
 
 /// The role a `tether serve` process plays (SPEC §2).

@@ -33,11 +33,16 @@ fn upgrade(
     protocol: &str,
 ) -> Result<(HttpResponse, Session, AggregatedMessageStream), actix_web::Error> {
     let (res, session, stream) = actix_ws::handle_with_protocols(req, body, &[protocol])?;
-    let stream = stream.max_frame_size(MAX_FRAME_BYTES).aggregate_continuations().max_continuation_size(MAX_FRAME_BYTES);
+    let stream =
+        stream.max_frame_size(MAX_FRAME_BYTES).aggregate_continuations().max_continuation_size(MAX_FRAME_BYTES);
     Ok((res, session, stream))
 }
 
-pub async fn daemon(req: HttpRequest, body: web::Payload, state: web::Data<AppState>) -> Result<HttpResponse, actix_web::Error> {
+pub async fn daemon(
+    req: HttpRequest,
+    body: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, actix_web::Error> {
     let (res, session, stream) = upgrade(&req, body, DAEMON_PROTOCOL)?;
     let peer = req.peer_addr().map(|a| a.ip());
     let Some(guard) = state.limiter.acquire(peer, state.settings.http.ws_per_address) else {

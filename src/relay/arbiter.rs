@@ -55,7 +55,11 @@ enum Phase {
 enum Kind {
     /// A viewer and the byte count of its outbound queue.
     Viewer(Recipient<ViewerOut>, Arc<AtomicUsize>),
-    Capture { run_id: Uuid, pending: Vec<u8>, logged: u64 },
+    Capture {
+        run_id: Uuid,
+        pending: Vec<u8>,
+        logged: u64,
+    },
 }
 
 struct Member {
@@ -309,14 +313,7 @@ impl TerminalArbiter {
         self.attach_waiting(ctx);
     }
 
-    fn on_scrollback(
-        &mut self,
-        attach_id: String,
-        data: Bytes,
-        (cols, rows): (u16, u16),
-        offset: u64,
-        resumed: bool,
-    ) {
+    fn on_scrollback(&mut self, attach_id: String, data: Bytes, (cols, rows): (u16, u16), offset: u64, resumed: bool) {
         self.grid.pty_resized(cols, rows);
         let live_at = if resumed { offset + data.len() as u64 } else { offset };
         if self.stream_next.is_none_or(|n| live_at >= n) {
@@ -372,7 +369,8 @@ impl TerminalArbiter {
         if self.flushing {
             return;
         }
-        let Some(Member { kind: Kind::Capture { run_id, pending, logged }, .. }) = self.members.get_mut(&CAPTURE) else {
+        let Some(Member { kind: Kind::Capture { run_id, pending, logged }, .. }) = self.members.get_mut(&CAPTURE)
+        else {
             return;
         };
         let finish = self.finish.take();
@@ -534,7 +532,10 @@ impl Handler<FromViewer> for TerminalArbiter {
             FromViewer::Input { viewer, data } => {
                 self.grid.used(viewer, now);
                 let Some(stream) = &self.stream else {
-                    self.send_to(viewer, ViewerOut::Text(json!({"type": "error", "message": "host offline"}).to_string()));
+                    self.send_to(
+                        viewer,
+                        ViewerOut::Text(json!({"type": "error", "message": "host offline"}).to_string()),
+                    );
                     return;
                 };
                 if stream.daemon_queue.load(Ordering::Relaxed) > self.config.input_queue_limit {
@@ -653,7 +654,9 @@ impl Handler<LifecycleEvent> for TerminalArbiter {
                     for m in self.members.values() {
                         if !matches!(m.phase, Phase::Live { .. }) {
                             if let Kind::Viewer(r, _) = &m.kind {
-                                r.do_send(ViewerOut::Text(json!({"type": "size", "cols": cols, "rows": rows, "yours": false}).to_string()));
+                                r.do_send(ViewerOut::Text(
+                                    json!({"type": "size", "cols": cols, "rows": rows, "yours": false}).to_string(),
+                                ));
                                 r.do_send(ViewerOut::Binary(data.clone()));
                             }
                         }

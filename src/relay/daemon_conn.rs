@@ -133,8 +133,8 @@ impl DaemonConn {
             let capture = CaptureRun { run_id, logged: 0, attach_id: Some(attach_id.clone()) };
             Ok(Some(arbiter.send(capture).await.ok().map(|()| (arbiter, attach_id))))
         };
-        Box::pin(claim.into_actor(self).map(move |claimed: Result<_, crate::store::StoreError>, act, ctx| {
-            match claimed {
+        Box::pin(claim.into_actor(self).map(
+            move |claimed: Result<_, crate::store::StoreError>, act, ctx| match claimed {
                 Ok(Some(capture)) => {
                     act.owned.entry(id).or_default().run_id = terminal.run_id;
                     let spawn = crate::proto::v1::Spawn {
@@ -155,8 +155,8 @@ impl DaemonConn {
                     tracing::error!(error = %e, terminal_id = %id, "tether_spawn_claim_failed");
                     false
                 }
-            }
-        }))
+            },
+        ))
     }
 
     fn attach(&mut self, msg: AttachArbiter, ctx: &mut Context<Self>) {
@@ -207,7 +207,9 @@ fn decode(msg: Option<Result<AggregatedMessage, ProtocolError>>, outbox: &Outbox
             Ok(frame) if frame.frame.is_some() => Read::Frame(frame, bytes.len()),
             _ => Read::Fail(close::POLICY, "malformed frame"),
         },
-        Some(Ok(AggregatedMessage::Text(_))) => Read::Fail(close::POLICY, "text frames are not part of the daemon protocol"),
+        Some(Ok(AggregatedMessage::Text(_))) => {
+            Read::Fail(close::POLICY, "text frames are not part of the daemon protocol")
+        }
         Some(Ok(AggregatedMessage::Ping(bytes))) => {
             let _ = outbox.push(Frame::Pong(bytes));
             Read::Skip
@@ -218,7 +220,12 @@ fn decode(msg: Option<Result<AggregatedMessage, ProtocolError>>, outbox: &Outbox
     }
 }
 
-async fn read_loop(addr: Addr<DaemonConn>, mut stream: AggregatedMessageStream, outbox: Outbox, hello_timeout: Duration) {
+async fn read_loop(
+    addr: Addr<DaemonConn>,
+    mut stream: AggregatedMessageStream,
+    outbox: Outbox,
+    hello_timeout: Duration,
+) {
     let deadline = tokio::time::Instant::now() + hello_timeout;
     let mut held: VecDeque<DaemonFrame> = VecDeque::new();
     let mut held_bytes = 0usize;
@@ -420,7 +427,8 @@ impl Handler<Hello> for DaemonConn {
                 usage: caps.usage,
             };
             relay.store.host_connected(host_id, &caps, &hello.dirs).await.map_err(db)?;
-            let reported: Vec<Uuid> = hello.terminals.iter().filter_map(|t| Uuid::parse_str(&t.terminal_id).ok()).collect();
+            let reported: Vec<Uuid> =
+                hello.terminals.iter().filter_map(|t| Uuid::parse_str(&t.terminal_id).ok()).collect();
             let gone = relay.store.reconcile_terminals(host_id, &reported).await.map_err(db)?;
             for id in &gone {
                 if let Some(run_id) = relay.store.terminal_by_id(*id).await.map_err(db)?.and_then(|t| t.run_id) {
@@ -450,7 +458,8 @@ impl Handler<Hello> for DaemonConn {
             }
             Ok(accepted) => {
                 let Some(host_id) = host_id else { return false };
-                act.host = Some(HostSession { host_id, conn_no: accepted.conn_no, holder: accepted.holder, ready: false });
+                act.host =
+                    Some(HostSession { host_id, conn_no: accepted.conn_no, holder: accepted.holder, ready: false });
                 if act.closed {
                     return false;
                 }
@@ -594,7 +603,10 @@ impl Handler<Inbound> for DaemonConn {
                             let _ = store.append_run_log(run_id, message.as_bytes(), usize::MAX / 2).await;
                             let _ = store.finish_run(run_id, RunState::Failed, None).await;
                         }
-                        registry.do_send(TerminalLifecycle { terminal_id: id, event: LifecycleEvent::SpawnFailed(message) });
+                        registry.do_send(TerminalLifecycle {
+                            terminal_id: id,
+                            event: LifecycleEvent::SpawnFailed(message),
+                        });
                     }
                     .into_actor(self),
                 ))

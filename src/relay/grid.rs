@@ -177,10 +177,8 @@ impl Grid {
             return Vec::new();
         }
         let Some(h) = self.viewers.get_mut(&holder) else { return self.take(viewer) };
-        let in_use = h.visible
-            && h.open
-            && !h.unresponsive
-            && now.saturating_duration_since(h.last_use) < self.timings.in_use;
+        let in_use =
+            h.visible && h.open && !h.unresponsive && now.saturating_duration_since(h.last_use) < self.timings.in_use;
         if !in_use {
             return self.take(viewer);
         }

@@ -185,7 +185,13 @@ pub enum ViewerOut {
     Output(Bytes),
     /// A WebSocket ping (the arbiter checks whether the holder is alive).
     Ping,
-    Close { code: u16, reason: String },
+    Close {
+        code: u16,
+        reason: String,
+    },
     /// Close at once, dropping what is queued (the viewer is not reading).
-    Evict { code: u16, reason: String },
+    Evict {
+        code: u16,
+        reason: String,
+    },
 }

@@ -109,7 +109,10 @@ impl HostRegistry {
                         // Someone else holds the lease now: this connection lost the host.
                         if let Some(entry) = act.hosts.get(&host_id).filter(|e| e.conn_no == conn_no) {
                             tracing::info!(%host_id, "tether_daemon_lease_lost");
-                            entry.conn.do_send(CloseDaemon { code: close::REPLACED, reason: "lease taken by a newer connection" });
+                            entry.conn.do_send(CloseDaemon {
+                                code: close::REPLACED,
+                                reason: "lease taken by a newer connection",
+                            });
                         }
                     }
                 }

@@ -130,11 +130,7 @@ impl PgStore {
         Ok(client.execute(&stmt, params).await?)
     }
 
-    async fn query(
-        &self,
-        sql: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> StoreResult<Vec<Row>> {
+    async fn query(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> StoreResult<Vec<Row>> {
         let client = self.client().await?;
         let stmt = client.prepare_cached(sql).await?;
         Ok(client.query(&stmt, params).await?)
@@ -183,8 +179,7 @@ impl Store for PgStore {
             tx.batch_execute(m.sql)
                 .await
                 .map_err(|e| StoreError::Migration(format!("{:04}_{}: {e}", m.version, m.name)))?;
-            tx.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", &[&m.version, &m.name])
-                .await?;
+            tx.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", &[&m.version, &m.name]).await?;
             applied += 1;
         }
         tx.commit().await?;
@@ -230,8 +225,7 @@ impl Store for PgStore {
     }
 
     async fn insert_token(&self, user_id: Uuid, token_hash: &str) -> StoreResult<()> {
-        self.execute("INSERT INTO api_tokens (token_hash, user_id) VALUES ($1, $2)", &[&token_hash, &user_id])
-            .await?;
+        self.execute("INSERT INTO api_tokens (token_hash, user_id) VALUES ($1, $2)", &[&token_hash, &user_id]).await?;
         Ok(())
     }
 
@@ -358,11 +352,14 @@ impl Store for PgStore {
     }
 
     async fn get_terminal(&self, user_id: Uuid, id: Uuid) -> StoreResult<Option<Terminal>> {
-        self.query_opt(&format!("SELECT {TERMINAL_COLS} FROM terminals WHERE id = $1 AND user_id = $2"), &[&id, &user_id])
-            .await?
-            .as_ref()
-            .map(terminal_row)
-            .transpose()
+        self.query_opt(
+            &format!("SELECT {TERMINAL_COLS} FROM terminals WHERE id = $1 AND user_id = $2"),
+            &[&id, &user_id],
+        )
+        .await?
+        .as_ref()
+        .map(terminal_row)
+        .transpose()
     }
 
     async fn terminal_by_id(&self, id: Uuid) -> StoreResult<Option<Terminal>> {

@@ -236,7 +236,8 @@ impl Store for SqliteStore {
                 "CREATE TABLE IF NOT EXISTS schema_migrations (
                     version integer PRIMARY KEY, name text NOT NULL, applied_at integer NOT NULL)",
             )?;
-            let current: i64 = tx.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))?;
+            let current: i64 =
+                tx.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |r| r.get(0))?;
             let known = latest(MIGRATIONS_SQLITE);
             if current > known {
                 return Err(too_new(current, known));
@@ -479,8 +480,7 @@ impl Store for SqliteStore {
     }
 
     async fn get_terminal(&self, user_id: Uuid, id: Uuid) -> StoreResult<Option<Terminal>> {
-        self.call(move |c| terminal_by(c, "id = ?1 AND user_id = ?2", &[&id.to_string(), &user_id.to_string()]))
-            .await
+        self.call(move |c| terminal_by(c, "id = ?1 AND user_id = ?2", &[&id.to_string(), &user_id.to_string()])).await
     }
 
     async fn terminal_by_id(&self, id: Uuid) -> StoreResult<Option<Terminal>> {
@@ -637,9 +637,7 @@ impl Store for SqliteStore {
             )?;
             let ids: Vec<String> =
                 stmt.query_map(params![now - ttl_ms(stale), now], |r| r.get(0))?.collect::<Result<_, _>>()?;
-            ids.iter()
-                .map(|s| Uuid::parse_str(s).map_err(|e| StoreError::Corrupt(format!("host id: {e}"))))
-                .collect()
+            ids.iter().map(|s| Uuid::parse_str(s).map_err(|e| StoreError::Corrupt(format!("host id: {e}")))).collect()
         })
         .await
     }
@@ -656,9 +654,7 @@ impl Store for SqliteStore {
             )?;
             let ids: Vec<String> =
                 stmt.query_map(params![now - ttl_ms(after), now], |r| r.get(0))?.collect::<Result<_, _>>()?;
-            ids.iter()
-                .map(|s| Uuid::parse_str(s).map_err(|e| StoreError::Corrupt(format!("run id: {e}"))))
-                .collect()
+            ids.iter().map(|s| Uuid::parse_str(s).map_err(|e| StoreError::Corrupt(format!("run id: {e}")))).collect()
         })
         .await
     }
@@ -797,10 +793,7 @@ impl Store for SqliteStore {
 
     async fn set_run_terminal(&self, run_id: Uuid, terminal_id: Uuid) -> StoreResult<()> {
         self.call(move |c| {
-            c.execute(
-                "UPDATE runs SET terminal_id = ?2 WHERE id = ?1",
-                [run_id.to_string(), terminal_id.to_string()],
-            )?;
+            c.execute("UPDATE runs SET terminal_id = ?2 WHERE id = ?1", [run_id.to_string(), terminal_id.to_string()])?;
             Ok(())
         })
         .await
@@ -808,9 +801,10 @@ impl Store for SqliteStore {
 
     async fn mark_run_running(&self, run_id: Uuid) -> StoreResult<bool> {
         self.call(move |c| {
-            Ok(c.execute("UPDATE runs SET state = 'running' WHERE id = ?1 AND state = 'dispatched'", [
-                run_id.to_string()
-            ])? == 1)
+            Ok(c.execute(
+                "UPDATE runs SET state = 'running' WHERE id = ?1 AND state = 'dispatched'",
+                [run_id.to_string()],
+            )? == 1)
         })
         .await
     }
@@ -843,9 +837,8 @@ impl Store for SqliteStore {
         self.call(move |c| {
             // Read-modify-write: SQLite's `||` turns blobs into text.
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let log: Option<Vec<u8>> = tx
-                .query_row("SELECT log FROM runs WHERE id = ?1", [run_id.to_string()], |r| r.get(0))
-                .optional()?;
+            let log: Option<Vec<u8>> =
+                tx.query_row("SELECT log FROM runs WHERE id = ?1", [run_id.to_string()], |r| r.get(0)).optional()?;
             if let Some(mut log) = log {
                 let room = max_bytes.saturating_sub(log.len());
                 if room > 0 {
@@ -933,9 +926,11 @@ impl Store for SqliteStore {
     async fn lease_holder(&self, key: &str) -> StoreResult<Option<String>> {
         let key = key.to_string();
         self.call(move |c| {
-            Ok(c.query_row("SELECT holder FROM leases WHERE key = ?1 AND expires_at > ?2", params![key, now_ms()], |r| {
-                r.get(0)
-            })
+            Ok(c.query_row(
+                "SELECT holder FROM leases WHERE key = ?1 AND expires_at > ?2",
+                params![key, now_ms()],
+                |r| r.get(0),
+            )
             .optional()?)
         })
         .await

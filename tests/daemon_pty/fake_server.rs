@@ -10,8 +10,7 @@ use std::time::Duration;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use prost::Message as _;
 use tether::proto::v1::{
-    daemon_frame::Frame as Out, server_frame::Frame as In, DaemonFrame, Hello, HelloAck, Pong,
-    ServerFrame,
+    daemon_frame::Frame as Out, server_frame::Frame as In, DaemonFrame, Hello, HelloAck, Pong, ServerFrame,
 };
 use tokio::sync::mpsc;
 
@@ -33,10 +32,7 @@ struct Shared {
 }
 
 fn bearer_ok(req: &HttpRequest) -> bool {
-    req.headers()
-        .get("authorization")
-        .and_then(|value| value.to_str().ok())
-        == Some(&format!("Bearer {TOKEN}"))
+    req.headers().get("authorization").and_then(|value| value.to_str().ok()) == Some(&format!("Bearer {TOKEN}"))
 }
 
 async fn register_host(
@@ -48,10 +44,7 @@ async fn register_host(
         return HttpResponse::Unauthorized().finish();
     }
     for field in ["name", "hostname", "platform", "arch"] {
-        assert!(
-            body.get(field).and_then(|v| v.as_str()).is_some(),
-            "registration lacks {field}: {body}"
-        );
+        assert!(body.get(field).and_then(|v| v.as_str()).is_some(), "registration lacks {field}: {body}");
     }
     *shared.registrations.lock().unwrap() += 1;
     let id = shared.host_id.lock().unwrap().clone();
@@ -66,8 +59,7 @@ async fn daemon_socket(
     if !bearer_ok(&req) {
         return Ok(HttpResponse::Unauthorized().finish());
     }
-    let (response, session, stream) =
-        actix_ws::handle_with_protocols(&req, body, &["tether.daemon.v1"])?;
+    let (response, session, stream) = actix_ws::handle_with_protocols(&req, body, &["tether.daemon.v1"])?;
     let mut stream = stream.max_frame_size(1024 * 1024);
     let number = {
         let mut next = shared.next_connection.lock().unwrap();
@@ -81,13 +73,10 @@ async fn daemon_socket(
         while let Some(Ok(message)) = stream.recv().await {
             match message {
                 actix_ws::Message::Binary(data) => {
-                    let frame =
-                        DaemonFrame::decode(data).expect("daemon sent an undecodable frame");
+                    let frame = DaemonFrame::decode(data).expect("daemon sent an undecodable frame");
                     // Like the real server: every Ping gets a Pong, in order.
                     if matches!(frame.frame, Some(Out::Ping(_))) {
-                        let pong = ServerFrame {
-                            frame: Some(In::Pong(Pong {})),
-                        };
+                        let pong = ServerFrame { frame: Some(In::Pong(Pong {})) };
                         let _ = pong_session.binary(pong.encode_to_vec()).await;
                     }
                     let _ = events.send(Event::Frame(number, frame));
@@ -117,27 +106,18 @@ impl Streams {
                     // where the stream so far ends.
                     assert_eq!(scrollback.offset, *expected, "re-attach snapshot offset");
                 }
-                self.next_offset
-                    .insert(scrollback.terminal_id.clone(), scrollback.offset);
+                self.next_offset.insert(scrollback.terminal_id.clone(), scrollback.offset);
             }
             Out::Output(output) => {
                 let expected = self
                     .next_offset
                     .get_mut(&output.terminal_id)
-                    .unwrap_or_else(|| {
-                        panic!("Output for {} without an attach", output.terminal_id)
-                    });
-                assert_eq!(
-                    output.offset, *expected,
-                    "Output offsets must be contiguous"
-                );
+                    .unwrap_or_else(|| panic!("Output for {} without an attach", output.terminal_id));
+                assert_eq!(output.offset, *expected, "Output offsets must be contiguous");
                 assert!(!output.data.is_empty(), "empty Output frame");
                 assert!(output.data.len() <= 64 * 1024, "Output chunk over 64 KiB");
                 *expected += output.data.len() as u64;
-                self.text
-                    .entry(output.terminal_id.clone())
-                    .or_default()
-                    .extend_from_slice(&output.data);
+                self.text.entry(output.terminal_id.clone()).or_default().extend_from_slice(&output.data);
             }
             _ => {}
         }
@@ -218,10 +198,7 @@ impl FakeServer {
 
     pub async fn accept_and_ack(&mut self) -> Hello {
         let hello = self.accept().await;
-        self.send(In::HelloAck(HelloAck {
-            instance_id: "fake#000001".to_owned(),
-        }))
-        .await;
+        self.send(In::HelloAck(HelloAck { instance_id: "fake#000001".to_owned() })).await;
         hello
     }
 
@@ -287,19 +264,12 @@ impl FakeServer {
 
     pub async fn send(&mut self, frame: In) {
         let bytes = ServerFrame { frame: Some(frame) }.encode_to_vec();
-        self.session
-            .as_mut()
-            .expect("no connection")
-            .binary(bytes)
-            .await
-            .expect("send to the daemon");
+        self.session.as_mut().expect("no connection").binary(bytes).await.expect("send to the daemon");
     }
 
     pub async fn close(&mut self, code: Option<u16>) {
-        let reason = code.map(|code| actix_ws::CloseReason {
-            code: actix_ws::CloseCode::from(code),
-            description: None,
-        });
+        let reason =
+            code.map(|code| actix_ws::CloseReason { code: actix_ws::CloseCode::from(code), description: None });
         if let Some(session) = self.session.take() {
             let _ = session.close(reason).await;
         }

@@ -124,11 +124,7 @@ impl Socket {
     /// Connects and returns the selected subprotocol header too.
     pub async fn connect_with_response(url: &str, protocols: &[&str]) -> (Option<String>, Socket) {
         let (res, framed) = client().ws(url).protocols(protocols).connect().await.expect("ws connect");
-        let selected = res
-            .headers()
-            .get("sec-websocket-protocol")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let selected = res.headers().get("sec-websocket-protocol").and_then(|v| v.to_str().ok()).map(str::to_string);
         (selected, Socket { framed })
     }
 

@@ -41,9 +41,7 @@ async fn create_database(server_url: &str, name: &str) {
     let connect = tokio_postgres::connect(server_url, tokio_postgres::NoTls);
     let (client, connection) = tokio::time::timeout(Duration::from_secs(30), connect)
         .await
-        .unwrap_or_else(|_| {
-            panic!("connecting to test PostgreSQL at {server_url} timed out after 30 s")
-        })
+        .unwrap_or_else(|_| panic!("connecting to test PostgreSQL at {server_url} timed out after 30 s"))
         .unwrap_or_else(|e| panic!("connect to test PostgreSQL at {server_url}: {e}"));
     let mut connection = std::pin::pin!(connection);
     let statement = format!("CREATE DATABASE {name}");
@@ -64,13 +62,9 @@ pub fn url_with_database(server_url: &str, database: &str) -> String {
         Some((base, query)) => (base, Some(query)),
         None => (server_url, None),
     };
-    let authority_start = base
-        .find("://")
-        .unwrap_or_else(|| panic!("{SERVER_ENV} must be a postgres:// URL, got {server_url:?}"))
-        + 3;
-    let authority_end = base[authority_start..]
-        .find('/')
-        .map_or(base.len(), |i| authority_start + i);
+    let authority_start =
+        base.find("://").unwrap_or_else(|| panic!("{SERVER_ENV} must be a postgres:// URL, got {server_url:?}")) + 3;
+    let authority_end = base[authority_start..].find('/').map_or(base.len(), |i| authority_start + i);
     let mut url = format!("{}/{database}", &base[..authority_end]);
     if let Some(query) = query {
         url.push('?');
@@ -84,10 +78,7 @@ pub fn url_with_database(server_url: &str, database: &str) -> String {
 /// instead of each trying again.
 fn ephemeral_server_url() -> String {
     static SERVER: OnceLock<Result<String, String>> = OnceLock::new();
-    SERVER
-        .get_or_init(start_ephemeral_server)
-        .clone()
-        .unwrap_or_else(|message| panic!("{message}"))
+    SERVER.get_or_init(start_ephemeral_server).clone().unwrap_or_else(|message| panic!("{message}"))
 }
 
 fn start_ephemeral_server() -> Result<String, String> {
@@ -103,30 +94,18 @@ fn start_ephemeral_server() -> Result<String, String> {
     initdb
         .arg("-D")
         .arg(&data)
-        .args([
-            "-A",
-            "trust",
-            "--no-sync",
-            "-U",
-            "postgres",
-            "-E",
-            "UTF8",
-            "--locale=C",
-        ])
+        .args(["-A", "trust", "--no-sync", "-U", "postgres", "-E", "UTF8", "--locale=C"])
         .current_dir(&dir)
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err);
-    let mut child = process::spawn_tied(initdb, run_as)
-        .map_err(|e| format!("spawn {}: {e}", bin.join("initdb").display()))?;
+    let mut child =
+        process::spawn_tied(initdb, run_as).map_err(|e| format!("spawn {}: {e}", bin.join("initdb").display()))?;
     match process::wait_timeout(&mut child, Duration::from_secs(60)) {
         Some(status) if status.success() => {}
         outcome => {
             let _ = child.kill();
-            return Err(format!(
-                "initdb failed ({outcome:?}); its output:\n{}",
-                process::read_log(&log)
-            ));
+            return Err(format!("initdb failed ({outcome:?}); its output:\n{}", process::read_log(&log)));
         }
     }
 
@@ -166,28 +145,19 @@ fn start_postmaster(
         .arg(dir)
         .args(["-p", &port.to_string()])
         .args(["-c", "listen_addresses=127.0.0.1"])
-        .args([
-            "-c",
-            "fsync=off",
-            "-c",
-            "synchronous_commit=off",
-            "-c",
-            "full_page_writes=off",
-        ])
+        .args(["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
         // Many tether instances with their pools may share one server.
         .args(["-c", "max_connections=300", "-c", "shared_buffers=32MB"])
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err);
-    let mut child = process::spawn_tied(postgres, run_as).map_err(|e| {
-        StartError::Failed(format!("spawn {}: {e}", bin.join("postgres").display()))
-    })?;
+    let mut child = process::spawn_tied(postgres, run_as)
+        .map_err(|e| StartError::Failed(format!("spawn {}: {e}", bin.join("postgres").display())))?;
     let pid_file = data.join("postmaster.pid");
-    let ready =
-        process::wait_until_ready("postgres", &mut child, log, Duration::from_secs(60), || {
-            postmaster_ready(&pid_file, port)
-        });
+    let ready = process::wait_until_ready("postgres", &mut child, log, Duration::from_secs(60), || {
+        postmaster_ready(&pid_file, port)
+    });
     match ready {
         Ok(()) => {
             // SIGQUIT: immediate shutdown; the data directory is thrown away.
@@ -216,14 +186,10 @@ fn postmaster_ready(pid_file: &Path, port: u16) -> bool {
 /// really lives, else the newest /usr/lib/postgresql/<version>/bin (Debian
 /// keeps the server binaries out of PATH).
 fn postgres_bin_dir() -> PathBuf {
-    let has_server = |dir: &Path| {
-        process::is_executable(&dir.join("initdb")) && process::is_executable(&dir.join("postgres"))
-    };
+    let has_server =
+        |dir: &Path| process::is_executable(&dir.join("initdb")) && process::is_executable(&dir.join("postgres"));
     if let Some(initdb) = process::find_in_path("initdb") {
-        if let Some(dir) = fs::canonicalize(&initdb)
-            .ok()
-            .and_then(|p| p.parent().map(Path::to_path_buf))
-        {
+        if let Some(dir) = fs::canonicalize(&initdb).ok().and_then(|p| p.parent().map(Path::to_path_buf)) {
             if has_server(&dir) {
                 return dir;
             }

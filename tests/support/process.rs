@@ -89,12 +89,8 @@ pub fn spawn_tied(mut command: Command, run_as: Option<RunAs>) -> io::Result<Chi
         });
     }
     let (reply, response) = mpsc::channel();
-    spawner()
-        .send(SpawnRequest { command, reply })
-        .expect("the harness's spawner thread is gone");
-    response
-        .recv()
-        .expect("the harness's spawner thread dropped a request")
+    spawner().send(SpawnRequest { command, reply }).expect("the harness's spawner thread is gone");
+    response.recv().expect("the harness's spawner thread dropped a request")
 }
 
 /// What the exit hook stops and removes.
@@ -104,15 +100,10 @@ struct Registry {
     dirs: Vec<PathBuf>,
 }
 
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
-    servers: Vec::new(),
-    dirs: Vec::new(),
-});
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry { servers: Vec::new(), dirs: Vec::new() });
 
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
-    REGISTRY
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    REGISTRY.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn install_exit_hook() {
@@ -120,7 +111,9 @@ fn install_exit_hook() {
     HOOK.call_once(|| {
         // SAFETY: registering a plain extern "C" function.
         if unsafe { libc::atexit(stop_servers_at_exit) } != 0 {
-            eprintln!("tests/support: atexit failed; servers still die by PR_SET_PDEATHSIG, scratch dirs are swept later");
+            eprintln!(
+                "tests/support: atexit failed; servers still die by PR_SET_PDEATHSIG, scratch dirs are swept later"
+            );
         }
     });
 }
@@ -232,26 +225,15 @@ fn lookup_user(name: &str) -> Option<RunAs> {
     unsafe {
         let mut entry: libc::passwd = std::mem::zeroed();
         let mut found: *mut libc::passwd = std::ptr::null_mut();
-        let rc = libc::getpwnam_r(
-            name.as_ptr(),
-            &mut entry,
-            buffer.as_mut_ptr(),
-            buffer.len(),
-            &mut found,
-        );
-        (rc == 0 && !found.is_null()).then_some(RunAs {
-            uid: entry.pw_uid,
-            gid: entry.pw_gid,
-        })
+        let rc = libc::getpwnam_r(name.as_ptr(), &mut entry, buffer.as_mut_ptr(), buffer.len(), &mut found);
+        (rc == 0 && !found.is_null()).then_some(RunAs { uid: entry.pw_uid, gid: entry.pw_gid })
     }
 }
 
 /// `name` in PATH, if there.
 pub fn find_in_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|candidate| is_executable(candidate))
+    std::env::split_paths(&path).map(|dir| dir.join(name)).find(|candidate| is_executable(candidate))
 }
 
 pub fn is_executable(path: &Path) -> bool {
@@ -323,8 +305,7 @@ pub fn wait_until_ready(
         }
         if let Ok(Some(status)) = child.try_wait() {
             let output = read_log(log);
-            let message =
-                format!("{what} exited with {status} before it was ready; its log:\n{output}");
+            let message = format!("{what} exited with {status} before it was ready; its log:\n{output}");
             return Err(if output.contains("Address already in use") {
                 StartError::PortTaken(message)
             } else {
@@ -358,9 +339,7 @@ pub fn log_file(path: &Path) -> (fs::File, fs::File) {
         .append(true)
         .open(path)
         .unwrap_or_else(|e| panic!("open log file {}: {e}", path.display()));
-    let second = file
-        .try_clone()
-        .unwrap_or_else(|e| panic!("clone log file handle {}: {e}", path.display()));
+    let second = file.try_clone().unwrap_or_else(|e| panic!("clone log file handle {}: {e}", path.display()));
     (file, second)
 }
 
@@ -383,10 +362,7 @@ pub fn redis_command(port: u16, args: &[&str]) -> io::Result<String> {
     loop {
         let n = stream.read(&mut chunk)?;
         if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "redis closed the connection",
-            ));
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "redis closed the connection"));
         }
         reply.extend_from_slice(&chunk[..n]);
         if let Some(text) = complete_resp_reply(&reply) {
@@ -406,8 +382,7 @@ fn complete_resp_reply(reply: &[u8]) -> Option<String> {
                 return Some(String::new());
             }
             let body = &reply[line_end + 2..];
-            (body.len() >= len as usize + 2)
-                .then(|| String::from_utf8_lossy(&body[..len as usize]).into_owned())
+            (body.len() >= len as usize + 2).then(|| String::from_utf8_lossy(&body[..len as usize]).into_owned())
         }
         b'-' => Some(format!("-{line}")),
         _ => Some(line),

@@ -23,10 +23,7 @@ pub fn redis_url() -> String {
         return url;
     }
     static STANDALONE: OnceLock<Result<String, String>> = OnceLock::new();
-    STANDALONE
-        .get_or_init(start_standalone)
-        .clone()
-        .unwrap_or_else(|message| panic!("{message}"))
+    STANDALONE.get_or_init(start_standalone).clone().unwrap_or_else(|message| panic!("{message}"))
 }
 
 /// The three masters of a Redis Cluster as `127.0.0.1:p1,127.0.0.1:p2,127.0.0.1:p3`.
@@ -35,10 +32,7 @@ pub fn redis_cluster_nodes() -> String {
         return nodes;
     }
     static CLUSTER: OnceLock<Result<String, String>> = OnceLock::new();
-    CLUSTER
-        .get_or_init(start_cluster)
-        .clone()
-        .unwrap_or_else(|message| panic!("{message}"))
+    CLUSTER.get_or_init(start_cluster).clone().unwrap_or_else(|message| panic!("{message}"))
 }
 
 /// `redis_cluster_nodes()` as (host, port) pairs, the shape
@@ -47,22 +41,16 @@ pub fn redis_cluster_hosts() -> Vec<(String, u16)> {
     redis_cluster_nodes()
         .split(',')
         .map(|node| {
-            let (host, port) = node
-                .trim()
-                .rsplit_once(':')
-                .unwrap_or_else(|| panic!("cluster node {node:?} is not HOST:PORT"));
-            let port = port
-                .parse()
-                .unwrap_or_else(|e| panic!("cluster node {node:?} has a bad port: {e}"));
+            let (host, port) =
+                node.trim().rsplit_once(':').unwrap_or_else(|| panic!("cluster node {node:?} is not HOST:PORT"));
+            let port = port.parse().unwrap_or_else(|e| panic!("cluster node {node:?} has a bad port: {e}"));
             (host.to_string(), port)
         })
         .collect()
 }
 
 fn non_empty_env(name: &str) -> Option<String> {
-    std::env::var(name)
-        .ok()
-        .filter(|value| !value.trim().is_empty())
+    std::env::var(name).ok().filter(|value| !value.trim().is_empty())
 }
 
 fn start_standalone() -> Result<String, String> {
@@ -74,10 +62,7 @@ fn start_standalone() -> Result<String, String> {
         match start_node(&dir, port, false) {
             Ok(child) => {
                 process::stop_at_exit(child, libc::SIGKILL);
-                eprintln!(
-                    "tests/support: redis on 127.0.0.1:{port} ready in {:.1?}",
-                    started.elapsed()
-                );
+                eprintln!("tests/support: redis on 127.0.0.1:{port} ready in {:.1?}", started.elapsed());
                 return Ok(format!("redis://127.0.0.1:{port}"));
             }
             Err(StartError::PortTaken(message)) => last_error = message,
@@ -109,15 +94,11 @@ fn start_node(dir: &Path, port: u16, cluster: bool) -> Result<Child, StartError>
             .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
             .args(["--cluster-node-timeout", "5000"]);
     }
-    let mut child = process::spawn_tied(command, None)
-        .map_err(|e| StartError::Failed(format!("spawn redis-server: {e}")))?;
-    let ready = process::wait_until_ready(
-        "redis-server",
-        &mut child,
-        &log,
-        Duration::from_secs(30),
-        || process::redis_command(port, &["PING"]).is_ok_and(|reply| reply == "PONG"),
-    );
+    let mut child =
+        process::spawn_tied(command, None).map_err(|e| StartError::Failed(format!("spawn redis-server: {e}")))?;
+    let ready = process::wait_until_ready("redis-server", &mut child, &log, Duration::from_secs(30), || {
+        process::redis_command(port, &["PING"]).is_ok_and(|reply| reply == "PONG")
+    });
     match ready {
         Ok(()) => Ok(child),
         Err(error) => {
@@ -164,17 +145,10 @@ fn start_cluster() -> Result<String, String> {
             process::stop_at_exit(node, libc::SIGKILL);
         }
 
-        let addresses: Vec<String> = ports
-            .iter()
-            .map(|port| format!("127.0.0.1:{port}"))
-            .collect();
+        let addresses: Vec<String> = ports.iter().map(|port| format!("127.0.0.1:{port}")).collect();
         create_cluster(&redis_cli, &dir, &addresses)?;
         wait_for_cluster_ok(&ports)?;
-        eprintln!(
-            "tests/support: Redis Cluster {} ready in {:.1?}",
-            addresses.join(","),
-            started.elapsed()
-        );
+        eprintln!("tests/support: Redis Cluster {} ready in {:.1?}", addresses.join(","), started.elapsed());
         return Ok(addresses.join(","));
     }
     Err(last_error)
@@ -192,8 +166,7 @@ fn create_cluster(redis_cli: &Path, dir: &Path, addresses: &[String]) -> Result<
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err);
-    let mut child =
-        process::spawn_tied(command, None).map_err(|e| format!("spawn redis-cli: {e}"))?;
+    let mut child = process::spawn_tied(command, None).map_err(|e| format!("spawn redis-cli: {e}"))?;
     match process::wait_timeout(&mut child, Duration::from_secs(60)) {
         Some(status) if status.success() => Ok(()),
         outcome => {
@@ -216,8 +189,7 @@ fn wait_for_cluster_ok(ports: &[u16]) -> Result<(), String> {
     loop {
         let mut all_ok = true;
         for &port in ports {
-            let info = process::redis_command(port, &["CLUSTER", "INFO"])
-                .unwrap_or_else(|e| e.to_string());
+            let info = process::redis_command(port, &["CLUSTER", "INFO"]).unwrap_or_else(|e| e.to_string());
             let ok = info.contains("cluster_state:ok")
                 && info.contains("cluster_slots_assigned:16384")
                 && info.contains("cluster_slots_ok:16384")

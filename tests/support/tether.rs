@@ -59,28 +59,18 @@ impl TetherServer {
     }
 
     async fn launch(env: &[(&str, &str)], args: &[&str], probe: &'static str) -> TetherServer {
-        let scratch = tempfile::Builder::new()
-            .prefix("tether-serve-")
-            .tempdir()
-            .expect("create a scratch dir for tether serve");
+        let scratch =
+            tempfile::Builder::new().prefix("tether-serve-").tempdir().expect("create a scratch dir for tether serve");
         let log_path = scratch.path().join("tether.log");
-        let lookup = |key: &str| {
-            env.iter()
-                .find(|(k, _)| *k == key)
-                .map(|(_, v)| v.to_string())
-        };
+        let lookup = |key: &str| env.iter().find(|(k, _)| *k == key).map(|(_, v)| v.to_string());
 
-        let listen = lookup("TETHER_HTTP__LISTEN")
-            .unwrap_or_else(|| format!("127.0.0.1:{}", process::free_port()));
-        let mut vars: Vec<(String, String)> = vec![
-            ("TETHER_HTTP__LISTEN".into(), listen.clone()),
-            ("RUST_BACKTRACE".into(), "1".into()),
-        ];
-        let mut database_env: Vec<(String, String)> =
-            ["TETHER_DATABASE__URL", "TETHER_DATABASE__SQLITE_PATH"]
-                .into_iter()
-                .filter_map(|key| lookup(key).map(|value| (key.to_string(), value)))
-                .collect();
+        let listen = lookup("TETHER_HTTP__LISTEN").unwrap_or_else(|| format!("127.0.0.1:{}", process::free_port()));
+        let mut vars: Vec<(String, String)> =
+            vec![("TETHER_HTTP__LISTEN".into(), listen.clone()), ("RUST_BACKTRACE".into(), "1".into())];
+        let mut database_env: Vec<(String, String)> = ["TETHER_DATABASE__URL", "TETHER_DATABASE__SQLITE_PATH"]
+            .into_iter()
+            .filter_map(|key| lookup(key).map(|value| (key.to_string(), value)))
+            .collect();
         // TETHER_TEST_BACKEND=postgres (scripts/test's second pass) gives
         // every server that names no database a fresh PostgreSQL one.
         if database_env.is_empty() && std::env::var("TETHER_TEST_BACKEND").as_deref() == Ok("postgres") {
@@ -88,10 +78,7 @@ impl TetherServer {
         }
         if database_env.is_empty() {
             let sqlite = scratch.path().join("tether.db");
-            database_env.push((
-                "TETHER_DATABASE__SQLITE_PATH".into(),
-                sqlite.display().to_string(),
-            ));
+            database_env.push(("TETHER_DATABASE__SQLITE_PATH".into(), sqlite.display().to_string()));
         }
         vars.extend(database_env.iter().cloned());
         // The caller's variables last, so they win.
@@ -99,22 +86,9 @@ impl TetherServer {
 
         let (out, err) = process::log_file(&log_path);
         let mut command = tether_command(&vars);
-        command
-            .arg("serve")
-            .args(args)
-            .current_dir(scratch.path())
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err);
-        let child = process::spawn_tied(command, None)
-            .unwrap_or_else(|e| panic!("spawn {TETHER} serve: {e}"));
-        let mut server = TetherServer {
-            child,
-            listen,
-            log_path,
-            database_env,
-            scratch,
-        };
+        command.arg("serve").args(args).current_dir(scratch.path()).stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = process::spawn_tied(command, None).unwrap_or_else(|e| panic!("spawn {TETHER} serve: {e}"));
+        let mut server = TetherServer { child, listen, log_path, database_env, scratch };
         server.wait_ready(probe).await;
         server
     }
@@ -123,16 +97,10 @@ impl TetherServer {
         let started = Instant::now();
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "tether serve exited with {status} before /readyz answered 200; its log:\n{}",
-                    self.log()
-                );
+                panic!("tether serve exited with {status} before /readyz answered 200; its log:\n{}", self.log());
             }
             let listen = self.listen.clone();
-            let status = tokio::task::spawn_blocking(move || http_get_status(&listen, probe))
-                .await
-                .ok()
-                .flatten();
+            let status = tokio::task::spawn_blocking(move || http_get_status(&listen, probe)).await.ok().flatten();
             if status == Some(200) {
                 return;
             }
@@ -211,11 +179,7 @@ impl TetherServer {
     /// Runs a one-shot subcommand against this server's database
     /// (e.g. `token create --user bob`), with `env` added.
     pub fn run(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
-        let mut vars: Vec<(&str, &str)> = self
-            .database_env
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
+        let mut vars: Vec<(&str, &str)> = self.database_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         vars.extend_from_slice(env);
         tether_cmd(args, &vars)
     }
@@ -232,18 +196,10 @@ impl Drop for TetherServer {
 /// Pass `TETHER_DATABASE__URL` or `TETHER_DATABASE__SQLITE_PATH` (absolute)
 /// for commands that touch the database.
 pub fn tether_cmd(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let vars: Vec<(String, String)> = env
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let vars: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let mut command = tether_command(&vars);
-    command
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = process::spawn_tied(command, None)
-        .unwrap_or_else(|e| panic!("spawn {TETHER} {args:?}: {e}"));
+    command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = process::spawn_tied(command, None).unwrap_or_else(|e| panic!("spawn {TETHER} {args:?}: {e}"));
     let pid = child.id();
     // wait_with_output drains both pipes; it runs on a helper thread so the
     // wait can be bounded.
@@ -279,9 +235,7 @@ fn http_get_status(listen: &str, path: &str) -> Option<u16> {
     let address = listen.parse().ok()?;
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_millis(500)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    stream
-        .set_write_timeout(Some(Duration::from_secs(1)))
-        .ok()?;
+    stream.set_write_timeout(Some(Duration::from_secs(1))).ok()?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: {listen}\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).ok()?;
     let mut head = Vec::new();
@@ -295,8 +249,6 @@ fn http_get_status(listen: &str, path: &str) -> Option<u16> {
     }
     let line = String::from_utf8_lossy(&head);
     let mut parts = line.split_whitespace();
-    parts
-        .next()
-        .filter(|version| version.starts_with("HTTP/"))?;
+    parts.next().filter(|version| version.starts_with("HTTP/"))?;
     parts.next()?.parse().ok()
 }

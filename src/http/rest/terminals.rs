@@ -11,12 +11,12 @@ use serde_json::json;
 use actix::Addr;
 
 use super::{check_argv, check_dir, check_text, daemon_for, field_id, path_id};
+use crate::http::error::ApiError;
+use crate::http::state::{AppState, AuthUser};
 use crate::proto::v1::server_frame;
 use crate::relay::daemon_conn::DaemonConn;
 use crate::relay::registry::HostConn;
 use crate::relay::{SpawnTerminal, ToDaemon};
-use crate::http::error::ApiError;
-use crate::http::state::{AppState, AuthUser};
 use crate::store::{DeleteOutcome, NewTerminal, Terminal, TerminalFilter, TerminalState};
 
 /// Grids are clamped to 1..=1000 everywhere (SPEC §5); the API refuses
@@ -111,8 +111,7 @@ pub async fn list(
             })
         })
         .transpose()?;
-    let terminals =
-        state.store.list_terminals(user.id(), &TerminalFilter { host_id, state: terminal_state }).await?;
+    let terminals = state.store.list_terminals(user.id(), &TerminalFilter { host_id, state: terminal_state }).await?;
     Ok(HttpResponse::Ok().json(json!({ "terminals": terminals })))
 }
 
@@ -149,10 +148,7 @@ async fn running_terminal(
     let id = path_id(raw, "terminal")?;
     let terminal = state.store.get_terminal(user.id(), id).await?.ok_or_else(|| ApiError::not_found("terminal"))?;
     if !terminal.state.is_live() {
-        return Err(ApiError::conflict(
-            "terminal_not_running",
-            format!("the terminal is {}", terminal.state),
-        ));
+        return Err(ApiError::conflict("terminal_not_running", format!("the terminal is {}", terminal.state)));
     }
     let conn = daemon_for(state, terminal.host_id).await?;
     Ok((terminal, conn))
@@ -227,7 +223,9 @@ fn signal_number(value: Option<&serde_json::Value>) -> Result<i32, ApiError> {
     let bad = || ApiError::bad_request("invalid_signal", "`signal` must be 1..64 or a name such as TERM or KILL");
     match value {
         None | Some(serde_json::Value::Null) => Ok(15),
-        Some(serde_json::Value::Number(n)) => n.as_i64().filter(|n| (1..=64).contains(n)).map(|n| n as i32).ok_or_else(bad),
+        Some(serde_json::Value::Number(n)) => {
+            n.as_i64().filter(|n| (1..=64).contains(n)).map(|n| n as i32).ok_or_else(bad)
+        }
         Some(serde_json::Value::String(name)) => {
             let upper = name.to_ascii_uppercase();
             let name = upper.strip_prefix("SIG").unwrap_or(&upper);
