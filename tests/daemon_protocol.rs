@@ -307,3 +307,68 @@ async fn draining_closes_daemons_with_4503() {
     server.terminate(Duration::from_secs(10));
     assert_eq!(daemon.expect_close().await, Some(4503), "daemons redial at once elsewhere");
 }
+
+/// Runs one statement against the server's own database, whichever it is.
+async fn exec_sql(server: &TetherServer, postgres_sql: &str, sqlite_sql: &str) {
+    match server.database_url() {
+        Some(url) => {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+            actix_rt::spawn(conn);
+            client.batch_execute(postgres_sql).await.expect("sql");
+        }
+        None => {
+            let db = rusqlite::Connection::open(server.scratch_dir().join("tether.db")).expect("open");
+            db.execute_batch(sqlite_sql).expect("sql");
+        }
+    }
+}
+
+#[actix_rt::test]
+async fn a_host_assigned_to_another_cell_is_4409() {
+    let server = TetherServer::start(&[("TETHER_CELL__ID", "cell-a")], &[]).await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    exec_sql(
+        &server,
+        &format!("INSERT INTO relay_assignments (host_id, cell_id, epoch) VALUES ('{host}', 'cell-b', 1)"),
+        &format!(
+            "INSERT INTO relay_assignments (host_id, cell_id, epoch, updated_at) VALUES ('{host}', 'cell-b', 1, 0)"
+        ),
+    )
+    .await;
+    let mut sock = Socket::connect(&daemon_url(&server), Some(&api.token), PROTOCOL).await;
+    sock.send_frame(hello(&host)).await;
+    assert_eq!(sock.expect_close().await, Some(4409));
+    let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
+    assert_eq!(body["host"]["state"], "offline", "a refused hello changes nothing");
+    // Placed on this cell: admitted.
+    let update = format!("UPDATE relay_assignments SET cell_id = 'cell-a' WHERE host_id = '{host}'");
+    exec_sql(&server, &update, &update).await;
+    connected_daemon(&server, &api, &host).await;
+}
+
+#[actix_rt::test]
+async fn a_database_failure_is_1011_for_viewers_and_503_for_rest() {
+    let url = support::pg_database().await;
+    let server = TetherServer::start(&[("TETHER_DATABASE__URL", &url), ("TETHER_DATABASE__POOL_SIZE", "2")], &[]).await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let (_, body) = api.post("/api/v1/terminals", json!({"hostId": host})).await;
+    let terminal = body["terminal"]["id"].as_str().expect("id").to_string();
+    // Take the database away: refuse new connections and end the open ones.
+    let database = url.rsplit('/').next().expect("database name").to_string();
+    let admin_url = url.replace(&format!("/{database}"), "/postgres");
+    let (admin, conn) = tokio_postgres::connect(&admin_url, tokio_postgres::NoTls).await.expect("connect");
+    actix_rt::spawn(conn);
+    admin.batch_execute(&format!("ALTER DATABASE {database} ALLOW_CONNECTIONS false")).await.expect("alter");
+    admin
+        .execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", &[&database])
+        .await
+        .expect("terminate");
+    let mut viewer = Socket::connect(&viewer_url(&server, &terminal), Some(&api.token), &["tether.v1"]).await;
+    assert_eq!(viewer.expect_close().await, Some(1011));
+    let (status, body) = api.get("/api/v1/hosts").await;
+    assert!(status == 503 || status == 500, "{status} {body}");
+    assert!(body["error"]["code"].is_string(), "{body}");
+    let (status, _) = Api::new(server.url(), "").get("/readyz").await;
+    assert_eq!(status, 503, "not ready without its database");
+    admin.batch_execute(&format!("ALTER DATABASE {database} ALLOW_CONNECTIONS true")).await.expect("alter");
+}

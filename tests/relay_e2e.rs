@@ -430,3 +430,126 @@ async fn a_stalled_viewer_is_closed_while_a_real_terminal_prints_50_mb() {
     let high: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("value");
     assert!(high <= 1_048_576.0, "the outbound queue passed its bound: {high}");
 }
+
+/// Runs `tether attach` as a real process with piped stdin/stdout.
+struct AttachProcess {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl AttachProcess {
+    fn start(e: &E2e, terminal: &str) -> AttachProcess {
+        use std::io::Read;
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tether"));
+        command
+            .args(["attach", terminal, "--server", &e.server.url(), "--token", &e.api.token])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("TETHER_")) {
+            command.env_remove(key);
+        }
+        let mut child = command.spawn().expect("spawn tether attach");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut stdout = child.stdout.take().expect("stdout");
+        let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = output.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().expect("lock").extend_from_slice(&buf[..n]);
+            }
+        });
+        AttachProcess { child, stdin, output }
+    }
+
+    fn type_bytes(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        self.stdin.write_all(bytes).expect("write");
+        self.stdin.flush().expect("flush");
+    }
+
+    async fn until(&self, needle: &str) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let text = String::from_utf8_lossy(&self.output.lock().expect("lock")).into_owned();
+            if text.contains(needle) {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "attach never printed {needle:?}; got {text:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits for the process to exit; returns (success, stderr).
+    async fn finish(mut self) -> (bool, String) {
+        use std::io::Read;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "tether attach did not exit");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let mut stderr = String::new();
+        if let Some(mut err) = self.child.stderr.take() {
+            let _ = err.read_to_string(&mut stderr);
+        }
+        (status.success(), stderr)
+    }
+}
+
+#[actix_rt::test]
+async fn tether_attach_types_sees_output_detaches_and_reports_the_exit() {
+    let e = start(false, &[]).await;
+    let id = terminal(&e, &["sh"]).await;
+    let mut attach = AttachProcess::start(&e, &id);
+    attach.type_bytes(b"echo attach-$((40+2))\n");
+    attach.until("attach-42").await;
+    attach.type_bytes(&[0x1d]); // Ctrl-]
+    let (ok, stderr) = attach.finish().await;
+    assert!(ok && stderr.contains("[detached]"), "detach exits 0: {stderr}");
+    // The shell kept running; a second attach ends it and reports the code.
+    let mut attach = AttachProcess::start(&e, &id);
+    attach.type_bytes(b"exit 3\n");
+    let (ok, stderr) = attach.finish().await;
+    assert!(!ok, "a non-zero exit is reported with status 1");
+    assert!(stderr.contains("exited with code 3"), "{stderr}");
+}
+
+#[actix_rt::test]
+async fn serve_demo_prints_a_ready_terminal() {
+    let server = TetherServer::start(&[], &["--demo"]).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let (token, terminal) = loop {
+        let log = server.log();
+        let field = |name: &str| log.lines().find_map(|l| l.trim().strip_prefix(name).map(|v| v.trim().to_string()));
+        if let (Some(token), Some(terminal)) = (field("token:"), field("terminal:")) {
+            assert!(
+                log.contains(&format!("tether attach {terminal} --server {} --token {token}", server.url())),
+                "{log}"
+            );
+            break (token, terminal);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no demo instructions in the log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut sock = Socket::connect(&viewer_url(&server, &terminal), Some(&token), &["tether.v1"]).await;
+    sock.send_json(json!({"type": "input", "data": "echo demo-$((2*21))\n"})).await;
+    let mut seen = Vec::new();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !String::from_utf8_lossy(&seen).contains("demo-42") {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match sock.next_within(left).await {
+            Some(Event::Binary(b)) => seen.extend_from_slice(&b),
+            Some(Event::Close(code)) => panic!("closed {code:?}"),
+            Some(_) => {}
+            None => panic!("the demo shell never answered; saw {:?}", String::from_utf8_lossy(&seen)),
+        }
+    }
+}

@@ -107,6 +107,7 @@ impl AppState {
             registry,
             settings: settings.clone(),
             instance_id: instance.instance_id.clone(),
+            cell_id: instance.cell_id.clone(),
         };
         let runs = RunDispatcher::new(relay.clone()).start();
         Sweeper::new(relay.clone()).start();

@@ -410,6 +410,13 @@ impl Handler<Hello> for DaemonConn {
             if host.is_none_or(|h| h.user_id != user_id) {
                 return Err(Refused(close::FORBIDDEN, "unknown or foreign host"));
             }
+            // Database admission (SPEC §8.3): a host placed on another cell
+            // belongs there.
+            let assignment =
+                relay.store.assignment(host_id).await.map_err(|_| Refused(close::INTERNAL, "database error"))?;
+            if assignment.is_some_and(|(cell, _)| cell != relay.cell_id) {
+                return Err(Refused(close::WRONG_CELL, "the host is assigned to another cell"));
+            }
             let conn_no = relay
                 .registry
                 .send(Register { host_id, conn: addr })

@@ -57,4 +57,5 @@ pub struct RelayContext {
     pub registry: Addr<registry::HostRegistry>,
     pub settings: Arc<Settings>,
     pub instance_id: String,
+    pub cell_id: String,
 }

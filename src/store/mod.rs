@@ -159,6 +159,10 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes lease rows that expired more than `older_than` ago.
     async fn delete_expired_leases(&self, older_than: Duration) -> StoreResult<u64>;
 
+    // ---- cells (SPEC §8)
+    /// The cell a host is assigned to and the assignment's epoch.
+    async fn assignment(&self, host_id: Uuid) -> StoreResult<Option<(String, i64)>>;
+
     // ---- host credentials (encrypted by the caller)
     async fn put_credentials(&self, host_id: Uuid, sealed: &SealedCredentials) -> StoreResult<()>;
     async fn get_credentials(&self, host_id: Uuid) -> StoreResult<Option<SealedCredentials>>;

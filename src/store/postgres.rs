@@ -755,6 +755,13 @@ impl Store for PgStore {
         .await
     }
 
+    async fn assignment(&self, host_id: Uuid) -> StoreResult<Option<(String, i64)>> {
+        Ok(self
+            .query_opt("SELECT cell_id, epoch FROM relay_assignments WHERE host_id = $1", &[&host_id])
+            .await?
+            .map(|r| (r.get(0), r.get(1))))
+    }
+
     async fn put_credentials(&self, host_id: Uuid, sealed: &SealedCredentials) -> StoreResult<()> {
         self.execute(
             "INSERT INTO host_credentials (host_id, nonce, ciphertext) VALUES ($1, $2, $3) \

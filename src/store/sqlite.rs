@@ -958,6 +958,18 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn assignment(&self, host_id: Uuid) -> StoreResult<Option<(String, i64)>> {
+        self.call(move |c| {
+            Ok(c.query_row(
+                "SELECT cell_id, epoch FROM relay_assignments WHERE host_id = ?1",
+                [host_id.to_string()],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+        })
+        .await
+    }
+
     async fn put_credentials(&self, host_id: Uuid, sealed: &SealedCredentials) -> StoreResult<()> {
         let sealed = sealed.clone();
         self.call(move |c| {
