@@ -50,6 +50,9 @@ enum Phase {
     Awaiting(String),
     /// Receiving live output; `next` is the next offset it expects.
     Live { next: u64 },
+    /// The daemon refused the Attach; retried when the terminal starts or
+    /// its host reconnects, not on every output chunk.
+    Refused,
 }
 
 enum Kind {
@@ -427,6 +430,16 @@ impl TerminalArbiter {
         self.apply(actions, ctx);
     }
 
+    /// Members the daemon refused get another try (the terminal started,
+    /// or its host came back).
+    fn retry_refused(&mut self) {
+        for m in self.members.values_mut() {
+            if m.phase == Phase::Refused {
+                m.phase = Phase::Waiting;
+            }
+        }
+    }
+
     fn close_viewers(&mut self, code: u16, reason: &str) {
         let viewers: Vec<u64> =
             self.members.iter().filter(|(_, m)| matches!(m.kind, Kind::Viewer(..))).map(|(id, _)| *id).collect();
@@ -574,7 +587,7 @@ impl Handler<StreamEvent> for TerminalArbiter {
                 for id in ids {
                     self.send_to(id, ViewerOut::Text(json!({"type": "error", "message": message}).to_string()));
                     if let Some(m) = self.members.get_mut(&id) {
-                        m.phase = Phase::Waiting;
+                        m.phase = Phase::Refused;
                     }
                 }
             }
@@ -637,6 +650,7 @@ impl Handler<LifecycleEvent> for TerminalArbiter {
             LifecycleEvent::Started => {
                 self.state = Some(TerminalState::Running);
                 self.broadcast(&self.status());
+                self.retry_refused();
                 self.attach_waiting(ctx);
             }
             LifecycleEvent::SpawnFailed(message) => {
@@ -691,6 +705,7 @@ impl Handler<HostOnline> for TerminalArbiter {
                     act.state = Some(t.state);
                 }
                 act.broadcast(&act.status());
+                act.retry_refused();
                 act.attach_waiting(ctx);
             })
             .wait(ctx);

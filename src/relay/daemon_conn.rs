@@ -637,6 +637,10 @@ impl Handler<Inbound> for DaemonConn {
             daemon_frame::Frame::Exit(e) => {
                 let Some(id) = owned_id(&e.terminal_id, &self.owned) else { return done() };
                 let snapshot = self.owned.get_mut(&id).and_then(|o| o.final_snapshot.take());
+                // A run's terminal is forgotten when its Usage arrives; others now.
+                if self.owned.get(&id).is_some_and(|o| o.run_id.is_none()) {
+                    self.owned.remove(&id);
+                }
                 let status = ExitStatus { code: e.exit_code, signal: e.signal };
                 let arbiter = self.attached.remove(&id);
                 let registry = self.relay.registry.clone();
