@@ -114,6 +114,14 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
             .wrap_fn(crate::http::record_metrics)
             .configure(|cfg| crate::http::configure(cfg, max_body))
     })
+    // Terminal traffic is many small frames (keystrokes, echoes, control
+    // messages): Nagle's algorithm would hold each behind the peer's
+    // delayed ACK (~40 ms).
+    .on_connect(|conn, _| {
+        if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+            let _ = tcp.set_nodelay(true);
+        }
+    })
     .disable_signals()
     .shutdown_timeout(ms(settings.shutdown.grace_ms).as_secs().max(1))
     .bind(addr)
