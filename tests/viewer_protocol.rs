@@ -109,6 +109,19 @@ impl Setup {
         panic!("no resize after repeated arrivals");
     }
 
+    /// Two live viewers; the first holds the grid at 100x30.
+    async fn holder_and_newcomer(&mut self) -> (Socket, Socket) {
+        let mut v1 = self.viewer("").await;
+        self.answer_attach(b"S", 0).await;
+        until(&mut v1, "live").await;
+        let mut v2 = self.viewer("").await;
+        self.answer_attach(b"S", 0).await;
+        until(&mut v2, "live").await;
+        v1.send_json(json!({"type":"view","cols":100,"rows":30,"visible":true,"idleMs":0,"open":true})).await;
+        assert_eq!(self.next_resize().await, (100, 30));
+        (v1, v2)
+    }
+
     async fn size(&mut self, cols: u32, rows: u32) {
         self.daemon
             .send_frame(daemon_frame::Frame::Size(tether::proto::v1::Size {
@@ -314,14 +327,7 @@ async fn grid_holder_in_use_keeps_idle_or_hidden_loses_resize_claims() {
 #[actix_rt::test]
 async fn an_unresponsive_holder_loses_the_grid() {
     let mut s = setup(&[("TETHER_VIEWER__FRESH_MS", "200"), ("TETHER_VIEWER__PING_TIMEOUT_MS", "300")]).await;
-    let mut v1 = s.viewer("").await;
-    s.answer_attach(b"S", 0).await;
-    until(&mut v1, "live").await;
-    let mut v2 = s.viewer("").await;
-    s.answer_attach(b"S", 0).await;
-    until(&mut v2, "live").await;
-    v1.send_json(json!({"type":"view","cols":100,"rows":30,"visible":true,"idleMs":0,"open":true})).await;
-    assert_eq!(s.next_resize().await, (100, 30));
+    let (v1, mut v2) = s.holder_and_newcomer().await;
     // v1 stops reading (so it never answers the ping); v2 arrives after v1 went stale.
     tokio::time::sleep(Duration::from_millis(400)).await;
     v2.send_json(json!({"type":"view","cols":60,"rows":20,"visible":true,"idleMs":0,"open":true})).await;
@@ -332,14 +338,7 @@ async fn an_unresponsive_holder_loses_the_grid() {
 #[actix_rt::test]
 async fn a_responsive_stale_holder_keeps_the_grid() {
     let mut s = setup(&[("TETHER_VIEWER__FRESH_MS", "200"), ("TETHER_VIEWER__PING_TIMEOUT_MS", "1500")]).await;
-    let mut v1 = s.viewer("").await;
-    s.answer_attach(b"S", 0).await;
-    until(&mut v1, "live").await;
-    let mut v2 = s.viewer("").await;
-    s.answer_attach(b"S", 0).await;
-    until(&mut v2, "live").await;
-    v1.send_json(json!({"type":"view","cols":100,"rows":30,"visible":true,"idleMs":0,"open":true})).await;
-    assert_eq!(s.next_resize().await, (100, 30));
+    let (mut v1, mut v2) = s.holder_and_newcomer().await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     v2.send_json(json!({"type":"view","cols":60,"rows":20,"visible":true,"idleMs":0,"open":true})).await;
     // v1 reads, so it answers the ping with a pong.

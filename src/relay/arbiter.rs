@@ -330,13 +330,7 @@ impl TerminalArbiter {
             }
             self.stream_next = Some(live_at);
         }
-        let ids: Vec<u64> = self
-            .members
-            .iter()
-            .filter(|(_, m)| m.phase == Phase::Awaiting(attach_id.clone()))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in ids {
+        for id in self.awaiting(&attach_id) {
             let size = self.size_for(id);
             let Some(Member { kind, phase, resume_from }) = self.members.get_mut(&id) else { continue };
             *phase = Phase::Live { next: live_at };
@@ -421,6 +415,15 @@ impl TerminalArbiter {
             stream.conn.do_send(DetachArbiter { terminal_id: self.terminal_id, arbiter: ctx.address() });
         }
         self.registry.do_send(ArbiterIdle { terminal_id: self.terminal_id, arbiter: ctx.address() });
+    }
+
+    /// Members waiting for the Scrollback of `attach_id`.
+    fn awaiting(&self, attach_id: &str) -> Vec<u64> {
+        self.members
+            .iter()
+            .filter(|(_, m)| matches!(&m.phase, Phase::Awaiting(a) if a == attach_id))
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// Drops a member and frees the grid if it held it.
@@ -578,13 +581,7 @@ impl Handler<StreamEvent> for TerminalArbiter {
                 self.on_scrollback(attach_id, data, (cols, rows), offset, resumed);
             }
             StreamEvent::AttachError { attach_id, message } => {
-                let ids: Vec<u64> = self
-                    .members
-                    .iter()
-                    .filter(|(_, m)| m.phase == Phase::Awaiting(attach_id.clone()))
-                    .map(|(id, _)| *id)
-                    .collect();
-                for id in ids {
+                for id in self.awaiting(&attach_id) {
                     self.send_to(id, ViewerOut::Text(json!({"type": "error", "message": message}).to_string()));
                     if let Some(m) = self.members.get_mut(&id) {
                         m.phase = Phase::Refused;
