@@ -372,3 +372,25 @@ async fn a_database_failure_is_1011_for_viewers_and_503_for_rest() {
     assert_eq!(status, 503, "not ready without its database");
     admin.batch_execute(&format!("ALTER DATABASE {database} ALLOW_CONNECTIONS true")).await.expect("alter");
 }
+
+#[actix_rt::test]
+async fn requests_a_daemon_cannot_answer_are_502_unsupported() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let mut sock = Socket::connect(&daemon_url(&server), Some(&api.token), PROTOCOL).await;
+    let mut frame = hello(&host);
+    if let daemon_frame::Frame::Hello(h) = &mut frame {
+        h.capabilities = None; // an old daemon that can do none of them
+    }
+    sock.send_frame(frame).await;
+    assert!(matches!(sock.next_server_frame().await, server_frame::Frame::HelloAck(_)));
+    for path in ["dirs", "limits/refresh", "credentials/refresh"] {
+        let body = if path == "dirs" { json!({"path": "/tmp"}) } else { json!({}) };
+        let (status, body) = api.post(&format!("/api/v1/hosts/{host}/{path}"), body).await;
+        let expected = if path == "credentials/refresh" { "encryption_not_configured" } else { "daemon_unsupported" };
+        let expected_status = if path == "credentials/refresh" { 409 } else { 502 };
+        assert_eq!((status, body["error"]["code"].as_str()), (expected_status, Some(expected)), "{path}");
+    }
+    // Nothing was sent to the daemon.
+    assert!(sock.next_within(Duration::from_millis(300)).await.is_none());
+}

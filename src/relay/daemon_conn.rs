@@ -44,6 +44,7 @@ struct HostSession {
     conn_no: u64,
     holder: String,
     ready: bool,
+    capabilities: Capabilities,
 }
 
 /// What the connection knows of a terminal its host owns.
@@ -383,6 +384,7 @@ impl Handler<CloseDaemon> for DaemonConn {
 
 /// What the hello established, applied back on the actor.
 struct Accepted {
+    capabilities: Capabilities,
     conn_no: u64,
     holder: String,
     live: Vec<crate::store::Terminal>,
@@ -455,7 +457,7 @@ impl Handler<Hello> for DaemonConn {
                     captures.push((t.id, run_id, logged));
                 }
             }
-            Ok(Accepted { conn_no, holder, live, parked, captures })
+            Ok(Accepted { capabilities: caps, conn_no, holder, live, parked, captures })
         };
         AtomicResponse::new(Box::pin(fut.into_actor(self).map(move |result, act, ctx| match result {
             Err(Refused(code, reason)) => {
@@ -465,8 +467,13 @@ impl Handler<Hello> for DaemonConn {
             }
             Ok(accepted) => {
                 let Some(host_id) = host_id else { return false };
-                act.host =
-                    Some(HostSession { host_id, conn_no: accepted.conn_no, holder: accepted.holder, ready: false });
+                act.host = Some(HostSession {
+                    host_id,
+                    conn_no: accepted.conn_no,
+                    holder: accepted.holder,
+                    ready: false,
+                    capabilities: accepted.capabilities,
+                });
                 if act.closed {
                     return false;
                 }
@@ -764,8 +771,17 @@ impl Handler<DaemonRequest> for DaemonConn {
     type Result = ResponseFuture<Result<DaemonAnswer, RequestError>>;
 
     fn handle(&mut self, msg: DaemonRequest, ctx: &mut Context<Self>) -> Self::Result {
-        if self.host_id().is_none() {
+        let Some(host) = self.host.as_ref().filter(|h| h.ready) else {
             return Box::pin(async { Err(RequestError::Offline) });
+        };
+        let caps = host.capabilities;
+        let supported = match msg.0 {
+            DaemonRequestKind::AddDir(_) | DaemonRequestKind::RemoveDir(_) => caps.manage_dirs,
+            DaemonRequestKind::RefreshLimits => caps.refresh_limits,
+            DaemonRequestKind::Credentials => caps.credentials,
+        };
+        if !supported {
+            return Box::pin(async { Err(RequestError::Unsupported) });
         }
         let request_id = Uuid::new_v4().to_string();
         let (frame, timeout) = match &msg.0 {
