@@ -7,132 +7,10 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::client::{create_token, viewer_url, Api, Event, Socket, WAIT};
+use support::client::{viewer_url, Api, Event, Socket, WAIT};
 use support::daemon::DaemonProcess;
-use support::{pg_database, TetherServer};
-
-struct E2e {
-    server: TetherServer,
-    api: Api,
-    daemon: DaemonProcess,
-    host: String,
-    dir: tempfile::TempDir,
-}
-
-async fn start(postgres: bool, env: &[(&str, &str)]) -> E2e {
-    let url = if postgres { Some(pg_database().await) } else { None };
-    let mut env: Vec<(&str, &str)> = env.to_vec();
-    if let Some(url) = &url {
-        env.push(("TETHER_DATABASE__URL", url));
-    }
-    let server = TetherServer::start(&env, &[]).await;
-    let api = Api::new(server.url(), create_token(&server, "ann"));
-    let dir = tempfile::tempdir().expect("temp dir");
-    let daemon = DaemonProcess::start(&server, &api.token, &dir.path().join("state"));
-    let host = wait_online(&api).await;
-    E2e { server, api, daemon, host, dir }
-}
-
-/// Waits until the user's (single) host is online; returns its id.
-async fn wait_online(api: &Api) -> String {
-    let body = api
-        .wait_for("/api/v1/hosts", "host online", |b| {
-            b["hosts"].as_array().is_some_and(|h| h.iter().any(|h| h["state"] == "online"))
-        })
-        .await;
-    body["hosts"].as_array().and_then(|h| h.iter().find(|h| h["state"] == "online")).expect("host")["id"]
-        .as_str()
-        .expect("id")
-        .to_string()
-}
-
-async fn terminal(e: &E2e, argv: &[&str]) -> String {
-    let (status, body) = e.api.post("/api/v1/terminals", json!({"hostId": e.host, "argv": argv, "dir": "/tmp"})).await;
-    assert_eq!(status, 201, "{body}");
-    let id = body["terminal"]["id"].as_str().expect("id").to_string();
-    wait_state(&e.api, &id, "running").await;
-    id
-}
-
-async fn wait_state(api: &Api, id: &str, state: &str) -> Value {
-    api.wait_for(&format!("/api/v1/terminals/{id}"), state, |b| b["terminal"]["state"] == state).await["terminal"]
-        .clone()
-}
-
-/// A viewer that records the stream: where its live bytes start and what came.
-struct Viewer {
-    sock: Socket,
-    start: u64,
-    live: Vec<u8>,
-    exit: Option<Value>,
-}
-
-impl Viewer {
-    async fn attach(e: &E2e, terminal: &str, query: &str) -> Viewer {
-        let url = format!("{}{query}", viewer_url(&e.server, terminal));
-        let mut sock = Socket::connect(&url, Some(&e.api.token), &["tether.v1"]).await;
-        let start = loop {
-            match sock.next().await {
-                Event::Text(t) => {
-                    let v: Value = serde_json::from_str(&t).expect("json");
-                    match v["type"].as_str() {
-                        Some("live") | Some("resume") => break v["offset"].as_u64().expect("offset"),
-                        _ => {}
-                    }
-                }
-                Event::Close(code) => panic!("closed {code:?} before live"),
-                _ => {}
-            }
-        };
-        Viewer { sock, start, live: Vec::new(), exit: None }
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.live).into_owned()
-    }
-
-    /// Reads until the live output contains `needle`.
-    async fn until(&mut self, needle: &str) {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while !self.text().contains(needle) {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match self.sock.next_within(left).await {
-                Some(Event::Binary(b)) => self.live.extend_from_slice(&b),
-                Some(Event::Text(t)) => {
-                    let v: Value = serde_json::from_str(&t).expect("json");
-                    if v["type"] == "exit" {
-                        self.exit = Some(v);
-                    }
-                }
-                Some(Event::Close(code)) => panic!("closed {code:?} waiting for {needle:?}; got {:?}", self.text()),
-                Some(Event::Ping) => {}
-                None => panic!("timed out waiting for {needle:?}; got {:?}", self.text()),
-            }
-        }
-    }
-
-    /// Reads until the exit message; returns it.
-    async fn until_exit(&mut self) -> Value {
-        while self.exit.is_none() {
-            match self.sock.next().await {
-                Event::Binary(b) => self.live.extend_from_slice(&b),
-                Event::Text(t) => {
-                    let v: Value = serde_json::from_str(&t).expect("json");
-                    if v["type"] == "exit" {
-                        self.exit = Some(v);
-                    }
-                }
-                Event::Close(code) => panic!("closed {code:?} before exit"),
-                Event::Ping => {}
-            }
-        }
-        self.exit.clone().expect("exit")
-    }
-
-    async fn type_line(&mut self, line: &str) {
-        self.sock.send_json(json!({"type": "input", "data": format!("{line}\n")})).await;
-    }
-}
+use support::e2e::{metric, start, terminal, wait_online, wait_state, E2e, Viewer};
+use support::TetherServer;
 
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {
@@ -424,10 +302,7 @@ async fn a_stalled_viewer_is_closed_while_a_real_terminal_prints_50_mb() {
     }
     assert_eq!(next, LAST + 1, "every number arrived");
     assert_eq!(stalled.sock.expect_close().await, Some(1008), "the stalled viewer is closed 1008");
-    let (_, metrics) = e.api.get_bytes("/metrics").await;
-    let text = String::from_utf8_lossy(&metrics);
-    let line = text.lines().find(|l| l.starts_with("tether_viewer_queue_high_water_bytes")).expect("gauge");
-    let high: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("value");
+    let high = metric(&e.api, "tether_viewer_queue_high_water_bytes").await.expect("gauge");
     assert!(high <= 1_048_576.0, "the outbound queue passed its bound: {high}");
 }
 

@@ -21,6 +21,7 @@
 
 pub mod client;
 pub mod daemon;
+pub mod e2e;
 mod postgres;
 mod process;
 mod redis;
