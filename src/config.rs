@@ -183,11 +183,14 @@ impl Default for SweepSettings {
 #[serde(default, deny_unknown_fields)]
 pub struct DaemonSettings {
     pub hello_timeout_ms: u64,
+    /// Flow control: bytes of one terminal's output a daemon may send ahead
+    /// of what was handed to its viewers (docs/PROTOCOL.md, "Flow control").
+    pub window_bytes: u64,
 }
 
 impl Default for DaemonSettings {
     fn default() -> Self {
-        Self { hello_timeout_ms: 10_000 }
+        Self { hello_timeout_ms: 10_000, window_bytes: 256 * 1024 }
     }
 }
 
@@ -397,6 +400,11 @@ impl Settings {
         }
         if self.viewer.queue_bytes < 64 * 1024 {
             return Err(invalid("viewer.queue_bytes", "must be at least 65536"));
+        }
+        // A viewer at the soft bound (half its queue) may still receive a
+        // whole window before the stream pauses: that must fit the queue.
+        if self.daemon.window_bytes < 4096 || self.daemon.window_bytes > (self.viewer.queue_bytes / 2) as u64 {
+            return Err(invalid("daemon.window_bytes", "must be at least 4096 and at most half of viewer.queue_bytes"));
         }
         if self.director.fresh_ms < self.director.poll_ms {
             return Err(invalid("director.fresh_ms", "must be at least director.poll_ms"));

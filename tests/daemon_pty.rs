@@ -68,7 +68,12 @@ fn input(terminal_id: &str, text: &str) -> In {
 }
 
 fn attach(terminal_id: &str, attach_id: &str) -> In {
-    In::Attach(Attach { terminal_id: terminal_id.to_owned(), attach_id: attach_id.to_owned(), resume_from: None })
+    In::Attach(Attach {
+        terminal_id: terminal_id.to_owned(),
+        attach_id: attach_id.to_owned(),
+        resume_from: None,
+        window: None,
+    })
 }
 
 async fn expect_started(server: &mut FakeServer, terminal_id: &str) -> u32 {
@@ -392,4 +397,70 @@ async fn an_empty_argv_starts_a_login_shell_without_the_daemon_settings() {
     server.send(input("login", "exit\n")).await;
     let (_, exit, _) = expect_final_frames(&mut server, "login").await;
     assert_eq!(exit.exit_code, Some(0));
+}
+
+/// Flow control: a terminal sends Output only within the window its Attach
+/// and later Credits allow; a flooding terminal whose window is spent
+/// stops, while another terminal of the same connection still echoes.
+#[actix_rt::test]
+async fn output_stays_within_its_window_and_other_terminals_flow() {
+    let mut server = FakeServer::start(HOST_ID).await;
+    let daemon = start_daemon(&server);
+    let hello = server.accept_and_ack().await;
+    assert!(hello.capabilities.expect("capabilities").flow_control, "the hello claims flow control");
+
+    server.send(spawn("flood", &daemon.work, &["yes", "0123456789abcdef"])).await;
+    expect_started(&mut server, "flood").await;
+    server.send(spawn("echo", &daemon.work, &["cat"])).await;
+    expect_started(&mut server, "echo").await;
+
+    const WINDOW: u64 = 20_000;
+    let windowed = |id: &str, attach_id: &str| {
+        In::Attach(Attach {
+            terminal_id: id.to_owned(),
+            attach_id: attach_id.to_owned(),
+            resume_from: None,
+            window: Some(WINDOW),
+        })
+    };
+    server.send(windowed("flood", "f1")).await;
+    let start = match server.next_control().await {
+        Out::Scrollback(scrollback) => scrollback.offset,
+        other => panic!("expected Scrollback, got {other:?}"),
+    };
+    while server.streams.next_offset["flood"] < start + WINDOW {
+        match server.next_frame().await {
+            Out::Output(_) => {}
+            other => panic!("expected Output, got {other:?}"),
+        }
+    }
+    assert_eq!(server.streams.next_offset["flood"], start + WINDOW, "Output stops exactly at the window");
+
+    // The flood is paused; the other terminal streams and echoes.
+    server.send(windowed("echo", "e1")).await;
+    match server.next_control().await {
+        Out::Scrollback(scrollback) => assert_eq!(scrollback.terminal_id, "echo"),
+        other => panic!("expected Scrollback, got {other:?}"),
+    }
+    server.send(input("echo", "through-the-flood\n")).await;
+    server.wait_for_text("echo", "through-the-flood\r\nthrough-the-flood").await;
+    assert_eq!(server.streams.next_offset["flood"], start + WINDOW, "nothing past the window meanwhile");
+
+    // A Credit moves the limit; a lower one changes nothing.
+    let credit = |until: u64| In::Credit(tether::proto::v1::Credit { terminal_id: "flood".to_owned(), until });
+    server.send(credit(start + 3 * WINDOW)).await;
+    server.send(credit(start + WINDOW)).await;
+    while server.streams.next_offset["flood"] < start + 3 * WINDOW {
+        match server.next_frame().await {
+            Out::Output(_) => {}
+            other => panic!("expected Output, got {other:?}"),
+        }
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), server.next_frame()).await.is_err(),
+        "nothing past the credited limit"
+    );
+    assert_eq!(server.streams.next_offset["flood"], start + 3 * WINDOW);
+
+    server.send(In::Kill(Kill { terminal_id: "flood".to_owned(), signal: 9 })).await;
 }

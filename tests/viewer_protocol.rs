@@ -22,12 +22,21 @@ struct Setup {
 }
 
 async fn setup(env: &[(&str, &str)]) -> Setup {
+    setup_daemon(env, false).await
+}
+
+/// The setup, with a daemon whose hello claims flow control (or not).
+async fn setup_daemon(env: &[(&str, &str)], flow_control: bool) -> Setup {
     let server = TetherServer::start(env, &[]).await;
     let api = Api::new(server.url(), create_token(&server, "ann"));
     let (_, body) = api.post("/api/v1/hosts", json!({"hostname": "box"})).await;
     let host = body["host"]["id"].as_str().expect("host").to_string();
     let mut daemon = Socket::connect(&daemon_url(&server), Some(&api.token), &["tether.daemon.v1"]).await;
-    daemon.send_frame(hello(&host)).await;
+    let mut frame = hello(&host);
+    if let daemon_frame::Frame::Hello(h) = &mut frame {
+        h.capabilities.as_mut().expect("capabilities").flow_control = flow_control;
+    }
+    daemon.send_frame(frame).await;
     assert!(matches!(daemon.next_server_frame().await, server_frame::Frame::HelloAck(_)));
     let (status, body) = api.post("/api/v1/terminals", json!({"hostId": host, "argv": ["sh"]})).await;
     assert_eq!(status, 201);
@@ -496,4 +505,102 @@ async fn viewers_get_4503_when_the_daemon_goes() {
     let mut again = s.viewer("").await;
     assert_eq!(until(&mut again, "status").await["host"], "offline");
     assert_eq!(until(&mut again, "error").await["message"], "host offline");
+}
+
+/// Grids are clamped to 1..1000 whatever number a client sends; a value
+/// that is not a number is still refused.
+#[actix_rt::test]
+async fn grid_values_out_of_range_are_clamped() {
+    let mut s = setup(&[]).await;
+    let mut v = s.viewer("").await;
+    s.answer_attach(b"S", 0).await;
+    until(&mut v, "live").await;
+    v.send_json(json!({"type": "resize", "cols": -1, "rows": 3})).await;
+    assert_eq!(s.next_resize().await, (1, 3));
+    v.send_json(json!({"type": "resize", "cols": 5000, "rows": 40.7})).await;
+    assert_eq!(s.next_resize().await, (1000, 40));
+    v.send_json(json!({"type": "resize", "cols": "wide", "rows": 3})).await;
+    let error = until(&mut v, "error").await;
+    assert!(error["message"].as_str().is_some_and(|m| m.contains("bad message")), "{error}");
+    assert_eq!(v.expect_close().await, Some(1008));
+}
+
+/// Flow control with a daemon that claims it: the Attach carries the
+/// window, Credits follow delivered output, a viewer that stops reading
+/// stops the Credits (only for its terminal) until it is closed 1008 after
+/// `viewer.slow_ms`, and then the Credits resume.
+#[actix_rt::test]
+async fn credits_follow_delivery_and_stop_for_a_stalled_viewer() {
+    let env = [
+        ("TETHER_DAEMON__WINDOW_BYTES", "65536"),
+        ("TETHER_VIEWER__QUEUE_BYTES", "262144"),
+        ("TETHER_VIEWER__SLOW_MS", "1500"),
+    ];
+    let mut s = setup_daemon(&env, true).await;
+    let mut viewer = s.viewer("").await;
+    let attach = s.answer_attach(b"S", 0).await;
+    assert_eq!(attach.window, Some(65536), "the Attach carries the window");
+    until(&mut viewer, "live").await;
+    let (daemon, terminal) = (&mut s.daemon, s.terminal.clone());
+
+    // Sends Output within the current limit, waiting for Credits; returns
+    // the offset reached when no Credit came for `quiet`.
+    async fn stream(daemon: &mut Socket, terminal: &str, offset: &mut u64, limit: &mut u64, quiet: Duration) {
+        loop {
+            while *offset < *limit {
+                let len = (*limit - *offset).min(16 * 1024);
+                daemon
+                    .send_frame(daemon_frame::Frame::Output(tether::proto::v1::Output {
+                        terminal_id: terminal.to_string(),
+                        offset: *offset,
+                        data: Bytes::from(vec![b'x'; len as usize]),
+                    }))
+                    .await;
+                *offset += len;
+            }
+            match daemon.next_within(quiet).await {
+                Some(Event::Binary(b)) => {
+                    let frame = <tether::proto::v1::ServerFrame as prost::Message>::decode(b.as_ref()).expect("frame");
+                    if let Some(server_frame::Frame::Credit(c)) = frame.frame {
+                        assert_eq!(c.terminal_id, terminal);
+                        assert!(c.until > *limit, "a Credit only ever raises the limit");
+                        *limit = c.until;
+                    }
+                }
+                Some(_) => {}
+                None => return,
+            }
+        }
+    }
+
+    // A reading viewer: Credits keep coming as its output is delivered.
+    let reader = actix_rt::spawn(async move {
+        let mut got = 0usize;
+        while got < 1024 * 1024 {
+            if let Event::Binary(b) = viewer.next().await {
+                got += b.len();
+            }
+        }
+        viewer
+    });
+    let (mut offset, mut limit) = (0u64, 65536u64);
+    while offset < 1024 * 1024 {
+        let before = offset;
+        stream(daemon, &terminal, &mut offset, &mut limit, Duration::from_millis(500)).await;
+        assert!(offset > before, "no Credit while the viewer reads (stuck at {offset})");
+    }
+    let viewer = reader.await.expect("reader");
+
+    // The viewer stops reading: the Credits stop, at most a window past the
+    // point where its queue reached the soft bound...
+    let stalled_at = {
+        stream(daemon, &terminal, &mut offset, &mut limit, Duration::from_millis(700)).await;
+        offset
+    };
+    assert_eq!(stalled_at, limit, "the daemon used all it was given");
+    // ...until the viewer is closed 1008 after slow_ms; then they resume.
+    let mut viewer = viewer;
+    stream(daemon, &terminal, &mut offset, &mut limit, Duration::from_secs(5)).await;
+    assert!(offset > stalled_at, "Credits resumed once the stalled viewer was closed");
+    assert_eq!(viewer.expect_close().await, Some(1008));
 }

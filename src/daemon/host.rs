@@ -24,7 +24,7 @@ use super::screen::GridSize;
 use super::state::StateDir;
 use super::terminal::{self, ChildStreams, FinalFrames, TerminalCommand, TerminalHandle};
 use crate::proto::v1::{
-    daemon_frame::Frame, server_frame::Frame as In, AttachError, Capabilities, CredentialsResult, Dirs, DirsOp,
+    daemon_frame::Frame, server_frame::Frame as In, Attach, AttachError, Capabilities, CredentialsResult, Dirs, DirsOp,
     DirsResult, Hello, LimitsResult, Ping, ServerFrame, Spawn, SpawnError, Started, TerminalReport,
 };
 
@@ -226,6 +226,7 @@ impl Host {
                 refresh_limits: true,
                 credentials: true,
                 usage: true,
+                flow_control: true,
             }),
             dirs: self.dirs.to_strings(),
             terminals: self
@@ -299,7 +300,13 @@ impl Host {
                 self.kill(&kill.terminal_id, kill.signal);
                 None
             }
-            In::Attach(attach) => self.attach(attach.terminal_id, attach.attach_id, attach.resume_from, &link.out),
+            In::Attach(attach) => self.attach(attach, &link.out),
+            In::Credit(credit) => {
+                if let Some(entry) = self.terminals.get(&credit.terminal_id) {
+                    let _ = entry.handle.commands.send(TerminalCommand::Credit { until: credit.until });
+                }
+                None
+            }
             In::Detach(detach) => {
                 if let Some(entry) = self.terminals.get(&detach.terminal_id) {
                     let _ = entry.handle.commands.send(TerminalCommand::Detach);
@@ -416,17 +423,13 @@ impl Host {
         }
     }
 
-    fn attach(
-        &mut self,
-        terminal_id: String,
-        attach_id: String,
-        resume_from: Option<u64>,
-        out: &Outbox,
-    ) -> Option<Frame> {
+    fn attach(&mut self, attach: Attach, out: &Outbox) -> Option<Frame> {
+        let Attach { terminal_id, attach_id, resume_from, window } = attach;
         let message = match self.terminals.get(&terminal_id) {
             None => "unknown terminal",
             Some(entry) if entry.running() => {
-                let command = TerminalCommand::Attach { attach_id: attach_id.clone(), resume_from, out: out.clone() };
+                let command =
+                    TerminalCommand::Attach { attach_id: attach_id.clone(), resume_from, window, out: out.clone() };
                 match entry.handle.commands.send(command) {
                     Ok(()) => return None,
                     // The task ended a moment ago; its final frames are on their way.

@@ -16,6 +16,14 @@
 //! Backpressure: while attached, unsent bytes wait in the ring. The task
 //! stops taking chunks from the reader when one more chunk could evict
 //! unsent bytes; the reader thread then blocks and so does the child.
+//!
+//! Flow control (docs/PROTOCOL.md, "Flow control"): when the server gives
+//! the Attach a window, Output is sent only up to the limit that window and
+//! later Credit frames set. A terminal whose window is spent keeps its bytes
+//! in the ring and then stops reading its PTY, while every other terminal
+//! of the connection streams on. Flushes that must precede a control frame
+//! (a new Scrollback, a Size, the final frames) ignore the limit: they are
+//! bounded by the ring, and the order of the stream comes first.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -47,13 +55,16 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 /// frames (processed one at a time), so the channel holds a handful at most.
 pub enum TerminalCommand {
     /// Start (or restart, for a new viewer) the stream on `out`: answer
-    /// with a Scrollback, then Output from its offset on.
-    /// Start (or restart) the output stream; with `resume_from`, send the
-    /// raw bytes since that offset instead of a screen snapshot when the
-    /// ring still holds them.
-    Attach { attach_id: String, resume_from: Option<u64>, out: Outbox },
+    /// with a Scrollback, then Output from its offset on. With
+    /// `resume_from`, the Scrollback carries the raw bytes since that offset
+    /// instead of a screen snapshot when the ring still holds them. With
+    /// `window`, Output goes at most `window` bytes past the live offset
+    /// until a Credit moves the limit.
+    Attach { attach_id: String, resume_from: Option<u64>, window: Option<u64>, out: Outbox },
     /// Stop sending Output.
     Detach,
+    /// The server may now take Output up to this stream offset.
+    Credit { until: u64 },
     /// The PTY was resized: resize the screen model and report Size on `out`.
     Resize { size: GridSize, out: Outbox },
 }
@@ -116,6 +127,16 @@ struct Attachment {
     out: Outbox,
     /// Offset of the first byte not yet handed to `out`.
     sent: u64,
+    /// Output may go up to (not including) this offset; `None` when the
+    /// server asked for no flow control.
+    allowed_until: Option<u64>,
+}
+
+impl Attachment {
+    /// Bytes the window still allows to be sent.
+    fn window_left(&self) -> u64 {
+        self.allowed_until.map_or(u64::MAX, |until| until.saturating_sub(self.sent))
+    }
 }
 
 struct TerminalTask {
@@ -147,7 +168,8 @@ impl TerminalTask {
             // One chunk plus a held-back tail must fit without evicting
             // bytes the connection has not taken yet.
             let may_read = output_open && pending.saturating_add(MAX_EMIT) <= self.ring.capacity();
-            let permit = self.reserve_output_slot(pending > 0);
+            let sendable = self.sendable_bytes() > 0;
+            let permit = self.reserve_output_slot(sendable);
             tokio::select! {
                 // Commands first: a Detach should not wait behind a backlog.
                 biased;
@@ -160,8 +182,8 @@ impl TerminalTask {
                         let _ = pty::send_signal(pid, libc::SIGHUP);
                     }
                 },
-                permit = permit, if pending > 0 => match permit {
-                    Some(permit) => self.send_output_chunk(permit),
+                permit = permit, if sendable => match permit {
+                    Some(permit) => self.send_output_chunk(permit, true),
                     None => self.attached = None,
                 },
                 chunk = output.recv(), if may_read => match chunk {
@@ -198,6 +220,12 @@ impl TerminalTask {
         self.attached
             .as_ref()
             .map_or(0, |attachment| usize::try_from(self.ring.end_offset() - attachment.sent).unwrap_or(usize::MAX))
+    }
+
+    /// Bytes the attached connection may take now: pending, within the window.
+    fn sendable_bytes(&self) -> usize {
+        let window = self.attached.as_ref().map_or(0, Attachment::window_left);
+        self.pending_bytes().min(usize::try_from(window).unwrap_or(usize::MAX))
     }
 
     /// A slot in the attached connection's queue, when there is output to
@@ -249,7 +277,7 @@ impl TerminalTask {
 
     async fn on_command(&mut self, command: TerminalCommand) {
         match command {
-            TerminalCommand::Attach { attach_id, resume_from, out } => {
+            TerminalCommand::Attach { attach_id, resume_from, window, out } => {
                 // Viewers already on this connection must get everything up
                 // to the new snapshot's offset before it.
                 if self.attached.as_ref().is_some_and(|current| current.out.same_channel(&out)) {
@@ -272,11 +300,20 @@ impl TerminalTask {
                     resumed,
                 };
                 self.attached = match out.send(Outbound::Frame(Frame::Scrollback(scrollback))).await {
-                    Ok(()) => Some(Attachment { out, sent: offset }),
+                    Ok(()) => Some(Attachment {
+                        out,
+                        sent: offset,
+                        allowed_until: window.map(|window| offset.saturating_add(window)),
+                    }),
                     Err(_) => None,
                 };
             }
             TerminalCommand::Detach => self.attached = None,
+            TerminalCommand::Credit { until } => {
+                if let Some(allowed) = self.attached.as_mut().and_then(|a| a.allowed_until.as_mut()) {
+                    *allowed = (*allowed).max(until);
+                }
+            }
             TerminalCommand::Resize { size, out } => {
                 if self.attached.as_ref().is_some_and(|current| current.out.same_channel(&out)) {
                     self.flush().await;
@@ -292,13 +329,16 @@ impl TerminalTask {
         }
     }
 
-    fn send_output_chunk(&mut self, permit: mpsc::OwnedPermit<Outbound>) {
-        if let Some(frame) = self.next_output_frame() {
+    /// Sends the next Output frame; `within_window` keeps it inside the
+    /// flow-control limit.
+    fn send_output_chunk(&mut self, permit: mpsc::OwnedPermit<Outbound>, within_window: bool) {
+        if let Some(frame) = self.next_output_frame(within_window) {
             permit.send(Outbound::Frame(frame));
         }
     }
 
-    /// Hands every pending byte to the attached connection.
+    /// Hands every pending byte to the attached connection, past the window
+    /// if need be (a control frame must find the stream complete before it).
     async fn flush(&mut self) {
         while self.pending_bytes() > 0 {
             let Some(out) = self.attached.as_ref().map(|attachment| attachment.out.clone()) else {
@@ -308,14 +348,21 @@ impl TerminalTask {
                 self.attached = None;
                 return;
             };
-            self.send_output_chunk(permit);
+            self.send_output_chunk(permit, false);
         }
     }
 
     /// The next Output frame for the attachment, advancing its cursor.
-    fn next_output_frame(&mut self) -> Option<Frame> {
+    fn next_output_frame(&mut self, within_window: bool) -> Option<Frame> {
         let attachment = self.attached.as_mut()?;
-        match self.ring.bytes_since(attachment.sent, MAX_OUTPUT_CHUNK) {
+        let mut limit = MAX_OUTPUT_CHUNK;
+        if within_window {
+            limit = limit.min(usize::try_from(attachment.window_left()).unwrap_or(usize::MAX));
+        }
+        if limit == 0 {
+            return None;
+        }
+        match self.ring.bytes_since(attachment.sent, limit) {
             Some(data) if !data.is_empty() => {
                 let offset = attachment.sent;
                 attachment.sent += data.len() as u64;
@@ -388,7 +435,8 @@ mod tests {
                 let child = ChildStreams { pid: 0, output, exit, started_at: Instant::now() };
                 let handle = start("t".to_owned(), GridSize::clamped(80, 24), child, finished_tx);
                 let (out, mut wire) = mpsc::channel(2);
-                let attach = TerminalCommand::Attach { attach_id: "a".to_owned(), resume_from: None, out };
+                let attach =
+                    TerminalCommand::Attach { attach_id: "a".to_owned(), resume_from: None, window: None, out };
                 assert!(handle.commands.send(attach).is_ok());
 
                 let mut fed = 0u64;
@@ -454,7 +502,8 @@ mod tests {
                 tokio::task::yield_now().await;
 
                 let (out, mut wire) = mpsc::channel(8);
-                let attach = TerminalCommand::Attach { attach_id: "a".to_owned(), resume_from: None, out };
+                let attach =
+                    TerminalCommand::Attach { attach_id: "a".to_owned(), resume_from: None, window: None, out };
                 assert!(handle.commands.send(attach).is_ok());
                 let offset = match wire.recv().await {
                     Some(Outbound::Frame(Frame::Scrollback(scrollback))) => scrollback.offset,

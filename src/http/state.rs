@@ -93,6 +93,7 @@ impl AppState {
             slow: ms(settings.viewer.slow_ms),
             input_queue_limit: 4 * 1024 * 1024,
             run_log_max_bytes: settings.runs.log_max_bytes,
+            window_bytes: settings.daemon.window_bytes,
         };
         let registry = HostRegistry::new(
             store.clone(),

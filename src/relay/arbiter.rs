@@ -7,8 +7,19 @@
 //!
 //! A member is a viewer (a `Recipient<ViewerOut>`: local or, later, a
 //! remote proxy; the arbiter cannot tell) or a run capture.
+//!
+//! Flow control (docs/PROTOCOL.md, "Flow control"): the daemon sends this
+//! terminal's output only within a window the arbiter grants. The arbiter
+//! grants more as it hands output to members whose outbound queues are
+//! below the soft bound; while a viewer's queue is over it, the arbiter
+//! grants nothing (this terminal pauses, no other does) and checks again
+//! every few milliseconds; a viewer still over it after `viewer.slow_ms` is
+//! closed 1008 and the window reopens. A daemon whose hello does not claim
+//! flow control cannot be told to stop one terminal: while the stream is
+//! paused its connection waits for the answer to `OutputChunk` (the
+//! protocol's original, connection-wide backpressure).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,12 +27,14 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use bytes::Bytes;
 use serde_json::json;
+use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::daemon_conn::DaemonConn;
+use super::ended::ended_messages;
 use super::grid::{Grid, GridAction, GridTimings};
 use super::outbox::Frame;
 use super::registry::{ArbiterIdle, HostRegistry, Retire};
+use super::resume_ring::{Appended, ResumeRing};
 use super::*;
 use crate::proto::v1::server_frame;
 use crate::store::{RunState, Store, TerminalState};
@@ -39,7 +52,12 @@ pub struct ArbiterConfig {
     /// Bytes queued towards the daemon before a viewer's input is refused.
     pub input_queue_limit: usize,
     pub run_log_max_bytes: usize,
+    /// Output a daemon may send ahead of what was handed to the viewers.
+    pub window_bytes: u64,
 }
+
+/// How often a paused stream looks at its lagging viewers' queues again.
+const LAG_POLL: Duration = Duration::from_millis(5);
 
 /// Where a member is in the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,8 +92,10 @@ struct Member {
 
 /// The daemon connection currently serving the terminal.
 struct Stream {
-    conn: Addr<DaemonConn>,
-    daemon_queue: Arc<AtomicUsize>,
+    link: DaemonLink,
+    /// The stream offset up to which the daemon may send Output (flow
+    /// control); `None` before the first Scrollback or without flow control.
+    granted: Option<u64>,
 }
 
 const CAPTURE: u64 = 0;
@@ -99,11 +119,16 @@ pub struct TerminalArbiter {
     state: Option<TerminalState>,
     members: HashMap<u64, Member>,
     grid: Grid,
-    /// Recent raw output as (offset, bytes), for resumes.
-    ring: VecDeque<(u64, Bytes)>,
-    ring_len: usize,
-    /// Next offset expected on the daemon's stream, once a Scrollback set it.
-    stream_next: Option<u64>,
+    /// Recent raw output, for resumes; its end is the next offset expected
+    /// on the daemon's stream, once a Scrollback set it.
+    ring: ResumeRing,
+    /// Since when a viewer over the soft bound holds the stream back.
+    paused_since: Option<Instant>,
+    /// Daemons without flow control wait on these while the stream is paused.
+    held_daemon: Vec<oneshot::Sender<()>>,
+    lag_check_scheduled: bool,
+    /// The terminal's end is being read from the store for waiting members.
+    ending: bool,
     retiring: bool,
     flushing: bool,
     finish: Option<(RunState, Option<i32>)>,
@@ -120,16 +145,18 @@ impl TerminalArbiter {
         let grid = Grid::new(config.timings, (80, 24));
         Self {
             terminal_id,
+            ring: ResumeRing::new(config.ring_bytes),
             config,
             store,
             registry,
-            stream: online.map(|o| Stream { conn: o.conn, daemon_queue: o.daemon_queue }),
+            stream: online.map(|o| Stream { link: o.0, granted: None }),
             state: None,
             members: HashMap::new(),
             grid,
-            ring: VecDeque::new(),
-            ring_len: 0,
-            stream_next: None,
+            paused_since: None,
+            held_daemon: Vec::new(),
+            lag_check_scheduled: false,
+            ending: false,
             retiring: false,
             flushing: false,
             finish: None,
@@ -170,8 +197,13 @@ impl TerminalArbiter {
         }
     }
 
-    /// Sends Attach for every waiting member when the terminal can stream.
+    /// Sends Attach for every waiting member when the terminal can stream;
+    /// when it has ended, tells them so from the store instead.
     fn attach_waiting(&mut self, ctx: &mut Context<Self>) {
+        if matches!(self.state, Some(TerminalState::Exited | TerminalState::Error)) {
+            self.end_from_store(ctx);
+            return;
+        }
         let Some(stream) = &self.stream else { return };
         // A launching terminal's Spawn already went out on this connection,
         // and the daemon handles frames in order, so an Attach finds it even
@@ -179,7 +211,8 @@ impl TerminalArbiter {
         if !matches!(self.state, Some(TerminalState::Running | TerminalState::Launching)) {
             return;
         }
-        let conn = stream.conn.clone();
+        let conn = stream.link.conn.clone();
+        let window = stream.link.flow_control.then_some(self.config.window_bytes);
         for member in self.members.values_mut() {
             if member.phase != Phase::Waiting {
                 continue;
@@ -190,9 +223,68 @@ impl TerminalArbiter {
                 terminal_id: self.terminal_id,
                 attach_id,
                 resume_from: member.resume_from,
+                window,
                 arbiter: ctx.address(),
             });
         }
+    }
+
+    /// The terminal ended and its members did not see it on the stream (the
+    /// arbiter learned it from the store: the Exit came before the arbiter,
+    /// or the host came back with the process gone). Every viewer gets the
+    /// recorded end and is closed 1000; a run capture finishes the run.
+    fn end_from_store(&mut self, ctx: &mut Context<Self>) {
+        if self.ending || self.members.is_empty() {
+            self.maybe_idle(ctx);
+            return;
+        }
+        self.ending = true;
+        let store = self.store.clone();
+        let id = self.terminal_id;
+        async move {
+            let terminal = store.terminal_by_id(id).await;
+            let snapshot = store.get_snapshot(id).await.ok().flatten();
+            (terminal, snapshot)
+        }
+        .into_actor(self)
+        .map(|(terminal, snapshot), act, ctx| {
+            act.ending = false;
+            match terminal {
+                Ok(Some(t)) if !t.state.is_live() && t.state != TerminalState::Pending => {
+                    let messages = ended_messages(&t, snapshot, act.stream.is_some());
+                    for m in act.members.values() {
+                        if let Kind::Viewer(r, _) = &m.kind {
+                            for message in &messages {
+                                r.do_send(message.clone());
+                            }
+                        }
+                    }
+                    act.close_viewers(close::NORMAL, "terminal ended");
+                    if act.members.contains_key(&CAPTURE) && act.finish.is_none() {
+                        let state = if t.exit_code == Some(0) { RunState::Succeeded } else { RunState::Failed };
+                        act.finish = Some((state, t.exit_code));
+                        act.flush_capture(ctx);
+                    }
+                }
+                Ok(Some(t)) => {
+                    // Started again in between (a row is never revived, but a
+                    // stale state is possible): stream as usual.
+                    act.state = Some(t.state);
+                    act.attach_waiting(ctx);
+                }
+                Ok(None) => {
+                    act.close_viewers(close::UNKNOWN_TERMINAL, "terminal deleted");
+                    act.members.remove(&CAPTURE);
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, terminal_id = %act.terminal_id, "tether_arbiter_load_failed");
+                    act.close_viewers(close::INTERNAL, "database error");
+                    act.members.remove(&CAPTURE);
+                }
+            }
+            act.maybe_idle(ctx);
+        })
+        .wait(ctx);
     }
 
     fn apply(&mut self, actions: Vec<GridAction>, ctx: &mut Context<Self>) {
@@ -200,7 +292,7 @@ impl TerminalArbiter {
             match action {
                 GridAction::Resize { cols, rows } => {
                     if let Some(stream) = &self.stream {
-                        stream.conn.do_send(ToDaemon(server_frame::Frame::Resize(crate::proto::v1::Resize {
+                        stream.link.conn.do_send(ToDaemon(server_frame::Frame::Resize(crate::proto::v1::Resize {
                             terminal_id: self.terminal_id.to_string(),
                             cols: u32::from(cols),
                             rows: u32::from(rows),
@@ -217,42 +309,6 @@ impl TerminalArbiter {
                 }
             }
         }
-    }
-
-    fn remember(&mut self, offset: u64, data: &Bytes) {
-        self.ring.push_back((offset, data.clone()));
-        self.ring_len += data.len();
-        while self.ring_len > self.config.ring_bytes {
-            match self.ring.pop_front() {
-                Some((_, old)) => self.ring_len -= old.len(),
-                None => break,
-            }
-        }
-    }
-
-    /// Bytes from `from` to the end of the stream, if the ring still has them.
-    fn ring_since(&self, from: u64) -> Option<Bytes> {
-        let end = self.stream_next?;
-        if from > end {
-            return None;
-        }
-        if from == end {
-            return Some(Bytes::new());
-        }
-        let start = self.ring.front()?.0;
-        if from < start {
-            return None;
-        }
-        let mut out = Vec::with_capacity((end - from) as usize);
-        for (offset, data) in &self.ring {
-            let chunk_end = offset + data.len() as u64;
-            if chunk_end <= from {
-                continue;
-            }
-            let skip = from.saturating_sub(*offset) as usize;
-            out.extend_from_slice(&data[skip..]);
-        }
-        Some(Bytes::from(out))
     }
 
     /// Hands live output to one member, trimming what it already has.
@@ -280,27 +336,18 @@ impl TerminalArbiter {
     }
 
     fn on_output(&mut self, offset: u64, data: Bytes, ctx: &mut Context<Self>) {
-        if let Some(expected) = self.stream_next {
-            if offset > expected {
-                // The stream itself skipped bytes: everyone live gets a fresh replay.
-                tracing::warn!(terminal_id = %self.terminal_id, expected, offset, "tether_stream_gap");
-                metrics::counter!("tether_stream_gaps_total").increment(1);
-                self.stream_next = None;
-                self.ring.clear();
-                self.ring_len = 0;
-                for m in self.members.values_mut() {
-                    if matches!(m.phase, Phase::Live { .. }) {
-                        rewind(m);
-                    }
+        if let Appended::Gap { expected } = self.ring.append(offset, &data) {
+            // The stream itself skipped bytes: everyone live gets a fresh replay.
+            tracing::warn!(terminal_id = %self.terminal_id, expected, offset, "tether_stream_gap");
+            metrics::counter!("tether_stream_gaps_total").increment(1);
+            self.ring.reset();
+            for m in self.members.values_mut() {
+                if matches!(m.phase, Phase::Live { .. }) {
+                    rewind(m);
                 }
-                self.attach_waiting(ctx);
-                return;
             }
-        }
-        let end = offset + data.len() as u64;
-        if self.stream_next.is_some_and(|n| end > n) {
-            self.remember(offset, &data);
-            self.stream_next = Some(end);
+            self.attach_waiting(ctx);
+            return;
         }
         let mut gaps = Vec::new();
         for (id, m) in self.members.iter_mut() {
@@ -314,21 +361,99 @@ impl TerminalArbiter {
             }
         }
         self.attach_waiting(ctx);
+        self.check_lag(ctx);
+    }
+
+    /// Viewers whose outbound queue is over the soft bound.
+    fn lagging(&self) -> Vec<u64> {
+        let soft = self.config.soft_queue_bytes;
+        self.members
+            .iter()
+            .filter(|(_, m)| matches!(&m.kind, Kind::Viewer(_, queued) if queued.load(Ordering::Relaxed) > soft))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// After output was handed out: grant more window, or pause this
+    /// terminal's stream while a viewer is behind.
+    fn check_lag(&mut self, ctx: &mut Context<Self>) {
+        if self.lagging().is_empty() {
+            self.unpause();
+        } else {
+            self.paused_since.get_or_insert_with(Instant::now);
+            self.schedule_lag_check(ctx);
+        }
+    }
+
+    fn schedule_lag_check(&mut self, ctx: &mut Context<Self>) {
+        if self.lag_check_scheduled {
+            return;
+        }
+        self.lag_check_scheduled = true;
+        ctx.run_later(LAG_POLL, |act, ctx| {
+            act.lag_check_scheduled = false;
+            act.recheck_lag(ctx);
+        });
+    }
+
+    /// While paused: resume once every viewer caught up; close the ones
+    /// still behind after `slow`.
+    fn recheck_lag(&mut self, ctx: &mut Context<Self>) {
+        let Some(since) = self.paused_since else { return };
+        let lagging = self.lagging();
+        if !lagging.is_empty() && since.elapsed() < self.config.slow {
+            self.schedule_lag_check(ctx);
+            return;
+        }
+        for id in lagging {
+            tracing::info!(terminal_id = %self.terminal_id, "tether_viewer_too_slow");
+            self.send_to(id, ViewerOut::Evict { code: close::POLICY, reason: "too slow a reader".into() });
+            self.remove_member(id, ctx);
+        }
+        self.unpause();
+        self.maybe_idle(ctx);
+    }
+
+    /// The stream may flow again: more window, and a waiting daemon goes on.
+    fn unpause(&mut self) {
+        self.paused_since = None;
+        for held in self.held_daemon.drain(..) {
+            let _ = held.send(());
+        }
+        self.grant();
+    }
+
+    /// Moves the daemon's limit to `window` past what arrived, once half of
+    /// the previous grant is used (so a busy stream gets one Credit per half
+    /// window, and a keystroke echo none).
+    fn grant(&mut self) {
+        let Some(end) = self.ring.end() else { return };
+        let Some(stream) = self.stream.as_mut() else { return };
+        let Some(granted) = stream.granted else { return };
+        let window = self.config.window_bytes;
+        if granted.saturating_sub(end) > window / 2 {
+            return;
+        }
+        let until = end + window;
+        stream.granted = Some(until);
+        stream.link.conn.do_send(ToDaemon(server_frame::Frame::Credit(crate::proto::v1::Credit {
+            terminal_id: self.terminal_id.to_string(),
+            until,
+        })));
     }
 
     fn on_scrollback(&mut self, attach_id: String, data: Bytes, (cols, rows): (u16, u16), offset: u64, resumed: bool) {
         self.grid.pty_resized(cols, rows);
         let live_at = if resumed { offset + data.len() as u64 } else { offset };
-        if self.stream_next.is_none_or(|n| live_at >= n) {
-            if self.stream_next != Some(live_at) {
-                self.ring.clear();
-                self.ring_len = 0;
-            }
-            if resumed && !data.is_empty() {
-                self.stream_next = Some(offset);
-                self.remember(offset, &data);
-            }
-            self.stream_next = Some(live_at);
+        if resumed {
+            self.ring.absorb(offset, &data);
+        } else {
+            self.ring.anchor(live_at);
+        }
+        // Each Attach gives the daemon a fresh window from its live offset.
+        let window = self.config.window_bytes;
+        if let Some(stream) = self.stream.as_mut().filter(|s| s.link.flow_control) {
+            stream.granted = Some(live_at + window);
         }
         for id in self.awaiting(&attach_id) {
             let size = self.size_for(id);
@@ -412,7 +537,7 @@ impl TerminalArbiter {
         }
         self.retiring = true;
         if let Some(stream) = &self.stream {
-            stream.conn.do_send(DetachArbiter { terminal_id: self.terminal_id, arbiter: ctx.address() });
+            stream.link.conn.do_send(DetachArbiter { terminal_id: self.terminal_id, arbiter: ctx.address() });
         }
         self.registry.do_send(ArbiterIdle { terminal_id: self.terminal_id, arbiter: ctx.address() });
     }
@@ -490,12 +615,12 @@ impl Handler<Join> for TerminalArbiter {
         // A resume the arbiter can serve itself needs no round trip.
         let mut phase = Phase::Waiting;
         if let (Some(from), Some(_)) = (msg.resume_from, &self.stream) {
-            if let Some(bytes) = self.ring_since(from) {
+            if let Some(bytes) = self.ring.since(from) {
                 msg.out.do_send(ViewerOut::Text(json!({"type": "resume", "offset": from}).to_string()));
                 if !bytes.is_empty() {
                     msg.out.do_send(ViewerOut::Binary(bytes));
                 }
-                phase = Phase::Live { next: self.stream_next.unwrap_or(from) };
+                phase = Phase::Live { next: self.ring.end().unwrap_or(from) };
             }
         }
         let out = msg.out.clone();
@@ -554,13 +679,13 @@ impl Handler<FromViewer> for TerminalArbiter {
                     );
                     return;
                 };
-                if stream.daemon_queue.load(Ordering::Relaxed) > self.config.input_queue_limit {
+                if stream.link.queue.load(Ordering::Relaxed) > self.config.input_queue_limit {
                     self.send_to(viewer, ViewerOut::Close { code: close::POLICY, reason: "input overflow".into() });
                     self.remove_member(viewer, ctx);
                     self.maybe_idle(ctx);
                     return;
                 }
-                stream.conn.do_send(ToDaemon(server_frame::Frame::Input(crate::proto::v1::Input {
+                stream.link.conn.do_send(ToDaemon(server_frame::Frame::Input(crate::proto::v1::Input {
                     terminal_id: self.terminal_id.to_string(),
                     data,
                 })));
@@ -597,46 +722,21 @@ impl Handler<StreamEvent> for TerminalArbiter {
 }
 
 impl Handler<OutputChunk> for TerminalArbiter {
-    type Result = ResponseActFuture<Self, ()>;
+    /// Resolves at once, or, for a daemon without flow control, when the
+    /// stream is no longer paused.
+    type Result = ResponseFuture<()>;
 
     fn handle(&mut self, msg: OutputChunk, ctx: &mut Context<Self>) -> Self::Result {
         self.on_output(msg.offset, msg.data, ctx);
-        let soft = self.config.soft_queue_bytes;
-        let behind: Vec<(u64, Arc<AtomicUsize>)> = self
-            .members
-            .iter()
-            .filter_map(|(id, m)| match &m.kind {
-                Kind::Viewer(_, queued) if queued.load(Ordering::Relaxed) > soft => Some((*id, queued.clone())),
-                _ => None,
-            })
-            .collect();
-        if behind.is_empty() {
-            return Box::pin(actix::fut::ready(()));
+        let windowed = self.stream.as_ref().is_some_and(|s| s.link.flow_control);
+        if self.paused_since.is_none() || windowed {
+            return Box::pin(async {});
         }
-        // Not atomic: the arbiter keeps serving joins, views and leaves
-        // while the stream waits for its slowest viewers.
-        let deadline = tokio::time::Instant::now() + self.config.slow;
-        Box::pin(
-            async move {
-                loop {
-                    let lagging: Vec<u64> =
-                        behind.iter().filter(|(_, q)| q.load(Ordering::Relaxed) > soft).map(|(id, _)| *id).collect();
-                    if lagging.is_empty() || tokio::time::Instant::now() >= deadline {
-                        return lagging;
-                    }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-            .into_actor(self)
-            .map(|lagging, act, ctx| {
-                for id in lagging {
-                    tracing::info!(terminal_id = %act.terminal_id, "tether_viewer_too_slow");
-                    act.send_to(id, ViewerOut::Evict { code: close::POLICY, reason: "too slow a reader".into() });
-                    act.remove_member(id, ctx);
-                }
-                act.maybe_idle(ctx);
-            }),
-        )
+        let (held, released) = oneshot::channel();
+        self.held_daemon.push(held);
+        Box::pin(async move {
+            let _ = released.await;
+        })
     }
 }
 
@@ -690,8 +790,9 @@ impl Handler<LifecycleEvent> for TerminalArbiter {
 impl Handler<HostOnline> for TerminalArbiter {
     type Result = ();
     fn handle(&mut self, msg: HostOnline, ctx: &mut Context<Self>) {
-        self.stream = Some(Stream { conn: msg.conn, daemon_queue: msg.daemon_queue });
-        self.stream_next = None;
+        self.stream = Some(Stream { link: msg.0, granted: None });
+        self.ring.reset();
+        self.unpause();
         let store = self.store.clone();
         let id = self.terminal_id;
         // Reconciliation may have changed the row while the host was away.
@@ -713,9 +814,8 @@ impl Handler<HostOffline> for TerminalArbiter {
     type Result = ();
     fn handle(&mut self, _: HostOffline, ctx: &mut Context<Self>) {
         self.stream = None;
-        self.stream_next = None;
-        self.ring.clear();
-        self.ring_len = 0;
+        self.ring.reset();
+        self.unpause();
         self.close_viewers(close::HOST_GONE, "host disconnected");
         if let Some(m) = self.members.get_mut(&CAPTURE) {
             m.phase = Phase::Waiting;

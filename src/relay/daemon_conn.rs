@@ -111,6 +111,12 @@ impl DaemonConn {
         self.host.as_ref().filter(|h| h.ready).map(|h| h.host_id)
     }
 
+    /// The flow-control window for a new Attach, if the daemon supports it.
+    fn window(&self) -> Option<u64> {
+        let flow_control = self.host.as_ref().is_some_and(|h| h.capabilities.flow_control);
+        flow_control.then_some(self.relay.settings.daemon.window_bytes)
+    }
+
     /// Claims `pending -> launching` and sends Spawn; resolves to whether
     /// this connection sent it. A run's terminal gets its output capture
     /// attached right behind the Spawn, so no byte escapes the log.
@@ -127,12 +133,15 @@ impl DaemonConn {
                 return Ok(None); // claimed elsewhere, or no longer pending
             }
             let Some(run_id) = run_id else { return Ok(Some(None)) };
+            // The registry answers at once; the arbiter is never awaited.
             let Ok(arbiter) = registry.send(OpenTerminal { terminal_id: id, host_id }).await else {
                 return Ok(Some(None));
             };
             let attach_id = Uuid::new_v4().to_string();
-            let capture = CaptureRun { run_id, logged: 0, attach_id: Some(attach_id.clone()) };
-            Ok(Some(arbiter.send(capture).await.ok().map(|()| (arbiter, attach_id))))
+            // Queued before the Scrollback can reach the arbiter (one
+            // mailbox, in order), so the capture is there to take it.
+            arbiter.do_send(CaptureRun { run_id, logged: 0, attach_id: Some(attach_id.clone()) });
+            Ok(Some(Some((arbiter, attach_id))))
         };
         Box::pin(claim.into_actor(self).map(
             move |claimed: Result<_, crate::store::StoreError>, act, ctx| match claimed {
@@ -147,7 +156,10 @@ impl DaemonConn {
                     };
                     act.send(server_frame::Frame::Spawn(spawn), ctx);
                     if let Some((arbiter, attach_id)) = capture {
-                        act.attach(AttachArbiter { terminal_id: id, attach_id, resume_from: Some(0), arbiter }, ctx);
+                        let window = act.window();
+                        let attach =
+                            AttachArbiter { terminal_id: id, attach_id, resume_from: Some(0), window, arbiter };
+                        act.attach(attach, ctx);
                     }
                     true
                 }
@@ -173,6 +185,7 @@ impl DaemonConn {
             terminal_id: msg.terminal_id.to_string(),
             attach_id: msg.attach_id,
             resume_from: msg.resume_from,
+            window: msg.window,
         };
         self.send(server_frame::Frame::Attach(attach), ctx);
     }
@@ -434,6 +447,7 @@ impl Handler<Hello> for DaemonConn {
                 refresh_limits: caps.refresh_limits,
                 credentials: caps.credentials,
                 usage: caps.usage,
+                flow_control: caps.flow_control,
             };
             relay.store.host_connected(host_id, &caps, &hello.dirs).await.map_err(db)?;
             let reported: Vec<Uuid> =
@@ -488,7 +502,8 @@ impl Handler<Hello> for DaemonConn {
                 tracing::info!(%host_id, "tether_daemon_connected");
                 let registry = act.relay.registry.clone();
                 let conn_no = accepted.conn_no;
-                registry.do_send(Ready { host_id, conn_no, daemon_queue: queue.clone() });
+                let flow_control = accepted.capabilities.flow_control;
+                registry.do_send(Ready { host_id, conn_no, daemon_queue: queue.clone(), flow_control });
                 for (terminal_id, run_id, logged) in accepted.captures {
                     let registry = registry.clone();
                     actix_rt::spawn(async move {
@@ -533,10 +548,18 @@ impl Handler<Inbound> for DaemonConn {
                 };
                 metrics::counter!("tether_daemon_output_bytes_total").increment(out.data.len() as u64);
                 let Some(arbiter) = self.attached.get(&id).cloned() else { return done() };
-                // Waiting here waits the reader, and so the daemon: backpressure.
+                let chunk = OutputChunk { offset: out.offset, data: out.data };
+                if self.window().is_some() {
+                    // Never waits for the arbiter: the terminal's flow-control
+                    // window bounds what is in flight (see `arbiter`).
+                    arbiter.do_send(chunk);
+                    return done();
+                }
+                // A daemon without flow control is slowed as a whole: the
+                // reader waits while the terminal's stream is paused.
                 AtomicResponse::new(Box::pin(
                     async move {
-                        let _ = arbiter.send(OutputChunk { offset: out.offset, data: out.data }).await;
+                        let _ = arbiter.send(chunk).await;
                     }
                     .into_actor(self),
                 ))

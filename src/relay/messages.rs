@@ -28,6 +28,8 @@ pub struct AttachArbiter {
     pub attach_id: String,
     /// Resume the raw stream from this offset when the daemon still has it.
     pub resume_from: Option<u64>,
+    /// Flow-control window for the new stream (daemons that support it).
+    pub window: Option<u64>,
     pub arbiter: Addr<TerminalArbiter>,
 }
 
@@ -83,9 +85,9 @@ pub struct DaemonRequest(pub DaemonRequestKind);
 
 // ------------------------------------------------------------ to a TerminalArbiter
 
-/// A chunk of a terminal's output stream. The arbiter answers once its
-/// viewers have room again (or the laggards were closed): the daemon
-/// connection waits for that, which slows the daemon instead of buffering.
+/// A chunk of a terminal's output stream. The daemon connection never
+/// waits for the arbiter: the daemon's flow-control window (see `arbiter`)
+/// is what bounds a terminal's output in flight.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct OutputChunk {
@@ -111,13 +113,21 @@ pub enum LifecycleEvent {
     Exited { status: ExitStatus, snapshot: Option<(Bytes, u16, u16)> },
 }
 
+/// A host's ready daemon connection on this instance, as arbiters use it.
+#[derive(Clone)]
+pub struct DaemonLink {
+    pub conn: Addr<DaemonConn>,
+    /// Bytes queued towards the daemon (input is refused past a limit).
+    pub queue: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// The daemon's hello claimed flow control: Attach carries a window
+    /// and Credit frames move it.
+    pub flow_control: bool,
+}
+
 /// The host's daemon connection is (again) available on this instance.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct HostOnline {
-    pub conn: Addr<DaemonConn>,
-    pub daemon_queue: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
+pub struct HostOnline(pub DaemonLink);
 
 /// The host's daemon connection ended or was replaced.
 #[derive(Message)]

@@ -14,11 +14,13 @@
 
 pub mod arbiter;
 pub mod daemon_conn;
+pub mod ended;
 pub mod grid;
 pub mod limiter;
 pub mod messages;
 pub mod outbox;
 pub mod registry;
+pub mod resume_ring;
 pub mod viewer;
 
 pub use messages::*;

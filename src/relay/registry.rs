@@ -21,14 +21,14 @@ use uuid::Uuid;
 
 use super::arbiter::{ArbiterConfig, TerminalArbiter};
 use super::daemon_conn::DaemonConn;
-use super::{close, CloseDaemon, HostOffline, HostOnline, LifecycleEvent};
+use super::{close, CloseDaemon, DaemonLink, HostOffline, HostOnline, LifecycleEvent};
 use crate::store::{host_lease_key, Store};
 
 struct HostEntry {
     conn_no: u64,
     conn: Addr<DaemonConn>,
     /// Set once the connection holds its lease and finished its hello.
-    ready: Option<Arc<AtomicUsize>>,
+    ready: Option<DaemonLink>,
 }
 
 pub struct HostRegistry {
@@ -158,13 +158,13 @@ impl Handler<Register> for HostRegistry {
 }
 
 impl HostRegistry {
-    fn notify_arbiters(&self, host_id: Uuid, online: Option<(&Addr<DaemonConn>, &Arc<AtomicUsize>)>) {
+    fn notify_arbiters(&self, host_id: Uuid, online: Option<&DaemonLink>) {
         for (h, arbiter) in self.terminals.values() {
             if *h != host_id {
                 continue;
             }
             match online {
-                Some((conn, queue)) => arbiter.do_send(HostOnline { conn: conn.clone(), daemon_queue: queue.clone() }),
+                Some(link) => arbiter.do_send(HostOnline(link.clone())),
                 None => arbiter.do_send(HostOffline),
             }
         }
@@ -178,6 +178,7 @@ pub struct Ready {
     pub host_id: Uuid,
     pub conn_no: u64,
     pub daemon_queue: Arc<AtomicUsize>,
+    pub flow_control: bool,
 }
 
 impl Handler<Ready> for HostRegistry {
@@ -186,9 +187,9 @@ impl Handler<Ready> for HostRegistry {
         let Some(entry) = self.hosts.get_mut(&msg.host_id).filter(|e| e.conn_no == msg.conn_no) else {
             return false; // replaced while it said hello
         };
-        entry.ready = Some(msg.daemon_queue.clone());
-        let conn = entry.conn.clone();
-        self.notify_arbiters(msg.host_id, Some((&conn, &msg.daemon_queue)));
+        let link = DaemonLink { conn: entry.conn.clone(), queue: msg.daemon_queue, flow_control: msg.flow_control };
+        entry.ready = Some(link.clone());
+        self.notify_arbiters(msg.host_id, Some(&link));
         true
     }
 }
@@ -254,10 +255,7 @@ impl Handler<OpenTerminal> for HostRegistry {
         if let Some((_, addr)) = self.terminals.get(&msg.terminal_id) {
             return MessageResult(addr.clone());
         }
-        let online = self
-            .hosts
-            .get(&msg.host_id)
-            .and_then(|e| e.ready.as_ref().map(|q| HostOnline { conn: e.conn.clone(), daemon_queue: q.clone() }));
+        let online = self.hosts.get(&msg.host_id).and_then(|e| e.ready.clone().map(HostOnline));
         let arbiter = TerminalArbiter::new(
             msg.terminal_id,
             self.arbiter_config.clone(),

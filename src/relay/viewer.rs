@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::arbiter::{next_viewer_id, TerminalArbiter};
-use super::grid::clamp;
+use super::ended::ended_messages;
 use super::limiter::AddressGuard;
 use super::outbox::{Frame, Outbox};
 use super::registry::OpenTerminal;
@@ -26,6 +26,20 @@ use crate::store::{Terminal, TerminalState};
 /// The largest outbound queue any viewer reached, in bytes (for /metrics).
 pub static QUEUE_HIGH_WATER: AtomicUsize = AtomicUsize::new(0);
 
+/// A grid dimension as a client sends it: any JSON number, clamped to
+/// 1..=1000 (a value that is not a number is still an error).
+#[derive(Debug, Clone, Copy)]
+struct GridDim(u16);
+
+impl<'de> Deserialize<'de> for GridDim {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let number = serde_json::Number::deserialize(deserializer)?;
+        let value = number.as_f64().unwrap_or(1.0).clamp(1.0, 1000.0);
+        // In 1..=1000 after the clamp, so the cast cannot truncate the range.
+        Ok(GridDim(value as u16))
+    }
+}
+
 /// Client -> server control messages.
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
@@ -34,13 +48,13 @@ enum ClientMessage {
         data: String,
     },
     Resize {
-        cols: u32,
-        rows: u32,
+        cols: GridDim,
+        rows: GridDim,
     },
     #[serde(rename_all = "camelCase")]
     View {
-        cols: u32,
-        rows: u32,
+        cols: GridDim,
+        rows: GridDim,
         #[serde(default = "yes")]
         visible: bool,
         #[serde(default)]
@@ -113,22 +127,12 @@ impl Viewer {
         async move { store.get_snapshot(id).await }
             .into_actor(self)
             .map(|snapshot, act, ctx| {
-                let t = act.terminal.clone();
-                let status = json!({"type": "status", "state": t.state.as_str(), "host": "offline"});
-                act.push(Frame::Text(status.to_string()), ctx);
-                let snapshot = snapshot.ok().flatten();
-                let (cols, rows) = snapshot.as_ref().map_or((t.cols, t.rows), |s| (s.cols, s.rows));
-                let size = json!({"type": "size", "cols": cols, "rows": rows, "yours": false});
-                act.push(Frame::Text(size.to_string()), ctx);
-                if let Some(s) = snapshot {
-                    act.push(Frame::Binary(Bytes::from(s.data)), ctx);
-                }
-                if act.terminal.state == TerminalState::Error {
-                    let message = act.terminal.error.clone().unwrap_or_else(|| "the terminal failed to start".into());
-                    act.push(Frame::Text(json!({"type": "error", "message": message}).to_string()), ctx);
-                } else {
-                    let exit = json!({"type": "exit", "exitCode": act.terminal.exit_code});
-                    act.push(Frame::Text(exit.to_string()), ctx);
+                for message in ended_messages(&act.terminal, snapshot.ok().flatten(), false) {
+                    match message {
+                        ViewerOut::Binary(data) => act.push(Frame::Binary(data), ctx),
+                        ViewerOut::Text(text) => act.push(Frame::Text(text), ctx),
+                        _ => {}
+                    }
                 }
                 act.close(close::NORMAL, "terminal ended", ctx);
             })
@@ -169,10 +173,10 @@ impl Viewer {
                 self.to_arbiter(FromViewer::Input { viewer: self.id, data: Bytes::from(data.into_bytes()) });
             }
             Ok(ClientMessage::Resize { cols, rows }) => {
-                self.to_arbiter(FromViewer::Resize { viewer: self.id, cols: clamp(cols), rows: clamp(rows) });
+                self.to_arbiter(FromViewer::Resize { viewer: self.id, cols: cols.0, rows: rows.0 });
             }
             Ok(ClientMessage::View { cols, rows, visible, idle_ms, open }) => {
-                let view = ViewReport { cols: clamp(cols), rows: clamp(rows), visible, idle_ms, open };
+                let view = ViewReport { cols: cols.0, rows: rows.0, visible, idle_ms, open };
                 self.to_arbiter(FromViewer::View { viewer: self.id, view });
             }
             Err(e) => {

@@ -33,6 +33,8 @@ pub struct Capabilities {
     pub refresh_limits: bool,
     pub credentials: bool,
     pub usage: bool,
+    /// Per-terminal flow control (docs/PROTOCOL.md, "Flow control").
+    pub flow_control: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

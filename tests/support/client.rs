@@ -220,6 +220,8 @@ pub fn hello(host_id: &str) -> daemon_frame::Frame {
             refresh_limits: true,
             credentials: true,
             usage: true,
+            // Scripted daemons send what the test says; no Credit frames.
+            flow_control: false,
         }),
         dirs: vec!["/tmp".into()],
         terminals: vec![],
