@@ -130,21 +130,30 @@ async fn a_viewer_waiting_for_a_host_learns_its_terminal_ended() {
 }
 
 /// Viewers that attach to a terminal that is exiting at that very moment
-/// always end with `exit` and close 1000: 60 short-lived terminals, each
-/// attached right after creation.
+/// always end with `exit` and close 1000: 60 short-lived terminals, ten at
+/// a time, each attached right after its creation.
 #[actix_rt::test]
 async fn viewers_of_short_lived_terminals_always_see_the_exit() {
     let e = start(false, &[]).await;
-    for round in 0..60 {
-        let argv = json!(["sh", "-c", "echo hi; exit 7"]);
-        let (status, body) = e.api.post("/api/v1/terminals", json!({"hostId": e.host, "argv": argv})).await;
-        assert_eq!(status, 201, "{body}");
-        let id = body["terminal"]["id"].as_str().expect("id").to_string();
-        let mut sock = Socket::connect(&viewer_url(&e.server, &id), Some(&e.api.token), &["tether.v1"]).await;
-        let (messages, code) = messages_until_close(&mut sock).await;
-        assert_eq!(code, Some(1000), "round {round}: {messages:?}");
-        let exit = messages.iter().find(|m| m["type"] == "exit");
-        assert_eq!(exit.map(|m| m["exitCode"].clone()), Some(json!(7)), "round {round}: {messages:?}");
+    let attach_at_once = |round: usize| {
+        let e = &e;
+        async move {
+            // Lifetimes spread over 0-60 ms, so some end exactly while
+            // their viewer is being set up.
+            let script = format!("echo hi; sleep 0.{:03}; exit 7", round);
+            let argv = json!(["sh", "-c", script]);
+            let (status, body) = e.api.post("/api/v1/terminals", json!({"hostId": e.host, "argv": argv})).await;
+            assert_eq!(status, 201, "{body}");
+            let id = body["terminal"]["id"].as_str().expect("id").to_string();
+            let mut sock = Socket::connect(&viewer_url(&e.server, &id), Some(&e.api.token), &["tether.v1"]).await;
+            let (messages, code) = messages_until_close(&mut sock).await;
+            assert_eq!(code, Some(1000), "round {round}: {messages:?}");
+            let exit = messages.iter().find(|m| m["type"] == "exit");
+            assert_eq!(exit.map(|m| m["exitCode"].clone()), Some(json!(7)), "round {round}: {messages:?}");
+        }
+    };
+    for batch in 0..6 {
+        futures_util::future::join_all((0..10).map(|n| attach_at_once(batch * 10 + n))).await;
     }
 }
 
