@@ -3,7 +3,7 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let fds = protox::compile(["tether/v1/daemon.proto"], ["proto"])?;
+    let fds = protox::compile(["tether/v1/daemon.proto", "tether/v1/bus.proto"], ["proto"])?;
     prost_build::Config::new().bytes(["."]).compile_fds(fds)?;
     Ok(())
 }

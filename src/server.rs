@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use actix_web::{web, App, HttpServer};
 
-use crate::bus::RedisLink;
 use crate::config::{ms, Settings};
 use crate::http::state::{AppState, Instance, Role};
 use crate::relay::registry::DrainAll;
@@ -97,14 +96,7 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     let store = store::open(&settings).await?;
     let instance = Instance::new(settings.cell_id(), role);
     tracing::info!(instance_id = %instance.instance_id, backend = store.backend(), "tether_instance_starting");
-    let redis = RedisLink::from_settings(&settings)?;
-    if redis.is_some() {
-        tracing::warn!(
-            "tether_bus_routing_unavailable: Redis is configured, but cross-instance routing is not in this build; \
-             this instance serves only the daemons and viewers connected to it"
-        );
-    }
-    let state = AppState::start(settings.clone(), store, instance, redis);
+    let state = AppState::start(settings.clone(), store, instance)?;
     let app_state = state.clone();
     let max_body = settings.http.max_body_bytes;
     let addr = settings.listen_addr();

@@ -33,7 +33,8 @@ async fn fixture(postgres: bool) -> Fixture {
         Some(dir)
     };
     let store: Arc<dyn Store> = store::open(&settings).await.expect("open store");
-    let state = AppState::start(Arc::new(settings), store, Instance::new("cell-a".into(), Role::Combined), None);
+    let state =
+        AppState::start(Arc::new(settings), store, Instance::new("cell-a".into(), Role::Combined)).expect("state");
     Fixture { state, _dir: dir }
 }
 

@@ -1,47 +1,216 @@
-//! The instance's Redis connection (standalone or Redis Cluster).
+//! The bus: messages between instances (docs/CLUSTER.md).
 //!
-//! Today it serves readiness: `/readyz` reports whether the configured Redis
-//! answers. Cross-instance routing over sharded pub/sub (SPEC §7.2) is not
-//! in this build yet: an instance with Redis configured still serves only
-//! the daemons and viewers connected to it, and says so at start.
+//! One `Bus` per instance, chosen in one place ([`Bus::from_settings`]):
+//! - with `redis.url`, Redis PUBLISH/SUBSCRIBE;
+//! - with `redis.cluster_nodes`, Redis Cluster SPUBLISH/SSUBSCRIBE (one
+//!   ordered shard per channel, hash-tagged channel names);
+//! - with neither, an in-process bus: the instance only talks to itself.
+//!
+//! Every message is a protobuf `Envelope` (`proto/tether/v1/bus.proto`)
+//! stamped with the sender's instance id and a per-channel sequence number,
+//! so a receiver detects lost messages. Subscriptions are counted per
+//! channel (two connections of one host share one), and a subscription
+//! counts only once Redis reports it: `publish` answers how many
+//! subscribers heard a message, and "0 = nobody owns this" must never be
+//! said of a live owner.
+//!
+//! Received messages go to one bounded inbox, read by the relay's bus
+//! dispatcher (`relay::requests`); a full inbox or a lagging subscriber is
+//! reported as a gap, never hidden.
 
-use std::time::Duration;
+mod local;
+mod redis;
 
-use fred::prelude::*;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use prost::Message as _;
+use tokio::sync::mpsc;
 
 use crate::config::{ConfigError, Settings};
+use crate::proto::bus::{envelope, Envelope};
 
-/// A connected (and reconnecting) Redis client.
-#[derive(Clone)]
-pub struct RedisLink {
-    client: Client,
+pub use self::redis::RedisLink;
+
+/// Messages the inbox holds before the bus reports a gap.
+const INBOX: usize = 16 * 1024;
+
+/// Something the bus received.
+#[derive(Debug)]
+pub enum Inbound {
+    Message {
+        channel: String,
+        envelope: Envelope,
+    },
+    /// Messages were lost before they reached the inbox (subscriber lag,
+    /// a full inbox, or an undecodable payload).
+    Gap {
+        lost: u64,
+    },
 }
 
-impl RedisLink {
-    /// Builds the client the settings describe, or `None` without Redis.
-    /// Connecting happens in the background, retrying with backoff.
-    pub fn from_settings(settings: &Settings) -> Result<Option<Self>, ConfigError> {
-        let config = if let Some(url) = &settings.redis.url {
-            Config::from_url(url).map_err(|e| ConfigError::Invalid { key: "redis.url", message: e.to_string() })?
-        } else if settings.redis.cluster_nodes.is_some() {
-            Config { server: ServerConfig::new_clustered(settings.cluster_nodes()?), ..Config::default() }
-        } else {
-            return Ok(None);
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    #[error("redis: {0}")]
+    Redis(String),
+    #[error("the subscription to {0} was not confirmed in time")]
+    NotConfirmed(String),
+}
+
+enum Backend {
+    Local(local::LocalBus),
+    Redis(redis::RedisBus),
+}
+
+pub struct Bus {
+    backend: Backend,
+    instance_id: String,
+    prefix: String,
+    /// Subscribers per channel on this instance.
+    subscriptions: tokio::sync::Mutex<HashMap<String, usize>>,
+    /// Next sequence number per channel this instance publishes on.
+    seqs: Mutex<HashMap<String, u64>>,
+}
+
+impl Bus {
+    /// The bus the settings ask for, and the inbox of what it receives.
+    pub fn from_settings(
+        settings: &Settings,
+        instance_id: &str,
+    ) -> Result<(Self, mpsc::Receiver<Inbound>), ConfigError> {
+        let (tx, rx) = mpsc::channel(INBOX);
+        let backend = match redis::RedisBus::from_settings(settings, tx.clone())? {
+            Some(redis) => Backend::Redis(redis),
+            None => Backend::Local(local::LocalBus::new(tx)),
         };
-        let client = Builder::from_config(config)
-            .set_policy(ReconnectPolicy::new_exponential(0, 100, 30_000, 2))
-            .build()
-            .map_err(|e| ConfigError::Invalid { key: "redis.url", message: e.to_string() })?;
-        let _connection_task = client.connect();
-        Ok(Some(Self { client }))
+        let bus = Self {
+            backend,
+            instance_id: instance_id.to_string(),
+            prefix: settings.bus.prefix.clone(),
+            subscriptions: tokio::sync::Mutex::new(HashMap::new()),
+            seqs: Mutex::new(HashMap::new()),
+        };
+        Ok((bus, rx))
     }
 
-    /// True when Redis answers a PING within a second.
-    pub async fn ping(&self) -> Result<(), String> {
-        match tokio::time::timeout(Duration::from_secs(1), self.client.ping::<String>(None)).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err("no answer within 1 s".into()),
+    /// True when other instances can be reached (Redis is configured).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.backend, Backend::Redis(_))
+    }
+
+    /// The Redis connection, for readiness checks.
+    pub fn redis(&self) -> Option<&RedisLink> {
+        match &self.backend {
+            Backend::Redis(r) => Some(r.link()),
+            Backend::Local(_) => None,
         }
+    }
+
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// Inbound channel of a host's owner.
+    pub fn host_channel(&self, host_id: uuid::Uuid) -> String {
+        format!("{}:host:{{{host_id}}}:in", self.prefix)
+    }
+
+    /// Reply channel of an instance.
+    pub fn reply_channel(&self, instance_id: &str) -> String {
+        format!("{}:reply:{{{instance_id}}}", self.prefix)
+    }
+
+    /// The kind of a channel, for metrics labels.
+    fn kind(&self, channel: &str) -> &'static str {
+        let rest = channel.strip_prefix(&self.prefix).unwrap_or(channel);
+        if rest.starts_with(":host:") {
+            "host"
+        } else if rest.starts_with(":reply:") {
+            "reply"
+        } else if rest.starts_with(":term:") {
+            "term"
+        } else {
+            "other"
+        }
+    }
+
+    /// Publishes `body` on `channel`; answers how many subscribers heard it.
+    pub async fn publish(&self, channel: &str, body: envelope::Body) -> Result<u64, BusError> {
+        let seq = {
+            let mut seqs = self.seqs.lock().unwrap_or_else(|e| e.into_inner());
+            let next = seqs.entry(channel.to_string()).or_insert(0);
+            *next += 1;
+            *next
+        };
+        let envelope = Envelope { sender: self.instance_id.clone(), seq, body: Some(body) };
+        let payload = Bytes::from(envelope.encode_to_vec());
+        let receivers = match &self.backend {
+            Backend::Local(local) => local.publish(channel, envelope),
+            Backend::Redis(redis) => redis.publish(channel, payload).await?,
+        };
+        metrics::counter!("tether_bus_published_total", "kind" => self.kind(channel)).increment(1);
+        Ok(receivers)
+    }
+
+    /// Subscribes (once per channel however many callers), returning once
+    /// the subscription is confirmed.
+    pub async fn subscribe(&self, channel: &str) -> Result<(), BusError> {
+        let mut subscriptions = self.subscriptions.lock().await;
+        if let Some(count) = subscriptions.get_mut(channel) {
+            *count += 1;
+            return Ok(());
+        }
+        match &self.backend {
+            Backend::Local(local) => local.subscribe(channel),
+            Backend::Redis(redis) => redis.subscribe(channel).await?,
+        }
+        subscriptions.insert(channel.to_string(), 1);
+        metrics::gauge!("tether_bus_subscriptions").set(subscriptions.len() as f64);
+        Ok(())
+    }
+
+    /// Drops one subscriber of `channel`; the last one unsubscribes.
+    pub async fn unsubscribe(&self, channel: &str) {
+        let mut subscriptions = self.subscriptions.lock().await;
+        let Some(count) = subscriptions.get_mut(channel) else { return };
+        *count -= 1;
+        if *count > 0 {
+            return;
+        }
+        subscriptions.remove(channel);
+        metrics::gauge!("tether_bus_subscriptions").set(subscriptions.len() as f64);
+        match &self.backend {
+            Backend::Local(local) => local.unsubscribe(channel),
+            Backend::Redis(redis) => redis.unsubscribe(channel).await,
+        }
+    }
+
+    /// Subscribes every channel again (after a reconnect or a slot
+    /// migration may have dropped one without a word).
+    pub async fn reassert(&self) {
+        let channels: Vec<String> = self.subscriptions.lock().await.keys().cloned().collect();
+        if let Backend::Redis(redis) = &self.backend {
+            redis.reassert(&channels).await;
+        }
+    }
+}
+
+/// Decodes a received payload into an inbox item.
+fn decode(channel: String, payload: &[u8]) -> Inbound {
+    match Envelope::decode(payload) {
+        Ok(envelope) => Inbound::Message { channel, envelope },
+        Err(_) => {
+            tracing::warn!(%channel, "tether_bus_bad_envelope");
+            Inbound::Gap { lost: 1 }
+        }
+    }
+}
+
+/// Puts an item in the inbox; a full inbox loses it, and says so.
+fn deliver(inbox: &mpsc::Sender<Inbound>, item: Inbound) {
+    if let Err(mpsc::error::TrySendError::Full(_)) = inbox.try_send(item) {
+        metrics::counter!("tether_bus_gaps_total").increment(1);
+        tracing::warn!("tether_bus_inbox_full");
     }
 }

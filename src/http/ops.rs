@@ -28,9 +28,14 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         Ok(v) => Err(format!("schema version {v}, expected {expected}")),
         Err(e) => Err(e.to_string()),
     };
-    let bus = match &state.redis {
+    let subscribed = state.bus_ready.load(std::sync::atomic::Ordering::Relaxed);
+    let bus = match state.relay.bus.redis() {
         None => Ok("not_configured".to_string()),
-        Some(redis) => redis.ping().await.map(|()| "ok".to_string()),
+        Some(redis) => match redis.ping().await {
+            Ok(()) if subscribed => Ok("ok".to_string()),
+            Ok(()) => Err("not subscribed yet".to_string()),
+            Err(e) => Err(e),
+        },
     };
     let ready = database.is_ok() && migrations.is_ok() && bus.is_ok();
     let body = json!({

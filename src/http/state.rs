@@ -11,7 +11,8 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use crate::auth;
-use crate::bus::RedisLink;
+use crate::bus::Bus;
+use crate::config::ConfigError;
 use crate::config::{ms, Settings};
 use crate::jobs::runs::RunDispatcher;
 use crate::jobs::sweep::Sweeper;
@@ -20,6 +21,7 @@ use crate::relay::arbiter::ArbiterConfig;
 use crate::relay::grid::GridTimings;
 use crate::relay::limiter::AddressLimiter;
 use crate::relay::registry::HostRegistry;
+use crate::relay::requests::{serve_bus, PendingRequests};
 use crate::relay::RelayContext;
 use crate::store::{Store, User};
 
@@ -70,18 +72,20 @@ pub struct AppState {
     pub relay: RelayContext,
     pub limiter: AddressLimiter,
     pub runs: Addr<RunDispatcher>,
-    pub redis: Option<RedisLink>,
+    /// Set once the bus confirmed this instance's reply subscription.
+    pub bus_ready: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl AppState {
     /// Starts this instance's relay actors (the registry, the run
-    /// dispatcher) on the current actix system.
+    /// dispatcher) and its bus on the current actix system.
     pub fn start(
         settings: Arc<Settings>,
         store: Arc<dyn Store>,
         instance: Instance,
-        redis: Option<RedisLink>,
-    ) -> web::Data<Self> {
+    ) -> Result<web::Data<Self>, ConfigError> {
+        let (bus, inbox) = Bus::from_settings(&settings, &instance.instance_id)?;
+        let bus = Arc::new(bus);
         let arbiter_config = ArbiterConfig {
             timings: GridTimings {
                 in_use: ms(settings.viewer.in_use_ms),
@@ -109,10 +113,15 @@ impl AppState {
             settings: settings.clone(),
             instance_id: instance.instance_id.clone(),
             cell_id: instance.cell_id.clone(),
+            bus: bus.clone(),
+            requests: Arc::new(PendingRequests::default()),
         };
+        actix_rt::spawn(serve_bus(relay.clone(), inbox));
+        let bus_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        actix_rt::spawn(subscribe_replies(relay.clone(), bus_ready.clone()));
         let runs = RunDispatcher::new(relay.clone()).start();
         Sweeper::new(relay.clone()).start();
-        web::Data::new(Self {
+        Ok(web::Data::new(Self {
             settings,
             store,
             instance,
@@ -120,8 +129,38 @@ impl AppState {
             relay,
             limiter: AddressLimiter::default(),
             runs,
-            redis,
-        })
+            bus_ready,
+        }))
+    }
+}
+
+/// Subscribes this instance's reply channel, retrying with backoff until
+/// Redis confirms it, then re-asserts every subscription each
+/// `bus.heartbeat_ms` (a slot migration can drop a shard subscription
+/// without a reconnect).
+async fn subscribe_replies(relay: RelayContext, ready: Arc<std::sync::atomic::AtomicBool>) {
+    let channel = relay.bus.reply_channel(&relay.instance_id);
+    let mut delay = std::time::Duration::from_millis(100);
+    loop {
+        match relay.bus.subscribe(&channel).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "tether_bus_subscribe_failed");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(10));
+            }
+        }
+    }
+    ready.store(true, std::sync::atomic::Ordering::Relaxed);
+    tracing::info!(%channel, "tether_bus_subscribed");
+    if !relay.bus.is_shared() {
+        return;
+    }
+    let mut every = tokio::time::interval(ms(relay.settings.bus.heartbeat_ms));
+    every.tick().await;
+    loop {
+        every.tick().await;
+        relay.bus.reassert().await;
     }
 }
 

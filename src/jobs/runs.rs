@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use crate::relay::registry::{ConnectedHosts, HostConn};
-use crate::relay::{RelayContext, SpawnTerminal};
+use crate::relay::registry::ConnectedHosts;
+use crate::relay::requests::{deliver, HostOp};
+use crate::relay::RelayContext;
 use crate::store::{NewTerminal, Run};
 
 /// Runs claimed per look.
@@ -85,9 +86,7 @@ async fn dispatch(relay: &RelayContext, run: Run) -> Result<(), crate::store::St
     // The connection attaches the output capture right behind the Spawn. If
     // the host left meanwhile the terminal stays parked and is spawned (and
     // captured) when the host returns.
-    if let Ok(Some(conn)) = relay.registry.send(HostConn(run.host_id)).await {
-        let _ = conn.send(SpawnTerminal(terminal)).await;
-    }
+    let _ = deliver(relay, run.host_id, HostOp::Spawn(terminal.id)).await;
     Ok(())
 }
 

@@ -14,8 +14,9 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use crate::config::ms;
-use crate::relay::registry::{ConnectedHosts, HostConn, TerminalLifecycle};
-use crate::relay::{LifecycleEvent, RelayContext, SpawnTerminal};
+use crate::relay::registry::{ConnectedHosts, TerminalLifecycle};
+use crate::relay::requests::{deliver, HostOp};
+use crate::relay::{LifecycleEvent, RelayContext};
 use crate::store::{RunState, StoreError};
 
 /// The lease that makes one instance the sweeper.
@@ -76,10 +77,8 @@ pub async fn sweep(relay: &RelayContext) -> Result<(), StoreError> {
         if parked.is_empty() {
             continue;
         }
-        if let Ok(Some(conn)) = relay.registry.send(HostConn(host_id)).await {
-            for terminal in parked {
-                let _ = conn.send(SpawnTerminal(terminal)).await;
-            }
+        for terminal in parked {
+            let _ = deliver(relay, host_id, HostOp::Spawn(terminal.id)).await;
         }
     }
     for terminal_id in store.fail_stuck_launches(ms(settings.sweep.launch_timeout_ms)).await? {

@@ -77,6 +77,12 @@ pub enum RequestError {
     Refused(String),
     #[error("the daemon does not support this")]
     Unsupported,
+    #[error("the host's owner did not acknowledge the request in time")]
+    Unacknowledged,
+    #[error("encryption.key is not set")]
+    EncryptionNotConfigured,
+    #[error("internal error")]
+    Internal,
 }
 
 #[derive(Message)]

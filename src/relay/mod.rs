@@ -20,6 +20,7 @@ pub mod limiter;
 pub mod messages;
 pub mod outbox;
 pub mod registry;
+pub mod requests;
 pub mod resume_ring;
 pub mod viewer;
 
@@ -60,4 +61,7 @@ pub struct RelayContext {
     pub settings: Arc<Settings>,
     pub instance_id: String,
     pub cell_id: String,
+    pub bus: Arc<crate::bus::Bus>,
+    /// Requests this instance sent to owners elsewhere, awaiting replies.
+    pub requests: Arc<requests::PendingRequests>,
 }

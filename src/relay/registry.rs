@@ -88,7 +88,9 @@ impl HostRegistry {
         let pairs: Vec<(String, String)> = leases.iter().map(|(k, h, _, _)| (k.clone(), h.clone())).collect();
         let host_ids: Vec<Uuid> = leases.iter().map(|(_, _, h, _)| *h).collect();
         async move {
+            let started = std::time::Instant::now();
             let renewed = store.renew_leases(&pairs, ttl).await;
+            metrics::histogram!("tether_lease_renew_seconds").record(started.elapsed().as_secs_f64());
             if renewed.is_ok() {
                 if let Err(e) = store.touch_hosts(&host_ids).await {
                     tracing::warn!(error = %e, "tether_host_touch_failed");
@@ -226,6 +228,41 @@ impl Handler<HostConn> for HostRegistry {
     type Result = Option<Addr<DaemonConn>>;
     fn handle(&mut self, msg: HostConn, _: &mut Context<Self>) -> Self::Result {
         self.hosts.get(&msg.0).filter(|e| e.ready.is_some()).map(|e| e.conn.clone())
+    }
+}
+
+/// Another connection seized the host's lease: re-read it, and let this
+/// instance's connection go (4000) if the holder is no longer its own. The
+/// message is only a trigger; the lease is the truth.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RecheckLease(pub Uuid);
+
+impl Handler<RecheckLease> for HostRegistry {
+    type Result = ();
+    fn handle(&mut self, msg: RecheckLease, ctx: &mut Context<Self>) {
+        let host_id = msg.0;
+        let Some(entry) = self.hosts.get(&host_id).filter(|e| e.ready.is_some()) else { return };
+        let conn_no = entry.conn_no;
+        let own = Self::holder(&self.instance_id, conn_no);
+        let store = self.store.clone();
+        async move { store.lease_holder(&host_lease_key(host_id)).await }
+            .into_actor(self)
+            .map(move |holder, act, _| {
+                let lost = match holder {
+                    Ok(Some(holder)) => holder != own,
+                    Ok(None) => false,
+                    Err(e) => {
+                        tracing::warn!(error = %e, %host_id, "tether_lease_read_failed");
+                        false
+                    }
+                };
+                if let Some(entry) = act.hosts.get(&host_id).filter(|e| lost && e.conn_no == conn_no) {
+                    tracing::info!(%host_id, "tether_daemon_lease_lost");
+                    entry.conn.do_send(CloseDaemon { code: close::REPLACED, reason: "replaced by a newer connection" });
+                }
+            })
+            .spawn(ctx);
     }
 }
 

@@ -66,8 +66,13 @@ pub struct Viewer {
 
 impl Viewer {
     pub async fn attach(e: &E2e, terminal: &str, query: &str) -> Viewer {
-        let url = format!("{}{query}", viewer_url(&e.server, terminal));
-        let mut sock = Socket::connect(&url, Some(&e.api.token), &["tether.v1"]).await;
+        Self::attach_to(&e.server, &e.api.token, terminal, query).await
+    }
+
+    /// Attaches through `server` with `token`; `query` is e.g. `?from=0`.
+    pub async fn attach_to(server: &TetherServer, token: &str, terminal: &str, query: &str) -> Viewer {
+        let url = format!("{}{query}", viewer_url(server, terminal));
+        let mut sock = Socket::connect(&url, Some(token), &["tether.v1"]).await;
         let start = loop {
             match sock.next().await {
                 Event::Text(t) => {

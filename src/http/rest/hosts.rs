@@ -6,11 +6,11 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ask_daemon, check_text, online_hosts, path_id};
+use super::{check_text, on_host, online_hosts, path_id};
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::http::views::HostView;
-use crate::relay::{DaemonAnswer, DaemonRequestKind};
+use crate::relay::requests::{HostOp, OpAnswer};
 use crate::store::NewHost;
 
 #[derive(Debug, Deserialize)]
@@ -110,9 +110,9 @@ async fn own_host(state: &AppState, user: &AuthUser, raw: &str) -> Result<uuid::
     Ok(id)
 }
 
-fn dirs_response(answer: DaemonAnswer) -> Result<HttpResponse, ApiError> {
+fn dirs_response(answer: OpAnswer) -> Result<HttpResponse, ApiError> {
     match answer {
-        DaemonAnswer::Dirs(dirs) => Ok(HttpResponse::Ok().json(json!({ "dirs": dirs }))),
+        OpAnswer::Dirs(dirs) => Ok(HttpResponse::Ok().json(json!({ "dirs": dirs }))),
         _ => Err(ApiError::internal()),
     }
 }
@@ -126,7 +126,7 @@ pub async fn add_dir(
 ) -> Result<HttpResponse, ApiError> {
     let id = own_host(&state, &user, &id).await?;
     check_path(&body.path)?;
-    dirs_response(ask_daemon(&state, id, DaemonRequestKind::AddDir(body.into_inner().path)).await?)
+    dirs_response(on_host(&state, id, HostOp::Dirs { add: true, path: body.into_inner().path }).await?)
 }
 
 /// `DELETE /hosts/{id}/dirs?path=`: the daemon removes an allowed dir (10 s).
@@ -138,7 +138,7 @@ pub async fn remove_dir(
 ) -> Result<HttpResponse, ApiError> {
     let id = own_host(&state, &user, &id).await?;
     check_path(&query.path)?;
-    dirs_response(ask_daemon(&state, id, DaemonRequestKind::RemoveDir(query.into_inner().path)).await?)
+    dirs_response(on_host(&state, id, HostOp::Dirs { add: false, path: query.into_inner().path }).await?)
 }
 
 /// `POST /hosts/{id}/limits/refresh`: the daemon's resource limits (30 s).
@@ -148,14 +148,15 @@ pub async fn refresh_limits(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = own_host(&state, &user, &id).await?;
-    match ask_daemon(&state, id, DaemonRequestKind::RefreshLimits).await? {
-        DaemonAnswer::Limits(limits) => Ok(HttpResponse::Ok().json(json!({ "limits": limits }))),
+    match on_host(&state, id, HostOp::RefreshLimits).await? {
+        OpAnswer::Limits(limits) => Ok(HttpResponse::Ok().json(json!({ "limits": limits }))),
         _ => Err(ApiError::internal()),
     }
 }
 
-/// `POST /hosts/{id}/credentials/refresh`: asks the daemon for its
-/// credentials, checks they are a JSON object, stores them encrypted. The
+/// `POST /hosts/{id}/credentials/refresh`: the host's owner asks the daemon
+/// for its credentials, checks they are a JSON object and stores them
+/// encrypted (an owner task: only "ok" or an error crosses instances). The
 /// credentials never appear in a response or a log line.
 pub async fn refresh_credentials(
     state: web::Data<AppState>,
@@ -163,21 +164,11 @@ pub async fn refresh_credentials(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = own_host(&state, &user, &id).await?;
-    let key = state.settings.encryption_key().ok_or_else(|| {
-        ApiError::conflict("encryption_not_configured", "set encryption.key to store host credentials")
-    })?;
-    let DaemonAnswer::Credentials(plaintext) = ask_daemon(&state, id, DaemonRequestKind::Credentials).await? else {
-        return Err(ApiError::internal());
-    };
-    let valid = serde_json::from_slice::<serde_json::Value>(&plaintext).is_ok_and(|v| v.is_object());
-    if !valid || plaintext.len() > 64 * 1024 {
-        return Err(ApiError::new(
-            actix_web::http::StatusCode::BAD_GATEWAY,
-            "daemon_refused",
-            "the daemon's credentials are not a JSON object of at most 64 KiB",
-        ));
+    if state.settings.encryption_key().is_none() {
+        return Err(ApiError::conflict("encryption_not_configured", "set encryption.key to store host credentials"));
     }
-    let sealed = crate::crypto::seal(&key, id, &plaintext).map_err(|_| ApiError::internal())?;
-    state.store.put_credentials(id, &sealed).await?;
-    Ok(HttpResponse::Ok().json(json!({ "ok": true, "hostId": id })))
+    match on_host(&state, id, HostOp::RefreshCredentials).await? {
+        OpAnswer::CredentialsStored => Ok(HttpResponse::Ok().json(json!({ "ok": true, "hostId": id }))),
+        _ => Err(ApiError::internal()),
+    }
 }

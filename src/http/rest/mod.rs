@@ -8,16 +8,14 @@ mod terminals;
 
 use std::collections::HashSet;
 
-use actix::Addr;
 use actix_web::http::StatusCode;
 use actix_web::web;
 use uuid::Uuid;
 
 use super::error::ApiError;
 use super::state::AppState;
-use crate::relay::daemon_conn::DaemonConn;
-use crate::relay::registry::HostConn;
-use crate::relay::{DaemonAnswer, DaemonRequest, DaemonRequestKind, RequestError};
+use crate::relay::requests::{deliver, HostOp, OpAnswer};
+use crate::relay::RequestError;
 use crate::store::host_lease_key;
 
 /// Registers the `/api/v1` routes.
@@ -65,39 +63,32 @@ async fn online_hosts(state: &AppState, hosts: &[Uuid]) -> Result<HashSet<Uuid>,
     Ok(hosts.iter().copied().filter(|h| live.contains(host_lease_key(*h).as_str())).collect())
 }
 
-/// The connection of a host whose daemon is on this instance; 409 otherwise.
-async fn daemon_for(state: &AppState, host_id: Uuid) -> Result<Addr<DaemonConn>, ApiError> {
-    state
-        .relay
-        .registry
-        .send(HostConn(host_id))
-        .await
-        .ok()
-        .flatten()
-        .ok_or_else(|| ApiError::conflict("host_offline", "the host is offline"))
-}
-
-/// Maps a daemon request failure to SPEC §6's statuses.
+/// Maps a daemon request failure to the REST statuses (docs/API.md).
 fn request_error(err: RequestError) -> ApiError {
     match err {
         RequestError::Offline => ApiError::conflict("host_offline", "the host is offline"),
         RequestError::Timeout => {
             ApiError::new(StatusCode::GATEWAY_TIMEOUT, "daemon_timeout", "the daemon did not answer in time")
         }
+        RequestError::Unacknowledged => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "daemon_timeout",
+            "the instance holding the host did not acknowledge the request in time",
+        ),
         RequestError::Refused(message) => ApiError::new(StatusCode::BAD_GATEWAY, "daemon_refused", message),
         RequestError::Unsupported => {
             ApiError::new(StatusCode::BAD_GATEWAY, "daemon_unsupported", "the daemon does not support this")
         }
+        RequestError::EncryptionNotConfigured => {
+            ApiError::conflict("encryption_not_configured", "set encryption.key to store host credentials")
+        }
+        RequestError::Internal => ApiError::internal(),
     }
 }
 
-/// Sends a request to the host's daemon and waits for its answer.
-async fn ask_daemon(state: &AppState, host_id: Uuid, kind: DaemonRequestKind) -> Result<DaemonAnswer, ApiError> {
-    let conn = daemon_for(state, host_id).await?;
-    conn.send(DaemonRequest(kind))
-        .await
-        .map_err(|_| ApiError::conflict("host_offline", "the host is offline"))?
-        .map_err(request_error)
+/// Runs an operation on the host's daemon, wherever it is connected.
+async fn on_host(state: &AppState, host_id: Uuid, op: HostOp) -> Result<OpAnswer, ApiError> {
+    deliver(&state.relay, host_id, op).await.map_err(request_error)
 }
 
 /// Checks a short free-text field.

@@ -8,15 +8,11 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
-use actix::Addr;
-
-use super::{check_argv, check_dir, check_text, daemon_for, field_id, path_id};
+use super::{check_argv, check_dir, check_text, field_id, on_host, path_id};
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
-use crate::proto::v1::server_frame;
-use crate::relay::daemon_conn::DaemonConn;
-use crate::relay::registry::HostConn;
-use crate::relay::{SpawnTerminal, ToDaemon};
+use crate::relay::requests::{deliver, HostOp, OpAnswer};
+use crate::relay::RequestError;
 use crate::store::{DeleteOutcome, NewTerminal, Terminal, TerminalFilter, TerminalState};
 
 /// Grids are clamped to 1..=1000 everywhere (SPEC §5); the API refuses
@@ -77,11 +73,14 @@ pub async fn create(
             run_id: None,
         })
         .await?;
-    // Spawn at once when the daemon is here; otherwise it stays parked
-    // (`pending`, `host_offline`) and is spawned when the host connects.
+    // Spawn at once through the host's owner, wherever it is; with the
+    // host offline it stays parked (`pending`, `host_offline`) and is
+    // spawned when the host connects. An unacknowledged spawn is never
+    // re-sent: the row says what the owner did.
     let mut terminal = terminal;
-    if let Ok(Some(conn)) = state.relay.registry.send(HostConn(host_id)).await {
-        if conn.send(SpawnTerminal(terminal.clone())).await.unwrap_or(false) {
+    match deliver(&state.relay, host_id, HostOp::Spawn(terminal.id)).await {
+        Ok(OpAnswer::Spawned(false)) | Err(RequestError::Offline) => {}
+        Ok(_) | Err(_) => {
             terminal = state.store.get_terminal(user.id(), terminal.id).await?.unwrap_or(terminal);
         }
     }
@@ -139,19 +138,14 @@ pub async fn delete(
 /// Largest input accepted by `POST /terminals/{id}/input`.
 pub const MAX_INPUT_BYTES: usize = 64 * 1024;
 
-/// A terminal of this user that is running on a host connected here.
-async fn running_terminal(
-    state: &AppState,
-    user: &AuthUser,
-    raw: &str,
-) -> Result<(Terminal, Addr<DaemonConn>), ApiError> {
+/// A live terminal of this user.
+async fn running_terminal(state: &AppState, user: &AuthUser, raw: &str) -> Result<Terminal, ApiError> {
     let id = path_id(raw, "terminal")?;
     let terminal = state.store.get_terminal(user.id(), id).await?.ok_or_else(|| ApiError::not_found("terminal"))?;
     if !terminal.state.is_live() {
         return Err(ApiError::conflict("terminal_not_running", format!("the terminal is {}", terminal.state)));
     }
-    let conn = daemon_for(state, terminal.host_id).await?;
-    Ok((terminal, conn))
+    Ok(terminal)
 }
 
 #[derive(Debug, Deserialize)]
@@ -168,11 +162,9 @@ pub async fn input(
     if body.data.len() > MAX_INPUT_BYTES {
         return Err(ApiError::payload_too_large(format!("input over {MAX_INPUT_BYTES} bytes")));
     }
-    let (terminal, conn) = running_terminal(&state, &user, &id).await?;
-    conn.do_send(ToDaemon(server_frame::Frame::Input(crate::proto::v1::Input {
-        terminal_id: terminal.id.to_string(),
-        data: body.into_inner().data.into_bytes().into(),
-    })));
+    let terminal = running_terminal(&state, &user, &id).await?;
+    let data = body.into_inner().data.into_bytes().into();
+    on_host(&state, terminal.host_id, HostOp::Input { terminal_id: terminal.id, data }).await?;
     Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))
 }
 
@@ -190,12 +182,8 @@ pub async fn resize(
 ) -> Result<HttpResponse, ApiError> {
     let cols = grid("cols", Some(body.cols), 80)?;
     let rows = grid("rows", Some(body.rows), 24)?;
-    let (terminal, conn) = running_terminal(&state, &user, &id).await?;
-    conn.do_send(ToDaemon(server_frame::Frame::Resize(crate::proto::v1::Resize {
-        terminal_id: terminal.id.to_string(),
-        cols: u32::from(cols),
-        rows: u32::from(rows),
-    })));
+    let terminal = running_terminal(&state, &user, &id).await?;
+    on_host(&state, terminal.host_id, HostOp::Resize { terminal_id: terminal.id, cols, rows }).await?;
     Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))
 }
 
@@ -243,10 +231,7 @@ pub async fn kill(
     body: Option<web::Json<KillBody>>,
 ) -> Result<HttpResponse, ApiError> {
     let signal = signal_number(body.as_ref().and_then(|b| b.signal.as_ref()))?;
-    let (terminal, conn) = running_terminal(&state, &user, &id).await?;
-    conn.do_send(ToDaemon(server_frame::Frame::Kill(crate::proto::v1::Kill {
-        terminal_id: terminal.id.to_string(),
-        signal,
-    })));
+    let terminal = running_terminal(&state, &user, &id).await?;
+    on_host(&state, terminal.host_id, HostOp::Kill { terminal_id: terminal.id, signal }).await?;
     Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))
 }

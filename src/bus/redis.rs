@@ -1,0 +1,175 @@
+//! The bus over Redis (fred): PUBLISH/SUBSCRIBE on a standalone server,
+//! SPUBLISH/SSUBSCRIBE on a Redis Cluster (docs/CLUSTER.md).
+//!
+//! Two connections per instance: a client that publishes (and answers
+//! readiness pings) and one subscriber. fred hands received messages to a
+//! broadcast channel that drops the oldest when a reader lags; a pump task
+//! moves them into the instance's bounded inbox at once and turns any lag
+//! into a reported gap. A subscription is confirmed by asking Redis how
+//! many subscribers the channel has (`PUBSUB NUMSUB` / `SHARDNUMSUB`),
+//! because fred's subscribe has been seen to return before another
+//! connection's publish counted it.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use fred::clients::SubscriberClient;
+use fred::prelude::*;
+use tokio::sync::{broadcast, mpsc};
+
+use super::{decode, deliver, BusError, Inbound};
+use crate::config::{ConfigError, Settings};
+
+/// Messages fred may hold for the pump before it counts as lag.
+const SUBSCRIBER_BUFFER: usize = 64 * 1024;
+/// How long a new subscription may take to show up in Redis's counts.
+const CONFIRM: Duration = Duration::from_secs(5);
+
+/// A connected (and reconnecting) Redis client.
+#[derive(Clone)]
+pub struct RedisLink {
+    client: Client,
+}
+
+impl RedisLink {
+    /// True when Redis answers a PING within a second.
+    pub async fn ping(&self) -> Result<(), String> {
+        match tokio::time::timeout(Duration::from_secs(1), self.client.ping::<String>(None)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("no answer within 1 s".into()),
+        }
+    }
+}
+
+pub struct RedisBus {
+    link: RedisLink,
+    subscriber: SubscriberClient,
+    clustered: bool,
+}
+
+fn redis_error(e: Error) -> BusError {
+    BusError::Redis(e.to_string())
+}
+
+impl RedisBus {
+    /// Builds the clients the settings describe (or `None` without Redis)
+    /// and starts connecting in the background, retrying with backoff.
+    pub fn from_settings(settings: &Settings, inbox: mpsc::Sender<Inbound>) -> Result<Option<Self>, ConfigError> {
+        let (config, clustered) = if let Some(url) = &settings.redis.url {
+            let config =
+                Config::from_url(url).map_err(|e| ConfigError::Invalid { key: "redis.url", message: e.to_string() })?;
+            (config, false)
+        } else if settings.redis.cluster_nodes.is_some() {
+            (Config { server: ServerConfig::new_clustered(settings.cluster_nodes()?), ..Config::default() }, true)
+        } else {
+            return Ok(None);
+        };
+        let key = if clustered { "redis.cluster_nodes" } else { "redis.url" };
+        let invalid = |e: Error| ConfigError::Invalid { key, message: e.to_string() };
+        let policy = ReconnectPolicy::new_exponential(0, 100, 30_000, 2);
+        let client = Builder::from_config(config.clone()).set_policy(policy.clone()).build().map_err(invalid)?;
+        let subscriber = Builder::from_config(config)
+            .with_performance_config(|p| p.broadcast_channel_capacity = SUBSCRIBER_BUFFER)
+            .set_policy(policy)
+            .build_subscriber_client()
+            .map_err(invalid)?;
+        let messages = subscriber.message_rx();
+        let _connection = client.connect();
+        let _subscriber_connection = subscriber.connect();
+        // Re-subscribes everything after a reconnect.
+        let _resubscribe = subscriber.manage_subscriptions();
+        tokio::spawn(pump(messages, inbox));
+        Ok(Some(Self { link: RedisLink { client }, subscriber, clustered }))
+    }
+
+    pub fn link(&self) -> &RedisLink {
+        &self.link
+    }
+
+    pub async fn publish(&self, channel: &str, payload: Bytes) -> Result<u64, BusError> {
+        let receivers: i64 = if self.clustered {
+            self.link.client.spublish(channel, payload).await.map_err(redis_error)?
+        } else {
+            self.link.client.publish(channel, payload).await.map_err(redis_error)?
+        };
+        Ok(u64::try_from(receivers).unwrap_or(0))
+    }
+
+    pub async fn subscribe(&self, channel: &str) -> Result<(), BusError> {
+        if self.clustered {
+            self.subscriber.ssubscribe(channel).await.map_err(redis_error)?;
+        } else {
+            self.subscriber.subscribe(channel).await.map_err(redis_error)?;
+        }
+        self.confirm(channel).await
+    }
+
+    /// Waits until Redis counts a subscriber on `channel`.
+    async fn confirm(&self, channel: &str) -> Result<(), BusError> {
+        let deadline = tokio::time::Instant::now() + CONFIRM;
+        loop {
+            let counts: Result<Vec<(String, i64)>, Error> = if self.clustered {
+                self.link.client.pubsub_shardnumsub(channel).await
+            } else {
+                self.link.client.pubsub_numsub(channel).await
+            };
+            if counts.is_ok_and(|c| c.iter().any(|(name, n)| name == channel && *n > 0)) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(BusError::NotConfirmed(channel.to_string()));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    pub async fn unsubscribe(&self, channel: &str) {
+        let result = if self.clustered {
+            self.subscriber.sunsubscribe(channel).await
+        } else {
+            self.subscriber.unsubscribe(channel).await
+        };
+        if let Err(e) = result {
+            tracing::warn!(error = %e, %channel, "tether_bus_unsubscribe_failed");
+        }
+    }
+
+    /// Subscribes each channel again, one per command (a batched SSUBSCRIBE
+    /// of channels in different slots would fail with CROSSSLOT).
+    pub async fn reassert(&self, channels: &[String]) {
+        for channel in channels {
+            let result = if self.clustered {
+                self.subscriber.ssubscribe(channel.as_str()).await
+            } else {
+                self.subscriber.subscribe(channel.as_str()).await
+            };
+            if let Err(e) = result {
+                tracing::warn!(error = %e, %channel, "tether_bus_reassert_failed");
+            }
+        }
+        metrics::counter!("tether_bus_reasserts_total").increment(1);
+    }
+}
+
+/// Moves messages from fred's broadcast channel to the inbox.
+async fn pump(mut messages: broadcast::Receiver<fred::types::Message>, inbox: mpsc::Sender<Inbound>) {
+    loop {
+        match messages.recv().await {
+            Ok(message) => {
+                let channel = message.channel.to_string();
+                let item = match message.value.as_bytes() {
+                    Some(payload) => decode(channel, payload),
+                    None => Inbound::Gap { lost: 1 },
+                };
+                metrics::counter!("tether_bus_received_total").increment(1);
+                deliver(&inbox, item);
+            }
+            Err(broadcast::error::RecvError::Lagged(lost)) => {
+                tracing::warn!(lost, "tether_bus_subscriber_lagged");
+                deliver(&inbox, Inbound::Gap { lost });
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}

@@ -1,0 +1,436 @@
+//! Requests to a host's daemon from any instance (docs/CLUSTER.md,
+//! "Requests").
+//!
+//! [`locate`] is the one routing step: the host's daemon is connected here
+//! (a link to its `DaemonConn`), or its lease is live on another instance
+//! (reach it over the bus), or nobody holds it (offline). [`deliver`] is
+//! the one request lifecycle every caller uses (REST handlers, the run
+//! dispatcher, the sweep), for every kind of request:
+//! - here: the operation runs on the local connection;
+//! - elsewhere: a `HostRequest` is published on the host's channel. Nobody
+//!   subscribed (0 receivers) is `offline` at once; no acknowledgement
+//!   within `bus.ack_ms` is `unacknowledged` (never re-sent: a spawn's row
+//!   stays `launching` and the sweep fails it if it never starts); then
+//!   requests that have an answer wait for it.
+//!
+//! [`serve_bus`] is the other side: it reads the instance's bus inbox,
+//! acknowledges and runs requests for hosts connected here (in arrival
+//! order, so one host's input keeps its order) and hands replies to the
+//! callers waiting for them. Credentials are refreshed by the owner as a
+//! whole task; only "ok" or an error crosses the bus.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use actix::Addr;
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use super::daemon_conn::DaemonConn;
+use super::registry::{HostConn, RecheckLease};
+use super::{DaemonAnswer, DaemonRequest, DaemonRequestKind, RelayContext, RequestError, SpawnTerminal, ToDaemon};
+use crate::bus::Inbound;
+use crate::proto::bus::{self, answer, envelope, host_request, reply};
+use crate::proto::v1::server_frame;
+use crate::store::host_lease_key;
+
+/// Something to do on a host's daemon.
+#[derive(Debug, Clone)]
+pub enum HostOp {
+    /// Claim the parked terminal and send Spawn.
+    Spawn(Uuid),
+    Input {
+        terminal_id: Uuid,
+        data: Bytes,
+    },
+    Resize {
+        terminal_id: Uuid,
+        cols: u16,
+        rows: u16,
+    },
+    Kill {
+        terminal_id: Uuid,
+        signal: i32,
+    },
+    Dirs {
+        add: bool,
+        path: String,
+    },
+    RefreshLimits,
+    /// Ask the daemon, validate, store encrypted (an owner task).
+    RefreshCredentials,
+}
+
+impl HostOp {
+    /// How long the caller waits for the answer after the acknowledgement;
+    /// `None` for operations that are done once the owner has them.
+    fn answer_timeout(&self) -> Option<Duration> {
+        match self {
+            HostOp::Input { .. } | HostOp::Resize { .. } | HostOp::Kill { .. } => None,
+            HostOp::Spawn(_) | HostOp::Dirs { .. } | HostOp::RefreshCredentials => Some(Duration::from_secs(11)),
+            HostOp::RefreshLimits => Some(Duration::from_secs(31)),
+        }
+    }
+}
+
+/// What a delivered operation produced.
+#[derive(Debug, Clone)]
+pub enum OpAnswer {
+    /// Handed to the daemon (input, resize, kill).
+    Sent,
+    /// Spawn: whether the owner claimed the terminal and sent it.
+    Spawned(bool),
+    Dirs(Vec<String>),
+    Limits(serde_json::Value),
+    CredentialsStored,
+}
+
+/// Where a host's daemon is.
+pub enum Location {
+    Local(Addr<DaemonConn>),
+    /// Connected to another instance (its lease is live there).
+    Remote,
+    Offline,
+}
+
+/// The routing step: the local connection, else the lease.
+pub async fn locate(relay: &RelayContext, host_id: Uuid) -> Result<Location, RequestError> {
+    if let Ok(Some(conn)) = relay.registry.send(HostConn(host_id)).await {
+        return Ok(Location::Local(conn));
+    }
+    if !relay.bus.is_shared() {
+        return Ok(Location::Offline);
+    }
+    match relay.store.lease_holder(&host_lease_key(host_id)).await {
+        Ok(Some(_)) => Ok(Location::Remote),
+        Ok(None) => Ok(Location::Offline),
+        Err(e) => {
+            tracing::error!(error = %e, %host_id, "tether_locate_failed");
+            Err(RequestError::Internal)
+        }
+    }
+}
+
+/// Runs `op` on the host's daemon, wherever it is connected.
+pub async fn deliver(relay: &RelayContext, host_id: Uuid, op: HostOp) -> Result<OpAnswer, RequestError> {
+    let outcome = match locate(relay, host_id).await? {
+        Location::Local(conn) => perform(relay, &conn, host_id, op).await,
+        Location::Remote => ask_owner(relay, host_id, op).await,
+        Location::Offline => Err(RequestError::Offline),
+    };
+    let label = match &outcome {
+        Ok(_) => "sent",
+        Err(RequestError::Offline) => "offline",
+        Err(RequestError::Unacknowledged) => "unacknowledged",
+        Err(_) => "failed",
+    };
+    metrics::counter!("tether_requests_total", "outcome" => label).increment(1);
+    outcome
+}
+
+/// Runs `op` on a connection of this instance.
+async fn perform(
+    relay: &RelayContext,
+    conn: &Addr<DaemonConn>,
+    host_id: Uuid,
+    op: HostOp,
+) -> Result<OpAnswer, RequestError> {
+    let frame = |frame| {
+        conn.do_send(ToDaemon(frame));
+        Ok(OpAnswer::Sent)
+    };
+    let ask = |kind| async move { conn.send(DaemonRequest(kind)).await.map_err(|_| RequestError::Offline)? };
+    match op {
+        HostOp::Spawn(terminal_id) => {
+            let terminal = relay.store.terminal_by_id(terminal_id).await.map_err(|e| {
+                tracing::error!(error = %e, %terminal_id, "tether_spawn_load_failed");
+                RequestError::Internal
+            })?;
+            let Some(terminal) = terminal.filter(|t| t.host_id == host_id) else {
+                return Ok(OpAnswer::Spawned(false));
+            };
+            Ok(OpAnswer::Spawned(conn.send(SpawnTerminal(terminal)).await.unwrap_or(false)))
+        }
+        HostOp::Input { terminal_id, data } => {
+            frame(server_frame::Frame::Input(crate::proto::v1::Input { terminal_id: terminal_id.to_string(), data }))
+        }
+        HostOp::Resize { terminal_id, cols, rows } => frame(server_frame::Frame::Resize(crate::proto::v1::Resize {
+            terminal_id: terminal_id.to_string(),
+            cols: u32::from(cols),
+            rows: u32::from(rows),
+        })),
+        HostOp::Kill { terminal_id, signal } => {
+            frame(server_frame::Frame::Kill(crate::proto::v1::Kill { terminal_id: terminal_id.to_string(), signal }))
+        }
+        HostOp::Dirs { add, path } => {
+            let kind = if add { DaemonRequestKind::AddDir(path) } else { DaemonRequestKind::RemoveDir(path) };
+            match ask(kind).await? {
+                DaemonAnswer::Dirs(dirs) => Ok(OpAnswer::Dirs(dirs)),
+                _ => Err(RequestError::Internal),
+            }
+        }
+        HostOp::RefreshLimits => match ask(DaemonRequestKind::RefreshLimits).await? {
+            DaemonAnswer::Limits(limits) => Ok(OpAnswer::Limits(limits)),
+            _ => Err(RequestError::Internal),
+        },
+        HostOp::RefreshCredentials => {
+            let key = relay.settings.encryption_key().ok_or(RequestError::EncryptionNotConfigured)?;
+            let DaemonAnswer::Credentials(plaintext) = ask(DaemonRequestKind::Credentials).await? else {
+                return Err(RequestError::Internal);
+            };
+            let valid = serde_json::from_slice::<serde_json::Value>(&plaintext).is_ok_and(|v| v.is_object());
+            if !valid || plaintext.len() > 64 * 1024 {
+                return Err(RequestError::Refused(
+                    "the daemon's credentials are not a JSON object of at most 64 KiB".into(),
+                ));
+            }
+            let sealed = crate::crypto::seal(&key, host_id, &plaintext).map_err(|_| RequestError::Internal)?;
+            relay.store.put_credentials(host_id, &sealed).await.map_err(|e| {
+                tracing::error!(error = %e, %host_id, "tether_credentials_store_failed");
+                RequestError::Internal
+            })?;
+            Ok(OpAnswer::CredentialsStored)
+        }
+    }
+}
+
+/// Callers waiting for replies from other instances, by request id.
+#[derive(Default)]
+pub struct PendingRequests {
+    waiting: Mutex<HashMap<String, Waiting>>,
+}
+
+struct Waiting {
+    ack: Option<oneshot::Sender<()>>,
+    answer: Option<oneshot::Sender<bus::Answer>>,
+}
+
+impl PendingRequests {
+    fn waiting(&self) -> std::sync::MutexGuard<'_, HashMap<String, Waiting>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn insert(&self, request_id: &str) -> (oneshot::Receiver<()>, oneshot::Receiver<bus::Answer>) {
+        let (ack, acked) = oneshot::channel();
+        let (answer, answered) = oneshot::channel();
+        self.waiting().insert(request_id.to_string(), Waiting { ack: Some(ack), answer: Some(answer) });
+        (acked, answered)
+    }
+
+    fn forget(&self, request_id: &str) {
+        self.waiting().remove(request_id);
+    }
+
+    /// A reply from an owner. An answer also counts as the acknowledgement
+    /// (the two travel in order, but the ack may have been lost).
+    fn resolve(&self, reply: bus::Reply) {
+        let mut waiting = self.waiting();
+        let Some(entry) = waiting.get_mut(&reply.request_id) else { return };
+        if let Some(ack) = entry.ack.take() {
+            let _ = ack.send(());
+        }
+        if let Some(reply::Outcome::Answer(answer)) = reply.outcome {
+            if let Some(tx) = entry.answer.take() {
+                let _ = tx.send(answer);
+            }
+            waiting.remove(&reply.request_id);
+        }
+    }
+}
+
+/// Removes a request's waiters however the caller's future ends.
+struct Forget<'a>(&'a PendingRequests, String);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.0.forget(&self.1);
+    }
+}
+
+fn to_wire(op: HostOp) -> host_request::Op {
+    match op {
+        HostOp::Spawn(id) => host_request::Op::Spawn(bus::Spawn { terminal_id: id.to_string() }),
+        HostOp::Input { terminal_id, data } => {
+            host_request::Op::Input(bus::Input { terminal_id: terminal_id.to_string(), data })
+        }
+        HostOp::Resize { terminal_id, cols, rows } => host_request::Op::Resize(bus::Resize {
+            terminal_id: terminal_id.to_string(),
+            cols: u32::from(cols),
+            rows: u32::from(rows),
+        }),
+        HostOp::Kill { terminal_id, signal } => {
+            host_request::Op::Kill(bus::Kill { terminal_id: terminal_id.to_string(), signal })
+        }
+        HostOp::Dirs { add, path } => host_request::Op::Dirs(bus::Dirs { add, path }),
+        HostOp::RefreshLimits => host_request::Op::LimitsRefresh(bus::LimitsRefresh {}),
+        HostOp::RefreshCredentials => host_request::Op::CredentialsRefresh(bus::CredentialsRefresh {}),
+    }
+}
+
+/// A request that arrived over the bus, checked; `None` if malformed.
+fn from_wire(op: host_request::Op) -> Option<HostOp> {
+    let id = |raw: &str| Uuid::parse_str(raw).ok();
+    let grid = |v: u32| u16::try_from(v.clamp(1, 1000)).unwrap_or(1000);
+    Some(match op {
+        host_request::Op::Spawn(s) => HostOp::Spawn(id(&s.terminal_id)?),
+        host_request::Op::Input(i) => HostOp::Input { terminal_id: id(&i.terminal_id)?, data: i.data },
+        host_request::Op::Resize(r) => {
+            HostOp::Resize { terminal_id: id(&r.terminal_id)?, cols: grid(r.cols), rows: grid(r.rows) }
+        }
+        host_request::Op::Kill(k) => HostOp::Kill { terminal_id: id(&k.terminal_id)?, signal: k.signal },
+        host_request::Op::Dirs(d) => HostOp::Dirs { add: d.add, path: d.path },
+        host_request::Op::LimitsRefresh(_) => HostOp::RefreshLimits,
+        host_request::Op::CredentialsRefresh(_) => HostOp::RefreshCredentials,
+    })
+}
+
+fn answer_to_wire(result: Result<OpAnswer, RequestError>) -> bus::Answer {
+    let result = match result {
+        Ok(OpAnswer::Sent) => answer::Result::Spawned(true),
+        Ok(OpAnswer::Spawned(sent)) => answer::Result::Spawned(sent),
+        Ok(OpAnswer::Dirs(dirs)) => answer::Result::Dirs(bus::DirsList { dirs }),
+        Ok(OpAnswer::Limits(limits)) => answer::Result::LimitsJson(limits.to_string()),
+        Ok(OpAnswer::CredentialsStored) => answer::Result::CredentialsOk(true),
+        Err(e) => {
+            let code = match &e {
+                RequestError::Offline => "offline",
+                RequestError::Timeout | RequestError::Unacknowledged => "timeout",
+                RequestError::Refused(_) => "refused",
+                RequestError::Unsupported => "unsupported",
+                RequestError::EncryptionNotConfigured => "encryption_not_configured",
+                RequestError::Internal => "internal",
+            };
+            let message = match e {
+                RequestError::Refused(message) => message,
+                other => other.to_string(),
+            };
+            answer::Result::Failure(bus::Failure { code: code.to_string(), message })
+        }
+    };
+    bus::Answer { result: Some(result) }
+}
+
+fn answer_from_wire(op: &HostOp, answer: bus::Answer) -> Result<OpAnswer, RequestError> {
+    match (op, answer.result) {
+        (_, Some(answer::Result::Failure(f))) => Err(match f.code.as_str() {
+            "offline" => RequestError::Offline,
+            "timeout" => RequestError::Timeout,
+            "refused" => RequestError::Refused(f.message),
+            "unsupported" => RequestError::Unsupported,
+            "encryption_not_configured" => RequestError::EncryptionNotConfigured,
+            _ => RequestError::Internal,
+        }),
+        (HostOp::Spawn(_), Some(answer::Result::Spawned(sent))) => Ok(OpAnswer::Spawned(sent)),
+        (HostOp::Dirs { .. }, Some(answer::Result::Dirs(list))) => Ok(OpAnswer::Dirs(list.dirs)),
+        (HostOp::RefreshLimits, Some(answer::Result::LimitsJson(json))) => {
+            serde_json::from_str(&json).map(OpAnswer::Limits).map_err(|_| RequestError::Internal)
+        }
+        (HostOp::RefreshCredentials, Some(answer::Result::CredentialsOk(true))) => Ok(OpAnswer::CredentialsStored),
+        _ => Err(RequestError::Internal),
+    }
+}
+
+/// Sends `op` to the host's owner on another instance and waits as the
+/// request lifecycle says.
+async fn ask_owner(relay: &RelayContext, host_id: Uuid, op: HostOp) -> Result<OpAnswer, RequestError> {
+    let request_id = Uuid::new_v4().to_string();
+    let (acked, answered) = relay.requests.insert(&request_id);
+    let _forget = Forget(&relay.requests, request_id.clone());
+    let request = bus::HostRequest {
+        request_id,
+        reply_to: relay.instance_id.clone(),
+        host_id: host_id.to_string(),
+        op: Some(to_wire(op.clone())),
+    };
+    let channel = relay.bus.host_channel(host_id);
+    let receivers = relay.bus.publish(&channel, envelope::Body::Request(request)).await.map_err(|e| {
+        tracing::warn!(error = %e, %host_id, "tether_bus_publish_failed");
+        RequestError::Offline
+    })?;
+    if receivers == 0 {
+        return Err(RequestError::Offline);
+    }
+    let ack_wait = Duration::from_millis(relay.settings.bus.ack_ms);
+    if !matches!(tokio::time::timeout(ack_wait, acked).await, Ok(Ok(()))) {
+        return Err(RequestError::Unacknowledged);
+    }
+    let Some(wait) = op.answer_timeout() else { return Ok(OpAnswer::Sent) };
+    match tokio::time::timeout(wait, answered).await {
+        Ok(Ok(answer)) => answer_from_wire(&op, answer),
+        _ => Err(RequestError::Timeout),
+    }
+}
+
+async fn send_reply(relay: &RelayContext, reply_to: &str, reply: bus::Reply) {
+    let channel = relay.bus.reply_channel(reply_to);
+    if let Err(e) = relay.bus.publish(&channel, envelope::Body::Reply(reply)).await {
+        tracing::warn!(error = %e, "tether_bus_reply_failed");
+    }
+}
+
+/// An owner's handling of one request from the bus.
+async fn serve_request(relay: &RelayContext, request: bus::HostRequest) {
+    let Some(host_id) = Uuid::parse_str(&request.host_id).ok() else { return };
+    let Some(op) = request.op.and_then(from_wire) else {
+        tracing::warn!(%host_id, "tether_bus_bad_request");
+        return;
+    };
+    let reply_to = request.reply_to;
+    let request_id = request.request_id;
+    let ack = bus::Reply { request_id: request_id.clone(), outcome: Some(reply::Outcome::Ack(bus::Ack {})) };
+    send_reply(relay, &reply_to, ack).await;
+    let conn = relay.registry.send(HostConn(host_id)).await.ok().flatten();
+    let answer = |result| bus::Reply {
+        request_id: request_id.clone(),
+        outcome: Some(reply::Outcome::Answer(answer_to_wire(result))),
+    };
+    let Some(conn) = conn else {
+        // The subscription outlived the connection for a moment.
+        send_reply(relay, &reply_to, answer(Err(RequestError::Offline))).await;
+        return;
+    };
+    if op.answer_timeout().is_none() {
+        // In arrival order: one host's input stays in order.
+        let _ = perform(relay, &conn, host_id, op).await;
+        return;
+    }
+    let relay = relay.clone();
+    actix_rt::spawn(async move {
+        let result = perform(&relay, &conn, host_id, op).await;
+        let reply = bus::Reply { request_id, outcome: Some(reply::Outcome::Answer(answer_to_wire(result))) };
+        send_reply(&relay, &reply_to, reply).await;
+    });
+}
+
+/// Reads the instance's bus inbox until the bus stops.
+pub async fn serve_bus(relay: RelayContext, mut inbox: mpsc::Receiver<Inbound>) {
+    // Last sequence number seen per (sender, channel).
+    let mut seen: HashMap<(String, String), u64> = HashMap::new();
+    while let Some(item) = inbox.recv().await {
+        let (channel, envelope) = match item {
+            Inbound::Gap { lost } => {
+                metrics::counter!("tether_bus_gaps_total").increment(lost);
+                continue;
+            }
+            Inbound::Message { channel, envelope } => (channel, envelope),
+        };
+        let last = seen.entry((envelope.sender.clone(), channel.clone())).or_insert(0);
+        if *last != 0 && envelope.seq > *last + 1 {
+            tracing::warn!(%channel, sender = %envelope.sender, missed = envelope.seq - *last - 1, "tether_bus_gap");
+            metrics::counter!("tether_bus_gaps_total").increment(envelope.seq - *last - 1);
+        }
+        *last = (*last).max(envelope.seq);
+        match envelope.body {
+            Some(envelope::Body::Request(request)) => serve_request(&relay, request).await,
+            Some(envelope::Body::Reply(reply)) => relay.requests.resolve(reply),
+            Some(envelope::Body::HostTaken(taken)) => {
+                if let Ok(host_id) = Uuid::parse_str(&taken.host_id) {
+                    relay.registry.do_send(RecheckLease(host_id));
+                }
+            }
+            None => {}
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! The bus between instances (docs/CLUSTER.md) against real Redis servers
+//! from the harness: a standalone Redis (PUBLISH/SUBSCRIBE) and the
+//! three-master Redis Cluster (SPUBLISH/SSUBSCRIBE). Two `Bus` values in
+//! one process stand for two instances.
+
+mod support;
+
+use std::time::Duration;
+
+use tether::bus::{Bus, Inbound};
+use tether::config::Settings;
+use tether::proto::bus::{envelope, reply, Ack, Reply};
+use tokio::sync::mpsc;
+
+fn settings(standalone: bool) -> Settings {
+    let mut s = Settings::default();
+    if standalone {
+        s.redis.url = Some(support::redis_url());
+    } else {
+        s.redis.cluster_nodes = Some(support::redis_cluster_nodes());
+    }
+    s.bus.prefix = support::unique_prefix();
+    s
+}
+
+fn reply(n: u64) -> envelope::Body {
+    envelope::Body::Reply(Reply { request_id: n.to_string(), outcome: Some(reply::Outcome::Ack(Ack {})) })
+}
+
+/// The next message of an inbox, or a panic naming what was expected.
+async fn next(inbox: &mut mpsc::Receiver<Inbound>, what: &str) -> Inbound {
+    tokio::time::timeout(Duration::from_secs(20), inbox.recv())
+        .await
+        .unwrap_or_else(|_| panic!("nothing received: {what}"))
+        .expect("bus inbox closed")
+}
+
+async fn ordered_delivery(standalone: bool) {
+    let s = settings(standalone);
+    let (sender, _sender_inbox) = Bus::from_settings(&s, "a#000001").expect("bus a");
+    let (receiver, mut inbox) = Bus::from_settings(&s, "b#000002").expect("bus b");
+    let channel = receiver.reply_channel("b#000002");
+    // Before anybody subscribes, a publish reaches nobody: that is "offline".
+    let nobody = sender.publish(&sender.host_channel(uuid::Uuid::new_v4()), reply(0)).await.expect("publish");
+    assert_eq!(nobody, 0);
+    receiver.subscribe(&channel).await.expect("subscribe");
+    // Confirmed by Redis: the very next publish counts the subscriber.
+    assert_eq!(sender.publish(&channel, reply(1)).await.expect("publish"), 1);
+
+    const N: u64 = 100_000;
+    let reading = tokio::spawn(async move {
+        let mut expected = 1u64;
+        while expected <= N {
+            match next(&mut inbox, "ordered messages").await {
+                Inbound::Message { envelope, .. } => {
+                    assert_eq!(envelope.sender, "a#000001");
+                    assert_eq!(envelope.seq, expected, "a message was lost or reordered");
+                    match envelope.body {
+                        Some(envelope::Body::Reply(r)) => assert_eq!(r.request_id, expected.to_string()),
+                        other => panic!("unexpected body {other:?}"),
+                    }
+                    expected += 1;
+                }
+                Inbound::Gap { lost } => panic!("a gap of {lost} at {expected}"),
+            }
+        }
+    });
+    for n in 2..=N {
+        sender.publish(&channel, reply(n)).await.expect("publish");
+    }
+    tokio::time::timeout(Duration::from_secs(120), reading).await.expect("all delivered").expect("reader");
+    receiver.unsubscribe(&channel).await;
+}
+
+#[actix_rt::test]
+async fn standalone_delivers_100k_messages_in_order() {
+    ordered_delivery(true).await;
+}
+
+#[actix_rt::test]
+async fn cluster_delivers_100k_messages_in_order() {
+    ordered_delivery(false).await;
+}
+
+/// Two subscribers of one channel on one instance share one subscription:
+/// the first unsubscribe keeps it, the last one ends it.
+#[actix_rt::test]
+async fn subscriptions_are_counted() {
+    let s = settings(false);
+    let (sender, _) = Bus::from_settings(&s, "a#000001").expect("bus a");
+    let (receiver, mut inbox) = Bus::from_settings(&s, "b#000002").expect("bus b");
+    let channel = receiver.host_channel(uuid::Uuid::new_v4());
+    receiver.subscribe(&channel).await.expect("subscribe");
+    receiver.subscribe(&channel).await.expect("subscribe again");
+    receiver.unsubscribe(&channel).await;
+    assert_eq!(sender.publish(&channel, reply(1)).await.expect("publish"), 1, "one subscriber left");
+    assert!(matches!(next(&mut inbox, "still subscribed").await, Inbound::Message { .. }));
+    receiver.unsubscribe(&channel).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while sender.publish(&channel, reply(2)).await.expect("publish") != 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the last unsubscribe did not end the subscription");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,172 @@
+//! Three real `tether serve` instances sharing one PostgreSQL and one Redis
+//! (standalone, and the three-master Redis Cluster), a real `tether daemon`
+//! with real PTYs on instance A, and REST calls through B and C
+//! (docs/CLUSTER.md, "Requests").
+
+mod support;
+
+use serde_json::{json, Value};
+use support::client::{create_token, Api};
+use support::daemon::DaemonProcess;
+use support::e2e::Viewer;
+use support::{pg_database, redis_cluster_nodes, redis_url, unique_prefix, TetherServer};
+
+struct Cluster {
+    a: TetherServer,
+    b: Api,
+    c: Api,
+    /// A's API.
+    api: Api,
+    _servers: Vec<TetherServer>,
+    _dir: tempfile::TempDir,
+    daemon: DaemonProcess,
+    host: String,
+}
+
+async fn cluster(standalone: bool, extra: &[(&str, &str)]) -> Cluster {
+    let database = pg_database().await;
+    let prefix = unique_prefix();
+    let (redis_key, redis_value) = if standalone {
+        ("TETHER_REDIS__URL", redis_url())
+    } else {
+        ("TETHER_REDIS__CLUSTER_NODES", redis_cluster_nodes())
+    };
+    let mut env = vec![
+        ("TETHER_DATABASE__URL", database.as_str()),
+        (redis_key, redis_value.as_str()),
+        ("TETHER_BUS__PREFIX", prefix.as_str()),
+    ];
+    env.extend_from_slice(extra);
+    let a = TetherServer::start(&env, &[]).await;
+    let b = TetherServer::start(&env, &[]).await;
+    let c = TetherServer::start(&env, &[]).await;
+    let token = create_token(&a, "ann");
+    let api = Api::new(a.url(), token.clone());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let daemon = DaemonProcess::start(&a, &token, &dir.path().join("state"));
+    let body = api
+        .wait_for("/api/v1/hosts", "host online", |b| {
+            b["hosts"].as_array().is_some_and(|h| h.iter().any(|h| h["state"] == "online"))
+        })
+        .await;
+    let host = body["hosts"][0]["id"].as_str().expect("host id").to_string();
+    Cluster {
+        b: Api::new(b.url(), token.clone()),
+        c: Api::new(c.url(), token),
+        api,
+        a,
+        _servers: vec![b, c],
+        _dir: dir,
+        daemon,
+        host,
+    }
+}
+
+async fn wait_state(api: &Api, id: &str, state: &str) -> Value {
+    api.wait_for(&format!("/api/v1/terminals/{id}"), state, |b| b["terminal"]["state"] == state).await["terminal"]
+        .clone()
+}
+
+/// A viewer on A, where the daemon is: it sees what B's and C's requests did.
+async fn viewer_on_a(cl: &Cluster, terminal: &str) -> Viewer {
+    Viewer::attach_to(&cl.a, &cl.api.token, terminal, "").await
+}
+
+async fn requests_from_any_instance(standalone: bool) {
+    let cl = cluster(standalone, &[]).await;
+    // Spawned through B: acknowledged by A and running.
+    let (status, body) =
+        cl.b.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh"], "dir": "/tmp"})).await;
+    assert_eq!(status, 201, "{body}");
+    assert_ne!(body["terminal"]["state"], "pending", "spawned at once through the owner: {body}");
+    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&cl.c, &id, "running").await;
+    let mut viewer = viewer_on_a(&cl, &id).await;
+
+    // Input through B, resize through C: they reach the PTY.
+    let (status, body) = cl.c.post(&format!("/api/v1/terminals/{id}/resize"), json!({"cols": 101, "rows": 33})).await;
+    assert_eq!(status, 202, "{body}");
+    let (status, body) = cl.b.post(&format!("/api/v1/terminals/{id}/input"), json!({"data": "stty size\n"})).await;
+    assert_eq!(status, 202, "{body}");
+    viewer.until("33 101").await;
+    let (status, _) =
+        cl.b.post(&format!("/api/v1/terminals/{id}/input"), json!({"data": "echo from-$((40+2))\n"})).await;
+    assert_eq!(status, 202);
+    viewer.until("from-42").await;
+
+    // Dirs and limits through B and C get the daemon's answers.
+    let extra = tempfile::tempdir().expect("dir");
+    let path = std::fs::canonicalize(extra.path()).expect("canonical").to_string_lossy().into_owned();
+    let (status, body) = cl.b.post(&format!("/api/v1/hosts/{}/dirs", cl.host), json!({"path": path})).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["dirs"].as_array().is_some_and(|d| d.iter().any(|d| d == &json!(path))), "{body}");
+    let (status, body) = cl.c.post(&format!("/api/v1/hosts/{}/limits/refresh", cl.host), json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["limits"].is_object(), "{body}");
+    // A refusal crosses too: the daemon cannot add a dir that does not exist.
+    let (status, body) =
+        cl.c.post(&format!("/api/v1/hosts/{}/dirs", cl.host), json!({"path": "/no/such/dir/anywhere"})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("daemon_refused")), "{body}");
+
+    // Kill through C (an interactive sh ignores TERM): the row stays
+    // running until the real exit.
+    let (status, body) = cl.c.post(&format!("/api/v1/terminals/{id}/kill"), json!({"signal": "KILL"})).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["terminal"]["state"], "running");
+    let t = wait_state(&cl.b, &id, "exited").await;
+    assert_eq!(t["exitSignal"], 9);
+
+    // Runs created through B finish, whichever instance dispatched them.
+    let (status, body) =
+        cl.b.post("/api/v1/runs", json!({"hostId": cl.host, "argv": ["sh", "-c", "echo ran; exit 3"]})).await;
+    assert_eq!(status, 201, "{body}");
+    let run = body["run"]["id"].as_str().expect("run").to_string();
+    let body =
+        cl.c.wait_for(&format!("/api/v1/runs/{run}"), "run failed with usage", |b| {
+            b["run"]["state"] == "failed" && b["run"]["usage"].is_object()
+        })
+        .await;
+    assert_eq!(body["run"]["exitCode"], 3);
+    let (_, log) = cl.b.get_bytes(&format!("/api/v1/runs/{run}/log")).await;
+    assert!(String::from_utf8_lossy(&log).contains("ran"));
+}
+
+async fn offline_is_answered_at_once(standalone: bool) {
+    // An owner that never acknowledged would hold each request for 10
+    // minutes: only "nobody listening" can answer these.
+    let mut cl = cluster(standalone, &[("TETHER_BUS__ACK_MS", "600000")]).await;
+    cl.daemon.kill();
+    cl.b.wait_for(&format!("/api/v1/hosts/{}", cl.host), "host offline", |b| b["host"]["state"] == "offline").await;
+    let (status, body) = cl.b.post(&format!("/api/v1/hosts/{}/limits/refresh", cl.host), json!({})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("host_offline")), "{body}");
+    let (status, body) = cl.c.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh"]})).await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        (body["terminal"]["state"].as_str(), body["terminal"]["pendingReason"].as_str()),
+        (Some("pending"), Some("host_offline"))
+    );
+}
+
+mod standalone {
+    #[actix_rt::test]
+    async fn requests_from_any_instance() {
+        super::requests_from_any_instance(true).await;
+    }
+
+    #[actix_rt::test]
+    async fn offline_is_answered_at_once() {
+        super::offline_is_answered_at_once(true).await;
+    }
+}
+
+mod redis_cluster {
+    #[actix_rt::test]
+    async fn requests_from_any_instance() {
+        super::requests_from_any_instance(false).await;
+    }
+
+    #[actix_rt::test]
+    async fn offline_is_answered_at_once() {
+        super::offline_is_answered_at_once(false).await;
+    }
+}
