@@ -117,6 +117,12 @@ Refuses value combinations that would deploy something broken.
 {{- if and .Values.tls.enabled (not .Values.tls.existingSecret) }}
 {{- fail "tls.enabled needs tls.existingSecret (a kubernetes.io/tls Secret)" }}
 {{- end }}
+{{- if and .Values.api.autoscaling.enabled (not (dig "requests" "cpu" "" .Values.api.resources)) }}
+{{- fail "api.autoscaling.enabled needs api.resources.requests.cpu: the HPA's CPU target is a share of the request" }}
+{{- end }}
+{{- if and .Values.api.autoscaling.enabled .Values.api.autoscaling.targetMemoryUtilizationPercentage (not (dig "requests" "memory" "" .Values.api.resources)) }}
+{{- fail "api.autoscaling.targetMemoryUtilizationPercentage needs api.resources.requests.memory" }}
+{{- end }}
 {{- if and .Values.api.autoscaling.enabled (lt (int64 .Values.api.autoscaling.maxReplicas) (int64 .Values.api.autoscaling.minReplicas)) }}
 {{- fail "api.autoscaling.maxReplicas must be at least api.autoscaling.minReplicas" }}
 {{- end }}
