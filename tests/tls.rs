@@ -113,10 +113,36 @@ impl Proc {
     }
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
+/// When each log line holding `needle` was written (tracing's RFC 3339
+/// timestamp at the start of the line).
+fn times_of(log: &str, needle: &str) -> Vec<chrono::DateTime<chrono::FixedOffset>> {
+    log.lines()
+        .filter(|line| line.contains(needle))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter_map(|stamp| chrono::DateTime::parse_from_rfc3339(stamp).ok())
+        .collect()
+}
+
+/// The daemon retried `needle`'s failure with its backoff (1 s, then 2 s,
+/// each plus jitter): lower bounds only, so a slow machine cannot fail it.
+fn assert_backed_off(daemon: &Proc, needle: &str) {
+    let log = daemon.log();
+    let times = times_of(&log, needle);
+    assert!(times.len() >= 3, "fewer than 3 attempts logged:\n{log}");
+    let gaps: Vec<i64> = times.windows(2).map(|w| (w[1] - w[0]).num_milliseconds()).collect();
+    assert!(gaps[0] >= 1_000 && gaps[1] >= 2_000, "no 1 s / 2 s backoff between attempts ({gaps:?} ms):\n{log}");
+}
+
+impl Proc {
+    fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -133,6 +159,20 @@ impl TlsServer {
         let scratch = tempfile::tempdir().expect("scratch");
         let port = support::free_port();
         let sqlite = scratch.path().join("tether.db");
+        let proc = Self::spawn(cert, key, port, &sqlite, scratch.path().join("serve.log"));
+        TlsServer { proc, port, sqlite, _scratch: scratch }
+    }
+
+    /// Stops this server and starts it again on the same port and database
+    /// with another certificate.
+    fn restart_with(&mut self, cert: &Path, key: &Path) {
+        let log = self._scratch.path().join(format!("serve-{}.log", rand::random::<u32>()));
+        // The old process is gone (and its port free) before the new one binds.
+        self.proc.stop();
+        self.proc = Self::spawn(cert, key, self.port, &self.sqlite, log);
+    }
+
+    fn spawn(cert: &Path, key: &Path, port: u16, sqlite: &Path, log: PathBuf) -> Proc {
         let listen = format!("127.0.0.1:{port}");
         let (cert, key, db) = (cert.display().to_string(), key.display().to_string(), sqlite.display().to_string());
         let env = [
@@ -141,8 +181,7 @@ impl TlsServer {
             ("TETHER_HTTP__TLS_KEY_PATH", key.as_str()),
             ("TETHER_DATABASE__SQLITE_PATH", db.as_str()),
         ];
-        let proc = Proc::spawn(&["serve"], &env, scratch.path().join("serve.log"));
-        TlsServer { proc, port, sqlite, _scratch: scratch }
+        Proc::spawn(&["serve"], &env, log)
     }
 
     fn url(&self) -> String {
@@ -279,9 +318,10 @@ async fn a_wrong_ca_is_named_and_the_daemon_keeps_retrying() {
     rest.wait_healthy(&mut server).await;
 
     let mut daemon = daemon(&server, &token, &pki.path("wrong-ca.pem"), pki.dir.path());
-    // Two failed attempts, backing off in between, and still running.
-    daemon.wait_log(UNKNOWN_CA, 2).await;
+    // Three failed attempts, backing off in between, and still running.
+    daemon.wait_log(UNKNOWN_CA, 3).await;
     assert!(daemon.running(), "the daemon gave up:\n{}", daemon.log());
+    assert_backed_off(&daemon, UNKNOWN_CA);
     assert_eq!(rest.online_host().await, None);
 
     // `tether attach` stops at once with the same explanation (a retry cannot fix it).
@@ -303,8 +343,9 @@ async fn an_expired_certificate_is_named_and_the_daemon_keeps_retrying() {
     let token = server.token();
 
     let mut daemon = daemon(&server, &token, &pki.path("ca.pem"), pki.dir.path());
-    daemon.wait_log(EXPIRED, 2).await;
+    daemon.wait_log(EXPIRED, 3).await;
     assert!(daemon.running(), "the daemon gave up:\n{}", daemon.log());
+    assert_backed_off(&daemon, EXPIRED);
 
     let ca = pki.path("ca.pem").display().to_string();
     let url = server.url();
@@ -314,6 +355,18 @@ async fn an_expired_certificate_is_named_and_the_daemon_keeps_retrying() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains(EXPIRED), "{stderr}");
+
+    // Renewing the server's certificate is all it takes: the retrying daemon
+    // comes online by itself.
+    server.restart_with(&pki.path("server.pem"), &pki.path("server.key"));
+    server.wait_listening().await;
+    daemon.wait_log("tether_daemon_connected", 1).await;
+    let rest = Rest::new(server.url(), token.clone(), &pki.path("ca.pem"));
+    let started = Instant::now();
+    while rest.online_host().await.is_none() {
+        assert!(started.elapsed() < WAIT, "the host never came online; daemon log:\n{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[test]
