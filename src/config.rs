@@ -55,11 +55,21 @@ pub struct HttpSettings {
     pub max_body_bytes: usize,
     /// Concurrent WebSockets allowed from one client address (per instance).
     pub ws_per_address: usize,
+    /// PEM certificate chain; with `tls_key_path`, `serve` speaks HTTPS.
+    pub tls_cert_path: Option<PathBuf>,
+    /// PEM private key of `tls_cert_path`.
+    pub tls_key_path: Option<PathBuf>,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
-        Self { listen: "127.0.0.1:8080".into(), max_body_bytes: 256 * 1024, ws_per_address: 256 }
+        Self {
+            listen: "127.0.0.1:8080".into(),
+            max_body_bytes: 256 * 1024,
+            ws_per_address: 256,
+            tls_cert_path: None,
+            tls_key_path: None,
+        }
     }
 }
 
@@ -324,6 +334,11 @@ impl Settings {
             .listen
             .parse::<SocketAddr>()
             .map_err(|e| invalid("http.listen", format!("`{}` is not an address: {e}", self.http.listen)))?;
+        match (&self.http.tls_cert_path, &self.http.tls_key_path) {
+            (Some(_), None) => return Err(invalid("http.tls_key_path", "is required with http.tls_cert_path")),
+            (None, Some(_)) => return Err(invalid("http.tls_cert_path", "is required with http.tls_key_path")),
+            _ => {}
+        }
         if self.http.max_body_bytes == 0 {
             return Err(invalid("http.max_body_bytes", "must be positive"));
         }
@@ -514,6 +529,18 @@ mod tests {
         std::fs::write(&path, "[lease]\nttl = 5\n").unwrap();
         let err = Settings::load_from(Some(&path), &env(&[])).unwrap_err();
         assert!(err.to_string().contains("ttl"), "{err}");
+    }
+
+    #[test]
+    fn tls_paths_come_in_pairs() {
+        let err = Settings::load_from(None, &env(&[("TETHER_HTTP__TLS_CERT_PATH", "/c.pem")])).unwrap_err();
+        assert!(err.to_string().contains("http.tls_key_path"), "{err}");
+        let s = Settings::load_from(
+            None,
+            &env(&[("TETHER_HTTP__TLS_CERT_PATH", "/c.pem"), ("TETHER_HTTP__TLS_KEY_PATH", "/k.pem")]),
+        )
+        .unwrap();
+        assert_eq!(s.http.tls_key_path, Some(PathBuf::from("/k.pem")));
     }
 
     #[test]

@@ -52,6 +52,7 @@ pub async fn start(state: &AppState, base_url: &str) -> Result<Demo, DemoError> 
         name: Some("demo".into()),
         state_dir,
         allow_dirs: Vec::new(),
+        ca_file: None,
     };
     actix_rt::spawn(async move {
         if let Err(e) = crate::daemon::run(options).await {

@@ -18,3 +18,4 @@ pub mod proto;
 pub mod relay;
 pub mod server;
 pub mod store;
+pub mod tls;

@@ -51,6 +51,9 @@ enum Command {
         /// Seeds the allowlist on first start only.
         #[arg(long = "allow-dir", value_name = "DIR")]
         allow_dirs: Vec<PathBuf>,
+        /// PEM CA certificates to trust for an https:// server, besides the system's roots.
+        #[arg(long, value_name = "FILE")]
+        ca_file: Option<PathBuf>,
     },
     /// Attach to a terminal in raw mode (detach with Ctrl-]).
     Attach {
@@ -62,6 +65,9 @@ enum Command {
         /// An API token (`tether token create`).
         #[arg(long, value_name = "TOKEN", env = "TETHER_TOKEN", hide_env_values = true)]
         token: String,
+        /// PEM CA certificates to trust for an https:// server, besides the system's roots.
+        #[arg(long, value_name = "FILE")]
+        ca_file: Option<PathBuf>,
     },
     /// Apply database migrations and exit.
     Migrate,
@@ -122,24 +128,30 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let settings = Settings::load_with(cli.config.as_deref(), &flags).map_err(Failure::config)?;
     match cli.command {
         Command::Serve { role, demo, .. } => serve(settings, role, demo).await,
-        Command::Daemon { server, token, name, state_dir, allow_dirs } => {
+        Command::Daemon { server, token, name, state_dir, allow_dirs, ca_file } => {
             let options = tether::daemon::DaemonOptions {
                 server,
                 token,
                 name,
                 state_dir: state_dir.unwrap_or_else(tether::daemon::default_state_dir),
                 allow_dirs,
+                ca_file,
             };
-            tether::daemon::run(options).await.map_err(Failure::runtime)
+            tether::daemon::run(options).await.map_err(|e| match e {
+                tether::daemon::DaemonError::Tls(_) => Failure::config(e),
+                other => Failure::runtime(other),
+            })
         }
-        Command::Attach { terminal_id, server, token } => {
-            let options = tether::attach::AttachOptions::new(server, token, terminal_id);
+        Command::Attach { terminal_id, server, token, ca_file } => {
+            let mut options = tether::attach::AttachOptions::new(server, token, terminal_id);
+            options.ca_file = ca_file;
             match tether::attach::run(options).await {
                 Ok(outcome) if outcome.exit_status() == 0 => {
                     eprintln!("{}", tether::attach::describe(&outcome));
                     Ok(())
                 }
                 Ok(outcome) => Err(Failure::runtime(tether::attach::describe(&outcome))),
+                Err(e @ tether::attach::AttachError::Tls(_)) => Err(Failure::config(e)),
                 Err(e) => Err(Failure::runtime(e)),
             }
         }
@@ -172,19 +184,21 @@ async fn serve(settings: Settings, role: Role, demo: bool) -> Result<(), Failure
             "--role director is not available in this build yet (placement arrives with the cells work)",
         ));
     }
+    let scheme = if settings.http.tls_cert_path.is_some() { "https" } else { "http" };
     let backend = match &settings.database.url {
         Some(_) => "PostgreSQL".to_string(),
         None => format!("embedded SQLite at {}", settings.database.sqlite_path.display()),
     };
     let bound = tether::server::bind(settings, role).await.map_err(|e| match e {
         tether::server::ServeError::Config(e) => Failure::config(e),
+        tether::server::ServeError::Tls(e) => Failure::config(e),
         other => Failure::runtime(other),
     })?;
     for addr in &bound.addrs {
-        println!("tether: listening on http://{addr} ({backend})");
+        println!("tether: listening on {scheme}://{addr} ({backend})");
     }
     if demo {
-        let base = bound.addrs.first().map(|a| format!("http://{a}")).unwrap_or_default();
+        let base = bound.addrs.first().map(|a| format!("{scheme}://{a}")).unwrap_or_default();
         let state = bound.state.clone();
         actix_web::rt::spawn(async move {
             match tether::demo::start(&state, &base).await {

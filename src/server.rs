@@ -19,6 +19,8 @@ pub enum ServeError {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("server failed: {0}")]
@@ -100,6 +102,10 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     let app_state = state.clone();
     let max_body = settings.http.max_body_bytes;
     let addr = settings.listen_addr();
+    let tls = match (&settings.http.tls_cert_path, &settings.http.tls_key_path) {
+        (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key)?),
+        _ => None,
+    };
     let server = HttpServer::new(move || {
         App::new()
             .app_data(app_state.clone())
@@ -114,9 +120,15 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
             let _ = tcp.set_nodelay(true);
         }
     })
+    // The on_connect hook above sees only plain TCP streams; TLS listeners
+    // get TCP_NODELAY through the server's own option.
+    .tcp_nodelay(true)
     .disable_signals()
-    .shutdown_timeout(ms(settings.shutdown.grace_ms).as_secs().max(1))
-    .bind(addr)
+    .shutdown_timeout(ms(settings.shutdown.grace_ms).as_secs().max(1));
+    let server = match tls {
+        Some(config) => server.bind_rustls_0_23(addr, config),
+        None => server.bind(addr),
+    }
     .map_err(|source| ServeError::Bind { addr, source })?;
     let addrs = server.addrs();
     Ok(Bound { addrs, state, server: server.run() })

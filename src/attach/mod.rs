@@ -35,9 +35,10 @@
 //! `run_with_io` is the same session over injected input, window sizes and
 //! output: tests use it without a TTY.
 //!
-//! Limitation: `awc` is built without a TLS feature in this crate, so an
-//! `https://` server URL maps to `wss://` but the connection fails with a
-//! clear "SSL is not supported" error until TLS is enabled.
+//! An `https://` server URL maps to `wss://`, trusting the system's roots
+//! plus [`AttachOptions::ca_file`] (docs/CONFIG.md, "TLS"). A certificate
+//! the client refuses ends the session at once with a message naming the
+//! problem: reattaching cannot fix it.
 
 mod fragments;
 mod local;
@@ -47,6 +48,7 @@ mod session;
 
 use std::fmt;
 use std::io::{self, Write};
+use std::path::PathBuf;
 
 use bytes::Bytes;
 use futures_util::Stream;
@@ -64,6 +66,8 @@ pub struct AttachOptions {
     pub terminal_id: String,
     /// The byte that detaches instead of being sent (default `Ctrl-]`).
     pub detach_key: u8,
+    /// PEM CA certificates trusted for `https://` besides the system's roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl AttachOptions {
@@ -74,6 +78,7 @@ impl AttachOptions {
             token: token.into(),
             terminal_id: terminal_id.into(),
             detach_key: DEFAULT_DETACH_KEY,
+            ca_file: None,
         }
     }
 }
@@ -86,6 +91,7 @@ impl fmt::Debug for AttachOptions {
             .field("token", &"<redacted>")
             .field("terminal_id", &self.terminal_id)
             .field("detach_key", &self.detach_key)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -134,6 +140,12 @@ pub enum AttachError {
     // let callers wrap this error in anyhow.
     #[error("cannot connect to {url}: {message}")]
     Connect { url: String, message: String },
+    /// The `--ca-file` cannot be used.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    /// The handshake failed on the server's certificate (the message says why).
+    #[error("cannot connect to {url}: {message}")]
+    Certificate { url: String, message: String },
     #[error("the server refused the viewer connection (HTTP {status})")]
     Rejected { status: u16 },
     #[error("WebSocket protocol error: {0}")]
@@ -155,7 +167,10 @@ impl AttachError {
     /// so a reattach stops at once instead of spending its budget.
     fn is_permanent(&self) -> bool {
         match self {
-            AttachError::InvalidServerUrl(_) | AttachError::InvalidTerminalId(_) => true,
+            AttachError::InvalidServerUrl(_)
+            | AttachError::InvalidTerminalId(_)
+            | AttachError::Tls(_)
+            | AttachError::Certificate { .. } => true,
             AttachError::Rejected { status } => (400..500).contains(status) && !matches!(status, 408 | 429),
             _ => false,
         }
@@ -195,7 +210,8 @@ where
     R: Stream<Item = (u16, u16)> + Unpin,
     W: Write,
 {
-    session::Session::new(opts, io).run().await
+    let client = crate::tls::http_client(opts.ca_file.as_deref(), session::CONNECT_TIMEOUT)?;
+    session::Session::new(opts, io, client).run().await
 }
 
 #[cfg(test)]
@@ -245,5 +261,7 @@ mod tests {
         assert!(!AttachError::Rejected { status: 502 }.is_permanent());
         let refused = AttachError::Connect { url: "ws://h".into(), message: "refused".into() };
         assert!(!refused.is_permanent());
+        let certificate = AttachError::Certificate { url: "wss://h".into(), message: "expired".into() };
+        assert!(certificate.is_permanent());
     }
 }

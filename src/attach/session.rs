@@ -39,7 +39,7 @@ const REATTACH_MAX_DELAY: Duration = Duration::from_secs(4);
 
 /// Handshake deadline: a server that accepts TCP but never answers must not
 /// hang the CLI.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long to wait for the server's Close reply after we close.
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
@@ -84,10 +84,10 @@ where
     R: Stream<Item = (u16, u16)> + Unpin,
     W: Write,
 {
-    pub(super) fn new(opts: AttachOptions, io: LocalIo<I, R, W>) -> Self {
+    pub(super) fn new(opts: AttachOptions, io: LocalIo<I, R, W>, client: awc::Client) -> Self {
         Self {
             opts,
-            client: awc::Client::builder().timeout(CONNECT_TIMEOUT).finish(),
+            client,
             io,
             input_open: true,
             resizes_open: true,
@@ -155,7 +155,14 @@ where
                 Err(WsClientError::InvalidResponseStatus(status)) => {
                     Err(AttachError::Rejected { status: status.as_u16() })
                 }
-                Err(e) => Err(AttachError::Connect { url, message: e.to_string() }),
+                Err(e) => {
+                    let message = crate::tls::explain(&e);
+                    if crate::tls::is_certificate_problem(&message) {
+                        Err(AttachError::Certificate { url, message })
+                    } else {
+                        Err(AttachError::Connect { url, message })
+                    }
+                }
             }
         }
     }

@@ -76,7 +76,7 @@ pub async fn dial(client: &awc::Client, server: &ServerUrl, token: &str) -> Resu
         .await
         .map_err(|err| match err {
             awc::error::WsClientError::InvalidResponseStatus(status) => DialError::Refused(status.as_u16()),
-            other => DialError::Failed(other.to_string()),
+            other => DialError::Failed(crate::tls::explain(&other)),
         })?;
     let selected = response.headers().get(awc::http::header::SEC_WEBSOCKET_PROTOCOL);
     if selected.is_none_or(|protocol| protocol.as_bytes() != SUBPROTOCOL.as_bytes()) {

@@ -48,6 +48,9 @@ pub struct DaemonOptions {
     /// Seeds the dir allowlist on the first start (empty = the user's home);
     /// afterwards the persisted list in the state dir is authoritative.
     pub allow_dirs: Vec<PathBuf>,
+    /// PEM CA certificates trusted for `https://` servers besides the
+    /// system's roots (`--ca-file`).
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Why the daemon stopped. Everything else is retried forever.
@@ -62,6 +65,9 @@ pub enum DaemonError {
     /// The state dir or a file in it is unusable, or an `--allow-dir` seed is.
     #[error(transparent)]
     State(#[from] StateError),
+    /// The `--ca-file` cannot be used.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// Runs the daemon: registers the host if needed, then keeps a connection
@@ -73,6 +79,7 @@ pub enum DaemonError {
 /// or `actix_rt::spawn` from inside one).
 pub async fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
     let server = server_url::ServerUrl::parse(&opts.server)?;
+    let client = crate::tls::http_client(opts.ca_file.as_deref(), supervisor::HTTP_TIMEOUT)?;
     let state = state::StateDir::open(opts.state_dir)?;
     let dirs = state.load_dirs(&opts.allow_dirs)?;
     tracing::info!(
@@ -82,6 +89,7 @@ pub async fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
         "tether_daemon_starting"
     );
     supervisor::Supervisor {
+        client,
         server,
         token: opts.token,
         description: registration::HostDescription::of_this_machine(opts.name),

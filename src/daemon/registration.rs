@@ -76,7 +76,7 @@ pub async fn register(
         .bearer_auth(token)
         .send_json(host)
         .await
-        .map_err(|err| RegisterError::Transport(err.to_string()))?;
+        .map_err(|err| RegisterError::Transport(crate::tls::explain(&err)))?;
     let status = response.status();
     if status == awc::http::StatusCode::UNAUTHORIZED {
         return Err(RegisterError::BadToken);

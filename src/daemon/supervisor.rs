@@ -27,10 +27,12 @@ mod close_code {
 /// starts backing off from one second again.
 const HEALTHY_CONNECTION: Duration = Duration::from_secs(10);
 /// Bounds registration and the WebSocket handshake.
-const HTTP_TIMEOUT: Duration = Duration::from_secs(15);
+pub(super) const HTTP_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Everything the loop carries from one attempt to the next.
 pub struct Supervisor {
+    /// Speaks `http://` and `https://` (docs/CONFIG.md, "TLS").
+    pub client: awc::Client,
     pub server: ServerUrl,
     pub token: String,
     pub description: HostDescription,
@@ -41,7 +43,7 @@ pub struct Supervisor {
 impl Supervisor {
     /// Runs until a fatal error.
     pub async fn run(mut self) -> Result<(), DaemonError> {
-        let client = awc::Client::builder().timeout(HTTP_TIMEOUT).finish();
+        let client = self.client.clone();
         let mut backoff = Backoff::new();
         // A 4403 earns one re-registration; a second one in a row is fatal.
         let mut reregistered = false;
