@@ -6,6 +6,7 @@
 mod support;
 
 use serde_json::{json, Value};
+use support::balancer::Balancer;
 use support::client::{create_token, Api};
 use support::daemon::DaemonProcess;
 use support::e2e::Viewer;
@@ -17,10 +18,13 @@ struct Cluster {
     c: Api,
     /// A's API.
     api: Api,
-    _servers: Vec<TetherServer>,
+    /// B and C.
+    servers: Vec<TetherServer>,
     _dir: tempfile::TempDir,
     daemon: DaemonProcess,
     host: String,
+    /// What the daemon dials: a TCP balancer, first pointing at A.
+    balancer: Balancer,
 }
 
 async fn cluster(standalone: bool, extra: &[(&str, &str)]) -> Cluster {
@@ -43,7 +47,8 @@ async fn cluster(standalone: bool, extra: &[(&str, &str)]) -> Cluster {
     let token = create_token(&a, "ann");
     let api = Api::new(a.url(), token.clone());
     let dir = tempfile::tempdir().expect("temp dir");
-    let daemon = DaemonProcess::start(&a, &token, &dir.path().join("state"));
+    let balancer = Balancer::start(a.listen_addr()).await;
+    let daemon = DaemonProcess::start_url(&balancer.url(), &token, &dir.path().join("state"));
     let body = api
         .wait_for("/api/v1/hosts", "host online", |b| {
             b["hosts"].as_array().is_some_and(|h| h.iter().any(|h| h["state"] == "online"))
@@ -55,10 +60,11 @@ async fn cluster(standalone: bool, extra: &[(&str, &str)]) -> Cluster {
         c: Api::new(c.url(), token),
         api,
         a,
-        _servers: vec![b, c],
+        servers: vec![b, c],
         _dir: dir,
         daemon,
         host,
+        balancer,
     }
 }
 
@@ -147,7 +153,104 @@ async fn offline_is_answered_at_once(standalone: bool) {
     );
 }
 
+/// A viewer on B of a terminal whose daemon is on A: replay then live,
+/// input and resize through B, `size` with `yours`, a resume through B, and
+/// a kill through C whose exit reaches B's viewer.
+async fn viewer_on_another_instance(standalone: bool) {
+    let cl = cluster(standalone, &[]).await;
+    let (status, body) =
+        cl.c.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh"], "dir": "/tmp"})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&cl.b, &id, "running").await;
+    let mut on_b = Viewer::attach_to(&cl.servers[0], &cl.api.token, &id, "").await;
+    on_b.sock.send_json(json!({"type": "resize", "cols": 97, "rows": 31})).await;
+    on_b.type_line("stty size; echo via-$((6*7))").await;
+    on_b.until("31 97").await;
+    on_b.until("via-42").await;
+    // The same stream through A, from where B's viewer went live.
+    let mut on_a = Viewer::attach_to(&cl.a, &cl.api.token, &id, &format!("?from={}", on_b.start)).await;
+    on_a.until("via-42").await;
+    // A resume through C from the same offset: the same bytes, no gap, no repeat.
+    let mut on_c = Viewer::attach_to(&cl.servers[1], &cl.api.token, &id, &format!("?from={}", on_b.start)).await;
+    on_c.until("via-42").await;
+    on_b.type_line("echo after-$((1+1))").await;
+    for v in [&mut on_a, &mut on_b, &mut on_c] {
+        v.until("after-2").await;
+    }
+    let reference = on_a.text();
+    let upto = |v: &Viewer| {
+        let t = v.text();
+        let end = t.rfind("after-2").expect("after-2") + "after-2".len();
+        t[..end].to_string()
+    };
+    assert_eq!(upto(&on_b), upto(&on_a), "B's live bytes equal A's from the same offset");
+    assert_eq!(upto(&on_c), upto(&on_a), "C's resumed bytes equal A's");
+    assert!(reference.contains("31 97"));
+    // Kill through C: the exit reaches the viewer on B.
+    let (status, _) = cl.c.post(&format!("/api/v1/terminals/{id}/kill"), json!({"signal": "KILL"})).await;
+    assert_eq!(status, 202);
+    let exit = on_b.until_exit().await;
+    assert_eq!(exit["type"], "exit", "{exit}");
+    assert_eq!(on_b.sock.expect_close().await, Some(1000));
+}
+
+/// The daemon moves from A to B (the balancer takes A out, or A is
+/// SIGKILLed): viewers that went through A are closed 4503, reattach and
+/// stream from B; the terminal never exits.
+async fn failover(standalone: bool, kill_owner: bool) {
+    let env =
+        [("TETHER_BUS__HEARTBEAT_MS", "300"), ("TETHER_LEASE__RENEW_MS", "1000"), ("TETHER_LEASE__TTL_MS", "3000")];
+    let mut cl = cluster(standalone, &env).await;
+    let (status, body) =
+        cl.c.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh"], "dir": "/tmp"})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&cl.b, &id, "running").await;
+    let mut on_c = Viewer::attach_to(&cl.servers[1], &cl.api.token, &id, "").await;
+    on_c.type_line("echo before-$((2+3))").await;
+    on_c.until("before-5").await;
+    let mut on_a = Viewer::attach_to(&cl.a, &cl.api.token, &id, "").await;
+
+    if kill_owner {
+        cl.a.kill();
+    }
+    cl.balancer.switch(cl.servers[0].listen_addr());
+    assert_eq!(on_c.sock.expect_close().await, Some(4503), "the viewer through A is told to reattach");
+    if !kill_owner {
+        assert_eq!(on_a.sock.expect_close().await, Some(4503), "the viewer on A is told to reattach");
+    }
+    // The daemon redialed through the balancer and landed on B.
+    cl.c.wait_for(&format!("/api/v1/hosts/{}", cl.host), "host online", |b| b["host"]["state"] == "online").await;
+    let mut again = Viewer::attach_to(&cl.servers[1], &cl.api.token, &id, "").await;
+    again.type_line("echo after-$((3+4))").await;
+    again.until("after-7").await;
+    if !kill_owner {
+        let mut on_a = Viewer::attach_to(&cl.a, &cl.api.token, &id, "").await;
+        on_a.type_line("echo on-a-again").await;
+        on_a.until("on-a-again\r\n").await;
+    }
+    let (_, body) = cl.b.get(&format!("/api/v1/terminals/{id}")).await;
+    assert_eq!(body["terminal"]["state"], "running", "the terminal never exited: {body}");
+    drop(cl.daemon);
+}
+
 mod standalone {
+    #[actix_rt::test]
+    async fn daemon_moves_to_another_instance() {
+        super::failover(true, false).await;
+    }
+
+    #[actix_rt::test]
+    async fn owner_killed() {
+        super::failover(true, true).await;
+    }
+
+    #[actix_rt::test]
+    async fn viewer_on_another_instance() {
+        super::viewer_on_another_instance(true).await;
+    }
+
     #[actix_rt::test]
     async fn requests_from_any_instance() {
         super::requests_from_any_instance(true).await;
@@ -160,6 +263,21 @@ mod standalone {
 }
 
 mod redis_cluster {
+    #[actix_rt::test]
+    async fn daemon_moves_to_another_instance() {
+        super::failover(false, false).await;
+    }
+
+    #[actix_rt::test]
+    async fn owner_killed() {
+        super::failover(false, true).await;
+    }
+
+    #[actix_rt::test]
+    async fn viewer_on_another_instance() {
+        super::viewer_on_another_instance(false).await;
+    }
+
     #[actix_rt::test]
     async fn requests_from_any_instance() {
         super::requests_from_any_instance(false).await;

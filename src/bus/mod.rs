@@ -116,6 +116,11 @@ impl Bus {
         format!("{}:host:{{{host_id}}}:in", self.prefix)
     }
 
+    /// Outbound channel of a terminal, read by the homes of its remote viewers.
+    pub fn terminal_channel(&self, terminal_id: uuid::Uuid) -> String {
+        format!("{}:term:{{{terminal_id}}}:out", self.prefix)
+    }
+
     /// Reply channel of an instance.
     pub fn reply_channel(&self, instance_id: &str) -> String {
         format!("{}:reply:{{{instance_id}}}", self.prefix)

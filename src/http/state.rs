@@ -115,8 +115,10 @@ impl AppState {
             cell_id: instance.cell_id.clone(),
             bus: bus.clone(),
             requests: Arc::new(PendingRequests::default()),
+            remotes: Arc::new(crate::relay::remote::Remotes::default()),
         };
         actix_rt::spawn(serve_bus(relay.clone(), inbox));
+        actix_rt::spawn(crate::relay::remote::heartbeat(relay.clone()));
         let bus_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
         actix_rt::spawn(subscribe_replies(relay.clone(), bus_ready.clone()));
         let runs = RunDispatcher::new(relay.clone()).start();

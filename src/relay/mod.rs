@@ -20,6 +20,7 @@ pub mod limiter;
 pub mod messages;
 pub mod outbox;
 pub mod registry;
+pub mod remote;
 pub mod requests;
 pub mod resume_ring;
 pub mod viewer;
@@ -64,4 +65,6 @@ pub struct RelayContext {
     pub bus: Arc<crate::bus::Bus>,
     /// Requests this instance sent to owners elsewhere, awaiting replies.
     pub requests: Arc<requests::PendingRequests>,
+    /// The viewer proxies of this instance (viewers across instances).
+    pub remotes: Arc<remote::Remotes>,
 }

@@ -61,6 +61,13 @@ pub enum HostOp {
     RefreshLimits,
     /// Ask the daemon, validate, store encrypted (an owner task).
     RefreshCredentials,
+    /// A viewer on this instance joins the terminal on the owner (never
+    /// run locally: a local viewer joins the arbiter directly).
+    ViewerJoin {
+        terminal_id: Uuid,
+        viewer: u64,
+        resume_from: Option<u64>,
+    },
 }
 
 impl HostOp {
@@ -69,7 +76,9 @@ impl HostOp {
     fn answer_timeout(&self) -> Option<Duration> {
         match self {
             HostOp::Input { .. } | HostOp::Resize { .. } | HostOp::Kill { .. } => None,
-            HostOp::Spawn(_) | HostOp::Dirs { .. } | HostOp::RefreshCredentials => Some(Duration::from_secs(11)),
+            HostOp::Spawn(_) | HostOp::Dirs { .. } | HostOp::RefreshCredentials | HostOp::ViewerJoin { .. } => {
+                Some(Duration::from_secs(11))
+            }
             HostOp::RefreshLimits => Some(Duration::from_secs(31)),
         }
     }
@@ -90,8 +99,8 @@ pub enum OpAnswer {
 /// Where a host's daemon is.
 pub enum Location {
     Local(Addr<DaemonConn>),
-    /// Connected to another instance (its lease is live there).
-    Remote,
+    /// Connected to this other instance (its lease is live there).
+    Remote(String),
     Offline,
 }
 
@@ -104,7 +113,11 @@ pub async fn locate(relay: &RelayContext, host_id: Uuid) -> Result<Location, Req
         return Ok(Location::Offline);
     }
     match relay.store.lease_holder(&host_lease_key(host_id)).await {
-        Ok(Some(_)) => Ok(Location::Remote),
+        Ok(Some(holder)) if super::remote::holder_instance(&holder) != relay.instance_id => {
+            Ok(Location::Remote(super::remote::holder_instance(&holder).to_string()))
+        }
+        // Held here by a connection that is not ready yet (or just left).
+        Ok(Some(_)) => Ok(Location::Offline),
         Ok(None) => Ok(Location::Offline),
         Err(e) => {
             tracing::error!(error = %e, %host_id, "tether_locate_failed");
@@ -117,7 +130,7 @@ pub async fn locate(relay: &RelayContext, host_id: Uuid) -> Result<Location, Req
 pub async fn deliver(relay: &RelayContext, host_id: Uuid, op: HostOp) -> Result<OpAnswer, RequestError> {
     let outcome = match locate(relay, host_id).await? {
         Location::Local(conn) => perform(relay, &conn, host_id, op).await,
-        Location::Remote => ask_owner(relay, host_id, op).await,
+        Location::Remote(_) => ask_owner(relay, host_id, op).await,
         Location::Offline => Err(RequestError::Offline),
     };
     let label = match &outcome {
@@ -193,6 +206,7 @@ async fn perform(
             })?;
             Ok(OpAnswer::CredentialsStored)
         }
+        HostOp::ViewerJoin { .. } => Err(RequestError::Internal),
     }
 }
 
@@ -266,6 +280,11 @@ fn to_wire(op: HostOp) -> host_request::Op {
         HostOp::Dirs { add, path } => host_request::Op::Dirs(bus::Dirs { add, path }),
         HostOp::RefreshLimits => host_request::Op::LimitsRefresh(bus::LimitsRefresh {}),
         HostOp::RefreshCredentials => host_request::Op::CredentialsRefresh(bus::CredentialsRefresh {}),
+        HostOp::ViewerJoin { terminal_id, viewer, resume_from } => host_request::Op::ViewerJoin(bus::ViewerJoin {
+            terminal_id: terminal_id.to_string(),
+            viewer_id: viewer,
+            resume_from,
+        }),
     }
 }
 
@@ -283,6 +302,11 @@ fn from_wire(op: host_request::Op) -> Option<HostOp> {
         host_request::Op::Dirs(d) => HostOp::Dirs { add: d.add, path: d.path },
         host_request::Op::LimitsRefresh(_) => HostOp::RefreshLimits,
         host_request::Op::CredentialsRefresh(_) => HostOp::RefreshCredentials,
+        host_request::Op::ViewerJoin(j) => {
+            HostOp::ViewerJoin { terminal_id: id(&j.terminal_id)?, viewer: j.viewer_id, resume_from: j.resume_from }
+        }
+        // Served before this: viewer events are not requests with answers.
+        host_request::Op::ViewerEvent(_) => return None,
     })
 }
 
@@ -322,7 +346,9 @@ fn answer_from_wire(op: &HostOp, answer: bus::Answer) -> Result<OpAnswer, Reques
             "encryption_not_configured" => RequestError::EncryptionNotConfigured,
             _ => RequestError::Internal,
         }),
-        (HostOp::Spawn(_), Some(answer::Result::Spawned(sent))) => Ok(OpAnswer::Spawned(sent)),
+        (HostOp::Spawn(_) | HostOp::ViewerJoin { .. }, Some(answer::Result::Spawned(sent))) => {
+            Ok(OpAnswer::Spawned(sent))
+        }
         (HostOp::Dirs { .. }, Some(answer::Result::Dirs(list))) => Ok(OpAnswer::Dirs(list.dirs)),
         (HostOp::RefreshLimits, Some(answer::Result::LimitsJson(json))) => {
             serde_json::from_str(&json).map(OpAnswer::Limits).map_err(|_| RequestError::Internal)
@@ -334,7 +360,7 @@ fn answer_from_wire(op: &HostOp, answer: bus::Answer) -> Result<OpAnswer, Reques
 
 /// Sends `op` to the host's owner on another instance and waits as the
 /// request lifecycle says.
-async fn ask_owner(relay: &RelayContext, host_id: Uuid, op: HostOp) -> Result<OpAnswer, RequestError> {
+pub(crate) async fn ask_owner(relay: &RelayContext, host_id: Uuid, op: HostOp) -> Result<OpAnswer, RequestError> {
     let request_id = Uuid::new_v4().to_string();
     let (acked, answered) = relay.requests.insert(&request_id);
     let _forget = Forget(&relay.requests, request_id.clone());
@@ -373,6 +399,15 @@ async fn send_reply(relay: &RelayContext, reply_to: &str, reply: bus::Reply) {
 /// An owner's handling of one request from the bus.
 async fn serve_request(relay: &RelayContext, request: bus::HostRequest) {
     let Some(host_id) = Uuid::parse_str(&request.host_id).ok() else { return };
+    // A viewer's messages are relayed in order, with no acknowledgement.
+    if let Some(host_request::Op::ViewerEvent(event)) = request.op {
+        relay.remotes.event(&request.reply_to, event);
+        return;
+    }
+    let join = match &request.op {
+        Some(host_request::Op::ViewerJoin(join)) => Some(join.clone()),
+        _ => None,
+    };
     let Some(op) = request.op.and_then(from_wire) else {
         tracing::warn!(%host_id, "tether_bus_bad_request");
         return;
@@ -391,6 +426,11 @@ async fn serve_request(relay: &RelayContext, request: bus::HostRequest) {
         send_reply(relay, &reply_to, answer(Err(RequestError::Offline))).await;
         return;
     };
+    if let Some(join) = join {
+        let joined = super::remote::accept_join(relay, &reply_to, host_id, &join);
+        send_reply(relay, &reply_to, answer(Ok(OpAnswer::Spawned(joined)))).await;
+        return;
+    }
     if op.answer_timeout().is_none() {
         // In arrival order: one host's input stays in order.
         let _ = perform(relay, &conn, host_id, op).await;
@@ -425,6 +465,20 @@ pub async fn serve_bus(relay: RelayContext, mut inbox: mpsc::Receiver<Inbound>) 
         match envelope.body {
             Some(envelope::Body::Request(request)) => serve_request(&relay, request).await,
             Some(envelope::Body::Reply(reply)) => relay.requests.resolve(reply),
+            Some(envelope::Body::ViewerFrame(frame)) => {
+                if frame.home == relay.instance_id {
+                    relay.remotes.frame(frame, &envelope.sender);
+                }
+            }
+            Some(envelope::Body::ViewerReport(report)) => {
+                let unknown = relay.remotes.report(&report);
+                if !unknown.is_empty() {
+                    let relay = relay.clone();
+                    actix_rt::spawn(async move {
+                        super::remote::unknown_viewers(&relay, &report.home, unknown).await;
+                    });
+                }
+            }
             Some(envelope::Body::HostTaken(taken)) => {
                 if let Ok(host_id) = Uuid::parse_str(&taken.host_id) {
                     relay.registry.do_send(RecheckLease(host_id));

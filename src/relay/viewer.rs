@@ -15,11 +15,13 @@ use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::arbiter::{next_viewer_id, TerminalArbiter};
+use super::arbiter::next_viewer_id;
 use super::ended::ended_messages;
 use super::limiter::AddressGuard;
 use super::outbox::{Frame, Outbox};
 use super::registry::OpenTerminal;
+use super::remote::HomeViewer;
+use super::requests::{locate, Location};
 use super::*;
 use crate::store::{Terminal, TerminalState};
 
@@ -68,6 +70,13 @@ fn yes() -> bool {
     true
 }
 
+/// What a viewer joined.
+enum Joined {
+    Here(Recipient<FromViewer>),
+    /// The host's owner is this other instance.
+    Remote(String),
+}
+
 pub struct Viewer {
     id: u64,
     relay: RelayContext,
@@ -75,7 +84,8 @@ pub struct Viewer {
     resume_from: Option<u64>,
     outbox: Outbox,
     stream: Option<AggregatedMessageStream>,
-    arbiter: Option<Addr<TerminalArbiter>>,
+    /// The terminal's arbiter here, or the home proxy of a remote one.
+    target: Option<Recipient<FromViewer>>,
     closed_by_arbiter: bool,
     _guard: AddressGuard,
 }
@@ -96,7 +106,7 @@ impl Viewer {
             resume_from,
             outbox,
             stream: Some(stream),
-            arbiter: None,
+            target: None,
             closed_by_arbiter: false,
             _guard: guard,
         }
@@ -139,22 +149,40 @@ impl Viewer {
             .wait(ctx);
     }
 
+    /// Joins the terminal's arbiter on this instance, or, when another
+    /// instance holds the host, a home proxy that joins there.
     fn join(&mut self, attempt: u32, ctx: &mut Context<Self>) {
-        let registry = self.relay.registry.clone();
+        let relay = self.relay.clone();
         let open = OpenTerminal { terminal_id: self.terminal.id, host_id: self.terminal.host_id };
         let out = ctx.address().recipient::<ViewerOut>();
         let join = Join { viewer: self.id, out, queued: self.outbox.queued_counter(), resume_from: self.resume_from };
         async move {
-            let arbiter = registry.send(open).await.ok()?;
+            if let Ok(Location::Remote(owner)) = locate(&relay, open.host_id).await {
+                return Some(Ok(Joined::Remote(owner)));
+            }
+            let arbiter = relay.registry.send(open).await.ok()?;
             match arbiter.send(join).await {
-                Ok(Ok(())) => Some(Ok(arbiter)),
+                Ok(Ok(())) => Some(Ok(Joined::Here(arbiter.recipient()))),
                 Ok(Err(Retired)) => Some(Err(())),
                 Err(_) => Some(Err(())),
             }
         }
         .into_actor(self)
         .map(move |joined, act, ctx| match joined {
-            Some(Ok(arbiter)) => act.arbiter = Some(arbiter),
+            Some(Ok(Joined::Here(arbiter))) => act.target = Some(arbiter),
+            Some(Ok(Joined::Remote(owner))) => {
+                let home = HomeViewer::new(
+                    act.relay.clone(),
+                    act.terminal.id,
+                    act.terminal.host_id,
+                    owner,
+                    act.id,
+                    act.resume_from,
+                    ctx.address().recipient(),
+                )
+                .start();
+                act.target = Some(home.recipient());
+            }
             Some(Err(())) if attempt < 20 => act.join(attempt + 1, ctx),
             _ => act.close(close::INTERNAL, "could not join the terminal", ctx),
         })
@@ -162,8 +190,8 @@ impl Viewer {
     }
 
     fn to_arbiter(&self, msg: FromViewer) {
-        if let Some(arbiter) = &self.arbiter {
-            arbiter.do_send(msg);
+        if let Some(target) = &self.target {
+            target.do_send(msg);
         }
     }
 

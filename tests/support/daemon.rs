@@ -20,12 +20,17 @@ impl DaemonProcess {
     /// `state_dir` (reuse the dir to restart the same host) and allowing
     /// terminals in /tmp.
     pub fn start(server: &TetherServer, token: &str, state_dir: &Path) -> DaemonProcess {
+        Self::start_url(&server.url(), token, state_dir)
+    }
+
+    /// Like `start`, dialing `url` (a balancer in front of servers, say).
+    pub fn start_url(url: &str, token: &str, state_dir: &Path) -> DaemonProcess {
         std::fs::create_dir_all(state_dir).expect("state dir");
         let log_path = state_dir.join(format!("daemon-{}.log", rand::random::<u32>()));
         let (out, err) = process::log_file(&log_path);
         let mut command = Command::new(TETHER);
         command
-            .args(["daemon", "--server", &server.url(), "--token", token, "--allow-dir", "/tmp", "--state-dir"])
+            .args(["daemon", "--server", url, "--token", token, "--allow-dir", "/tmp", "--state-dir"])
             .arg(state_dir)
             .env_remove("TETHER_TEST_DATABASE_URL")
             .env_remove("TETHER_TEST_REDIS_URL")

@@ -19,6 +19,7 @@
 // Each test binary uses a different part of the harness.
 #![allow(dead_code, unused_imports)]
 
+pub mod balancer;
 pub mod client;
 pub mod daemon;
 pub mod e2e;

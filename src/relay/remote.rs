@@ -1,0 +1,601 @@
+//! Viewers across instances (docs/CLUSTER.md, "Viewers across instances").
+//!
+//! A viewer socket on instance B for a terminal whose daemon is owned by A
+//! is served by two proxies:
+//! - [`HomeViewer`] on B, which its `Viewer` talks to instead of an
+//!   arbiter: it joins through the owner (`ViewerJoin`, attached only once
+//!   the owner answered), publishes the client's messages in order on the
+//!   host's channel and hands the frames the owner sends back to the
+//!   `Viewer`, taking them only from the owner it joined through.
+//! - [`RemoteViewer`] on A, a member of the terminal's arbiter like any
+//!   local viewer socket (it takes `ViewerOut`, with a counted outbound
+//!   queue): it publishes what the arbiter sends on the terminal's channel.
+//!
+//! Every `bus.heartbeat_ms` each instance checks, in one lease query, that
+//! the owners its home viewers joined through still hold their hosts
+//! (otherwise the viewer is closed 4503 and the client reattaches), and
+//! reports its home viewers to each owner in one message; an owner drops
+//! remote viewers that were not reported (their home died or forgot them)
+//! and tells the home to close viewers it does not know.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use super::arbiter::{next_viewer_id, TerminalArbiter};
+use super::outbox::Frame;
+use super::registry::OpenTerminal;
+use super::requests::{ask_owner, HostOp, OpAnswer};
+use super::*;
+use crate::proto::bus::{self, envelope, viewer_event, viewer_frame};
+use crate::store::host_lease_key;
+
+/// Client messages a home viewer holds until the owner heard its join.
+const EARLY_EVENTS: usize = 256;
+
+/// The instance id inside a lease holder `<instance id>#<connection>`.
+pub fn holder_instance(holder: &str) -> &str {
+    holder.rsplit_once('#').map_or(holder, |(instance, _)| instance)
+}
+
+/// The proxies of this instance, by id, for the bus dispatcher.
+#[derive(Default)]
+pub struct Remotes {
+    homes: Mutex<HashMap<u64, Addr<HomeViewer>>>,
+    remotes: Mutex<HashMap<(String, u64), RemoteEntry>>,
+    /// When each home instance last reported its viewers here.
+    reports: Mutex<HashMap<String, Instant>>,
+}
+
+struct RemoteEntry {
+    addr: Addr<RemoteViewer>,
+    since: Instant,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Remotes {
+    /// A frame from an owner for one of this instance's home viewers.
+    pub fn frame(&self, frame: bus::ViewerFrame, sender: &str) {
+        let home = lock(&self.homes).get(&frame.viewer_id).cloned();
+        if let Some(home) = home {
+            home.do_send(FromOwner { frame, sender: sender.to_string() });
+        }
+    }
+
+    /// A client message from a home viewer on `home`.
+    pub fn event(&self, home: &str, event: bus::ViewerEvent) {
+        let remote = lock(&self.remotes).get(&(home.to_string(), event.viewer_id)).map(|e| e.addr.clone());
+        if let Some(remote) = remote {
+            remote.do_send(FromHome(event));
+        }
+    }
+
+    /// A home's report: drop its remote viewers it no longer serves here;
+    /// returns the reported ones this instance does not know.
+    pub fn report(&self, report: &bus::ViewerReport) -> Vec<(Uuid, u64)> {
+        lock(&self.reports).insert(report.home.clone(), Instant::now());
+        let reported: HashSet<u64> = report.viewers.iter().map(|v| v.viewer_id).collect();
+        let remotes = lock(&self.remotes);
+        for ((home, id), entry) in remotes.iter() {
+            if *home == report.home && !reported.contains(id) {
+                entry.addr.do_send(LetGo("not reported by its home"));
+            }
+        }
+        report
+            .viewers
+            .iter()
+            .filter(|v| !remotes.contains_key(&(report.home.clone(), v.viewer_id)))
+            .filter_map(|v| Some((Uuid::parse_str(&v.terminal_id).ok()?, v.viewer_id)))
+            .collect()
+    }
+
+    /// Remote viewers whose home has not reported for `silence`.
+    fn silent(&self, silence: Duration) -> Vec<Addr<RemoteViewer>> {
+        let reports = lock(&self.reports);
+        lock(&self.remotes)
+            .iter()
+            .filter(|((home, _), entry)| {
+                let heard = reports.get(home).copied().map_or(entry.since, |at| at.max(entry.since));
+                heard.elapsed() > silence
+            })
+            .map(|(_, entry)| entry.addr.clone())
+            .collect()
+    }
+}
+
+// ------------------------------------------------------------------ home side
+
+/// A frame from the owner, for the home viewer.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct FromOwner {
+    frame: bus::ViewerFrame,
+    sender: String,
+}
+
+/// The owner moved or died: close the client 4503 so it reattaches.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct OwnerGone;
+
+pub struct HomeViewer {
+    id: u64,
+    relay: RelayContext,
+    terminal_id: Uuid,
+    host_id: Uuid,
+    /// The instance holding the host when the viewer joined.
+    owner: String,
+    resume_from: Option<u64>,
+    out: Recipient<ViewerOut>,
+    attached: bool,
+    early: VecDeque<FromViewer>,
+    events: mpsc::UnboundedSender<bus::ViewerEvent>,
+    closed: bool,
+}
+
+impl HomeViewer {
+    pub fn new(
+        relay: RelayContext,
+        terminal_id: Uuid,
+        host_id: Uuid,
+        owner: String,
+        viewer: u64,
+        resume_from: Option<u64>,
+        out: Recipient<ViewerOut>,
+    ) -> Self {
+        // One task publishes this viewer's messages, so they keep their order.
+        let (events, mut queue) = mpsc::unbounded_channel::<bus::ViewerEvent>();
+        let publisher = relay.clone();
+        actix_rt::spawn(async move {
+            let channel = publisher.bus.host_channel(host_id);
+            while let Some(event) = queue.recv().await {
+                let request = bus::HostRequest {
+                    request_id: String::new(),
+                    reply_to: publisher.instance_id.clone(),
+                    host_id: host_id.to_string(),
+                    op: Some(bus::host_request::Op::ViewerEvent(event)),
+                };
+                if let Err(e) = publisher.bus.publish(&channel, envelope::Body::Request(request)).await {
+                    tracing::warn!(error = %e, "tether_home_viewer_publish_failed");
+                }
+            }
+        });
+        Self {
+            id: viewer,
+            relay,
+            terminal_id,
+            host_id,
+            owner,
+            resume_from,
+            out,
+            attached: false,
+            early: VecDeque::new(),
+            events,
+            closed: false,
+        }
+    }
+
+    fn publish(&self, event: viewer_event::Event) {
+        let _ = self.events.send(bus::ViewerEvent {
+            terminal_id: self.terminal_id.to_string(),
+            viewer_id: self.id,
+            event: Some(event),
+        });
+    }
+
+    fn forward(&mut self, msg: FromViewer, ctx: &mut Context<Self>) {
+        let event = match msg {
+            FromViewer::View { view, .. } => viewer_event::Event::View(bus::GridView {
+                cols: u32::from(view.cols),
+                rows: u32::from(view.rows),
+                visible: view.visible,
+                idle_ms: view.idle_ms,
+                open: view.open,
+            }),
+            FromViewer::Resize { cols, rows, .. } => {
+                viewer_event::Event::Resize(bus::Grid { cols: u32::from(cols), rows: u32::from(rows) })
+            }
+            FromViewer::Input { data, .. } => viewer_event::Event::Input(data),
+            FromViewer::Pong { .. } => viewer_event::Event::Pong(true),
+            FromViewer::Leave { .. } => {
+                self.closed = true;
+                ctx.stop();
+                return;
+            }
+        };
+        self.publish(event);
+    }
+
+    fn close_client(&mut self, code: u16, reason: &str, ctx: &mut Context<Self>) {
+        self.closed = true;
+        self.out.do_send(ViewerOut::Close { code, reason: reason.to_string() });
+        ctx.stop();
+    }
+}
+
+impl Actor for HomeViewer {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        metrics::gauge!("tether_home_viewers").increment(1.0);
+        lock(&self.relay.remotes.homes).insert(self.id, ctx.address());
+        let relay = self.relay.clone();
+        let channel = relay.bus.terminal_channel(self.terminal_id);
+        let join = HostOp::ViewerJoin { terminal_id: self.terminal_id, viewer: self.id, resume_from: self.resume_from };
+        let host_id = self.host_id;
+        async move {
+            relay.bus.subscribe(&channel).await.map_err(|e| {
+                tracing::warn!(error = %e, "tether_home_viewer_subscribe_failed");
+                RequestError::Offline
+            })?;
+            ask_owner(&relay, host_id, join).await
+        }
+        .into_actor(self)
+        .map(|joined, act, ctx| match joined {
+            Ok(OpAnswer::Spawned(true)) => {
+                act.attached = true;
+                while let Some(msg) = act.early.pop_front() {
+                    act.forward(msg, ctx);
+                }
+            }
+            _ => act.close_client(close::HOST_GONE, "the host moved; reattach", ctx),
+        })
+        .wait(ctx);
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        metrics::gauge!("tether_home_viewers").decrement(1.0);
+        lock(&self.relay.remotes.homes).remove(&self.id);
+        if self.attached {
+            self.publish(viewer_event::Event::Leave(true));
+        }
+        let relay = self.relay.clone();
+        let channel = relay.bus.terminal_channel(self.terminal_id);
+        actix_rt::spawn(async move { relay.bus.unsubscribe(&channel).await });
+    }
+}
+
+impl Handler<FromViewer> for HomeViewer {
+    type Result = ();
+    fn handle(&mut self, msg: FromViewer, ctx: &mut Context<Self>) {
+        if self.attached {
+            self.forward(msg, ctx);
+        } else if self.early.len() < EARLY_EVENTS {
+            self.early.push_back(msg);
+        } else {
+            self.close_client(close::POLICY, "too many messages before the terminal was joined", ctx);
+        }
+    }
+}
+
+impl Handler<FromOwner> for HomeViewer {
+    type Result = ();
+    fn handle(&mut self, msg: FromOwner, ctx: &mut Context<Self>) {
+        // Only the owner this viewer joined through is heard.
+        if msg.sender != self.owner || self.closed {
+            return;
+        }
+        match msg.frame.frame {
+            Some(viewer_frame::Frame::Text(text)) => self.out.do_send(ViewerOut::Text(text)),
+            Some(viewer_frame::Frame::Binary(data)) => self.out.do_send(ViewerOut::Binary(data)),
+            Some(viewer_frame::Frame::Ping(_)) => self.out.do_send(ViewerOut::Ping),
+            Some(viewer_frame::Frame::Close(c)) => {
+                self.attached = false; // the owner already let it go
+                let code = u16::try_from(c.code).unwrap_or(close::INTERNAL);
+                self.close_client(code, &c.reason, ctx);
+            }
+            None => {}
+        }
+    }
+}
+
+impl Handler<OwnerGone> for HomeViewer {
+    type Result = ();
+    fn handle(&mut self, _: OwnerGone, ctx: &mut Context<Self>) {
+        tracing::info!(terminal_id = %self.terminal_id, "tether_home_viewer_owner_gone");
+        self.close_client(close::HOST_GONE, "the host moved; reattach", ctx);
+    }
+}
+
+/// What the heartbeat needs of a home viewer.
+#[derive(Message)]
+#[rtype(result = "Option<(Uuid, Uuid, String)>")]
+struct Describe;
+
+impl Handler<Describe> for HomeViewer {
+    type Result = Option<(Uuid, Uuid, String)>;
+    fn handle(&mut self, _: Describe, _: &mut Context<Self>) -> Self::Result {
+        self.attached.then(|| (self.terminal_id, self.host_id, self.owner.clone()))
+    }
+}
+
+// ------------------------------------------------------------------ owner side
+
+/// A client message relayed from the home.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct FromHome(bus::ViewerEvent);
+
+/// Let the remote viewer go without telling its home.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct LetGo(&'static str);
+
+pub struct RemoteViewer {
+    id: u64,
+    relay: RelayContext,
+    home: String,
+    home_viewer: u64,
+    terminal_id: Uuid,
+    host_id: Uuid,
+    resume_from: Option<u64>,
+    arbiter: Option<Addr<TerminalArbiter>>,
+    /// Bytes handed to this proxy and not yet published (the arbiter's
+    /// flow control reads it like a socket's queue).
+    queued: Arc<AtomicUsize>,
+    frames: mpsc::UnboundedSender<(viewer_frame::Frame, usize)>,
+    left: bool,
+}
+
+impl RemoteViewer {
+    fn new(relay: RelayContext, home: String, join: &bus::ViewerJoin, terminal_id: Uuid, host_id: Uuid) -> Self {
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (frames, mut queue) = mpsc::unbounded_channel::<(viewer_frame::Frame, usize)>();
+        let publisher = relay.clone();
+        let counter = queued.clone();
+        let (to, viewer_id) = (home.clone(), join.viewer_id);
+        actix_rt::spawn(async move {
+            let channel = publisher.bus.terminal_channel(terminal_id);
+            while let Some((frame, weight)) = queue.recv().await {
+                let frame = bus::ViewerFrame { home: to.clone(), viewer_id, frame: Some(frame) };
+                if let Err(e) = publisher.bus.publish(&channel, envelope::Body::ViewerFrame(frame)).await {
+                    tracing::warn!(error = %e, "tether_remote_viewer_publish_failed");
+                }
+                counter.fetch_sub(weight, Ordering::Relaxed);
+            }
+        });
+        Self {
+            id: next_viewer_id(),
+            relay,
+            home,
+            home_viewer: join.viewer_id,
+            terminal_id,
+            host_id,
+            resume_from: join.resume_from,
+            arbiter: None,
+            queued,
+            frames,
+            left: false,
+        }
+    }
+
+    fn push(&mut self, frame: viewer_frame::Frame, weight: usize, counted: bool, ctx: &mut Context<Self>) {
+        let now = if counted {
+            self.queued.load(Ordering::Relaxed)
+        } else {
+            self.queued.fetch_add(weight, Ordering::Relaxed) + weight
+        };
+        if now > self.relay.settings.viewer.queue_bytes {
+            self.queued.fetch_sub(weight, Ordering::Relaxed);
+            self.leave(close::POLICY, "too slow a reader", ctx);
+            return;
+        }
+        if self.frames.send((frame, weight)).is_err() {
+            self.queued.fetch_sub(weight, Ordering::Relaxed);
+        }
+    }
+
+    /// Tells the home to close its client, leaves the arbiter, stops.
+    fn leave(&mut self, code: u16, reason: &str, ctx: &mut Context<Self>) {
+        let close = viewer_frame::Frame::Close(bus::Close { code: u32::from(code), reason: reason.to_string() });
+        let _ = self.frames.send((close, 0));
+        ctx.stop();
+    }
+
+    fn join(&mut self, attempt: u32, ctx: &mut Context<Self>) {
+        let registry = self.relay.registry.clone();
+        let open = OpenTerminal { terminal_id: self.terminal_id, host_id: self.host_id };
+        let join = Join {
+            viewer: self.id,
+            out: ctx.address().recipient::<ViewerOut>(),
+            queued: self.queued.clone(),
+            resume_from: self.resume_from,
+        };
+        async move {
+            let arbiter = registry.send(open).await.ok()?;
+            match arbiter.send(join).await {
+                Ok(Ok(())) => Some(Ok(arbiter)),
+                _ => Some(Err(())),
+            }
+        }
+        .into_actor(self)
+        .map(move |joined, act, ctx| match joined {
+            Some(Ok(arbiter)) => act.arbiter = Some(arbiter),
+            Some(Err(())) if attempt < 20 => act.join(attempt + 1, ctx),
+            _ => act.leave(close::INTERNAL, "could not join the terminal", ctx),
+        })
+        .wait(ctx);
+    }
+}
+
+impl Actor for RemoteViewer {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        metrics::gauge!("tether_remote_viewers").increment(1.0);
+        let entry = RemoteEntry { addr: ctx.address(), since: Instant::now() };
+        let old = lock(&self.relay.remotes.remotes).insert((self.home.clone(), self.home_viewer), entry);
+        if let Some(old) = old {
+            old.addr.do_send(LetGo("joined again"));
+        }
+        self.join(0, ctx);
+    }
+
+    fn stopped(&mut self, ctx: &mut Self::Context) {
+        metrics::gauge!("tether_remote_viewers").decrement(1.0);
+        let mut remotes = lock(&self.relay.remotes.remotes);
+        let key = (self.home.clone(), self.home_viewer);
+        if remotes.get(&key).is_some_and(|e| e.addr == ctx.address()) {
+            remotes.remove(&key);
+        }
+        if !self.left {
+            if let Some(arbiter) = &self.arbiter {
+                arbiter.do_send(FromViewer::Leave { viewer: self.id });
+            }
+        }
+    }
+}
+
+impl Handler<ViewerOut> for RemoteViewer {
+    type Result = ();
+    fn handle(&mut self, msg: ViewerOut, ctx: &mut Context<Self>) {
+        match msg {
+            ViewerOut::Text(text) => {
+                let weight = Frame::Text(String::new()).weight() + text.len();
+                self.push(viewer_frame::Frame::Text(text), weight, false, ctx);
+            }
+            ViewerOut::Binary(data) => {
+                let weight = Frame::Binary(data.clone()).weight();
+                self.push(viewer_frame::Frame::Binary(data), weight, false, ctx);
+            }
+            // Counted by the arbiter when it sent it, like a socket's output.
+            ViewerOut::Output(data) => {
+                let weight = Frame::Binary(data.clone()).weight();
+                self.push(viewer_frame::Frame::Binary(data), weight, true, ctx);
+            }
+            ViewerOut::Ping => self.push(viewer_frame::Frame::Ping(true), 16, false, ctx),
+            ViewerOut::Close { code, reason } | ViewerOut::Evict { code, reason } => {
+                self.left = true; // the arbiter already removed it
+                self.leave(code, &reason, ctx);
+            }
+        }
+    }
+}
+
+impl Handler<FromHome> for RemoteViewer {
+    type Result = ();
+    fn handle(&mut self, msg: FromHome, ctx: &mut Context<Self>) {
+        let viewer = self.id;
+        let to_arbiter = match msg.0.event {
+            Some(viewer_event::Event::View(v)) => {
+                let grid = |n: u32| u16::try_from(n.clamp(1, 1000)).unwrap_or(1000);
+                let view = ViewReport {
+                    cols: grid(v.cols),
+                    rows: grid(v.rows),
+                    visible: v.visible,
+                    idle_ms: v.idle_ms,
+                    open: v.open,
+                };
+                FromViewer::View { viewer, view }
+            }
+            Some(viewer_event::Event::Resize(g)) => {
+                let grid = |n: u32| u16::try_from(n.clamp(1, 1000)).unwrap_or(1000);
+                FromViewer::Resize { viewer, cols: grid(g.cols), rows: grid(g.rows) }
+            }
+            Some(viewer_event::Event::Input(data)) => FromViewer::Input { viewer, data },
+            Some(viewer_event::Event::Pong(_)) => FromViewer::Pong { viewer },
+            Some(viewer_event::Event::Leave(_)) | None => {
+                ctx.stop();
+                return;
+            }
+        };
+        if let Some(arbiter) = &self.arbiter {
+            arbiter.do_send(to_arbiter);
+        }
+    }
+}
+
+impl Handler<LetGo> for RemoteViewer {
+    type Result = ();
+    fn handle(&mut self, msg: LetGo, ctx: &mut Context<Self>) {
+        tracing::info!(terminal_id = %self.terminal_id, reason = msg.0, "tether_remote_viewer_dropped");
+        ctx.stop();
+    }
+}
+
+/// The owner's side of a `ViewerJoin`: true once a RemoteViewer exists.
+pub fn accept_join(relay: &RelayContext, home: &str, host_id: Uuid, join: &bus::ViewerJoin) -> bool {
+    let Ok(terminal_id) = Uuid::parse_str(&join.terminal_id) else { return false };
+    RemoteViewer::new(relay.clone(), home.to_string(), join, terminal_id, host_id).start();
+    true
+}
+
+// ------------------------------------------------------------------ heartbeat
+
+/// Every `bus.heartbeat_ms`: close home viewers whose owner no longer holds
+/// the host, report the rest to their owners, and drop remote viewers whose
+/// home went silent. Never overlaps itself (one loop).
+pub async fn heartbeat(relay: RelayContext) {
+    if !relay.bus.is_shared() {
+        return;
+    }
+    let every = Duration::from_millis(relay.settings.bus.heartbeat_ms);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        check_homes(&relay).await;
+        for remote in relay.remotes.silent(every * 3) {
+            remote.do_send(LetGo("its home stopped reporting"));
+        }
+    }
+}
+
+async fn check_homes(relay: &RelayContext) {
+    let homes: Vec<(u64, Addr<HomeViewer>)> = lock(&relay.remotes.homes).iter().map(|(i, a)| (*i, a.clone())).collect();
+    let mut described = Vec::new();
+    for (id, home) in homes {
+        if let Ok(Some((terminal_id, host_id, owner))) = home.send(Describe).await {
+            described.push((id, home, terminal_id, host_id, owner));
+        }
+    }
+    if described.is_empty() {
+        return;
+    }
+    let keys: Vec<String> = described.iter().map(|d| host_lease_key(d.3)).collect::<HashSet<_>>().into_iter().collect();
+    let holders: HashMap<String, String> = match relay.store.lease_holders(&keys).await {
+        Ok(live) => live.into_iter().collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "tether_heartbeat_lease_read_failed");
+            return;
+        }
+    };
+    let mut reports: HashMap<String, Vec<bus::ReportedViewer>> = HashMap::new();
+    for (id, home, terminal_id, host_id, owner) in described {
+        let holder = holders.get(&host_lease_key(host_id)).map(|h| holder_instance(h).to_string());
+        if holder.as_deref() != Some(owner.as_str()) {
+            home.do_send(OwnerGone);
+            continue;
+        }
+        reports
+            .entry(owner)
+            .or_default()
+            .push(bus::ReportedViewer { terminal_id: terminal_id.to_string(), viewer_id: id });
+    }
+    for (owner, viewers) in reports {
+        let report = bus::ViewerReport { home: relay.instance_id.clone(), viewers };
+        let channel = relay.bus.reply_channel(&owner);
+        if let Err(e) = relay.bus.publish(&channel, envelope::Body::ViewerReport(report)).await {
+            tracing::warn!(error = %e, "tether_heartbeat_report_failed");
+        }
+    }
+}
+
+/// Tells a home to close viewers this owner does not know (they reattach).
+pub async fn unknown_viewers(relay: &RelayContext, home: &str, unknown: Vec<(Uuid, u64)>) {
+    for (terminal_id, viewer_id) in unknown {
+        let close = bus::Close { code: u32::from(close::HOST_GONE), reason: "reattach".into() };
+        let frame =
+            bus::ViewerFrame { home: home.to_string(), viewer_id, frame: Some(viewer_frame::Frame::Close(close)) };
+        let channel = relay.bus.terminal_channel(terminal_id);
+        let _ = relay.bus.publish(&channel, envelope::Body::ViewerFrame(frame)).await;
+    }
+}
