@@ -106,11 +106,14 @@ pub struct BusSettings {
     pub prefix: String,
     pub ack_ms: u64,
     pub heartbeat_ms: u64,
+    /// Received messages the instance's bus inbox holds before it loses
+    /// them (and reports the loss as a gap).
+    pub inbox_messages: usize,
 }
 
 impl Default for BusSettings {
     fn default() -> Self {
-        Self { prefix: "tether".into(), ack_ms: 5_000, heartbeat_ms: 10_000 }
+        Self { prefix: "tether".into(), ack_ms: 5_000, heartbeat_ms: 10_000, inbox_messages: 16 * 1024 }
     }
 }
 
@@ -412,6 +415,9 @@ impl Settings {
         }
         if self.viewer.fresh_ms > self.viewer.in_use_ms {
             return Err(invalid("viewer.fresh_ms", "must not exceed viewer.in_use_ms"));
+        }
+        if self.bus.inbox_messages == 0 {
+            return Err(invalid("bus.inbox_messages", "must be at least 1"));
         }
         if self.viewer.queue_bytes < 64 * 1024 {
             return Err(invalid("viewer.queue_bytes", "must be at least 65536"));

@@ -27,12 +27,18 @@ fn reply(n: u64) -> envelope::Body {
     envelope::Body::Reply(Reply { request_id: n.to_string(), outcome: Some(reply::Outcome::Ack(Ack {})) })
 }
 
-/// The next message of an inbox, or a panic naming what was expected.
+/// The next message or gap of an inbox (skipping the markers of this
+/// instance's own (un)subscriptions), or a panic naming what was expected.
 async fn next(inbox: &mut mpsc::Receiver<Inbound>, what: &str) -> Inbound {
-    tokio::time::timeout(Duration::from_secs(20), inbox.recv())
-        .await
-        .unwrap_or_else(|_| panic!("nothing received: {what}"))
-        .expect("bus inbox closed")
+    loop {
+        let item = tokio::time::timeout(Duration::from_secs(20), inbox.recv())
+            .await
+            .unwrap_or_else(|_| panic!("nothing received: {what}"))
+            .expect("bus inbox closed");
+        if !matches!(item, Inbound::Reset { .. }) {
+            return item;
+        }
+    }
 }
 
 async fn ordered_delivery(standalone: bool) {
@@ -61,7 +67,8 @@ async fn ordered_delivery(standalone: bool) {
                     }
                     expected += 1;
                 }
-                Inbound::Gap { lost } => panic!("a gap of {lost} at {expected}"),
+                Inbound::Gap { lost, .. } => panic!("a gap of {lost} at {expected}"),
+                Inbound::Reset { .. } => unreachable!("skipped by next()"),
             }
         }
     });
@@ -101,4 +108,35 @@ async fn subscriptions_are_counted() {
         assert!(tokio::time::Instant::now() < deadline, "the last unsubscribe did not end the subscription");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A full inbox loses messages and says so: the loss comes back as a gap
+/// naming the channel, once there is room again, and nothing else is lost.
+#[actix_rt::test]
+async fn a_full_inbox_reports_the_channel() {
+    let mut s = settings(true);
+    s.bus.inbox_messages = 3;
+    let (sender, _) = Bus::from_settings(&s, "a#000001").expect("bus a");
+    let (receiver, mut inbox) = Bus::from_settings(&s, "b#000002").expect("bus b");
+    let channel = receiver.terminal_channel(uuid::Uuid::new_v4());
+    receiver.subscribe(&channel).await.expect("subscribe");
+    const N: u64 = 20;
+    for n in 1..=N {
+        sender.publish(&channel, reply(n)).await.expect("publish");
+    }
+    // Nobody reads while the messages arrive.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (mut received, mut lost) = (0, 0);
+    while received + lost < N {
+        match next(&mut inbox, "messages or the gap").await {
+            Inbound::Message { .. } => received += 1,
+            Inbound::Gap { lost: n, channels } => {
+                assert_eq!(channels, Some(vec![channel.clone()]), "the gap names the channel");
+                lost += n;
+            }
+            Inbound::Reset { .. } => unreachable!("skipped by next()"),
+        }
+    }
+    assert!(lost > 0, "a three-message inbox held {received} of {N}");
+    assert_eq!(received + lost, N, "every message either arrived or was reported lost");
 }

@@ -10,7 +10,7 @@ use support::balancer::Balancer;
 use support::client::{create_token, Api};
 use support::daemon::DaemonProcess;
 use support::e2e::Viewer;
-use support::{pg_database, redis_cluster_nodes, redis_url, unique_prefix, TetherServer};
+use support::{pg_database, redis_cluster_nodes, redis_url, unique_prefix, OwnRedis, TetherServer};
 
 struct Cluster {
     a: TetherServer,
@@ -28,21 +28,27 @@ struct Cluster {
 }
 
 async fn cluster(standalone: bool, extra: &[(&str, &str)]) -> Cluster {
-    let database = pg_database().await;
-    let prefix = unique_prefix();
-    let (redis_key, redis_value) = if standalone {
+    let redis = if standalone {
         ("TETHER_REDIS__URL", redis_url())
     } else {
         ("TETHER_REDIS__CLUSTER_NODES", redis_cluster_nodes())
     };
+    cluster_on(redis, extra, &[]).await
+}
+
+/// Three instances on the Redis that `redis` (setting, value) names; B
+/// also gets `b_only`.
+async fn cluster_on(redis: (&str, String), extra: &[(&str, &str)], b_only: &[(&str, &str)]) -> Cluster {
+    let database = pg_database().await;
+    let prefix = unique_prefix();
     let mut env = vec![
         ("TETHER_DATABASE__URL", database.as_str()),
-        (redis_key, redis_value.as_str()),
+        (redis.0, redis.1.as_str()),
         ("TETHER_BUS__PREFIX", prefix.as_str()),
     ];
     env.extend_from_slice(extra);
     let a = TetherServer::start(&env, &[]).await;
-    let b = TetherServer::start(&env, &[]).await;
+    let b = TetherServer::start(&[env.as_slice(), b_only].concat(), &[]).await;
     let c = TetherServer::start(&env, &[]).await;
     let token = create_token(&a, "ann");
     let api = Api::new(a.url(), token.clone());
@@ -197,10 +203,12 @@ async fn viewer_on_another_instance(standalone: bool) {
 
 /// The daemon moves from A to B (the balancer takes A out, or A is
 /// SIGKILLed): viewers that went through A are closed 4503, reattach and
-/// stream from B; the terminal never exits.
+/// stream from B; the terminal never exits. The heartbeat is set far beyond
+/// the test's waits: the viewer on C learns of the move from B's takeover
+/// announcement, not from its next heartbeat.
 async fn failover(standalone: bool, kill_owner: bool) {
     let env =
-        [("TETHER_BUS__HEARTBEAT_MS", "300"), ("TETHER_LEASE__RENEW_MS", "1000"), ("TETHER_LEASE__TTL_MS", "3000")];
+        [("TETHER_BUS__HEARTBEAT_MS", "600000"), ("TETHER_LEASE__RENEW_MS", "1000"), ("TETHER_LEASE__TTL_MS", "3000")];
     let mut cl = cluster(standalone, &env).await;
     let (status, body) =
         cl.c.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh"], "dir": "/tmp"})).await;
@@ -222,17 +230,134 @@ async fn failover(standalone: bool, kill_owner: bool) {
     }
     // The daemon redialed through the balancer and landed on B.
     cl.c.wait_for(&format!("/api/v1/hosts/{}", cl.host), "host online", |b| b["host"]["state"] == "online").await;
-    let mut again = Viewer::attach_to(&cl.servers[1], &cl.api.token, &id, "").await;
+    let mut again = reattach(&cl.servers[1], &cl.api.token, &id, "").await;
     again.type_line("echo after-$((3+4))").await;
     again.until("after-7").await;
     if !kill_owner {
-        let mut on_a = Viewer::attach_to(&cl.a, &cl.api.token, &id, "").await;
+        let mut on_a = reattach(&cl.a, &cl.api.token, &id, "").await;
         on_a.type_line("echo on-a-again").await;
         on_a.until("on-a-again\r\n").await;
     }
     let (_, body) = cl.b.get(&format!("/api/v1/terminals/{id}")).await;
     assert_eq!(body["terminal"]["state"], "running", "the terminal never exited: {body}");
     drop(cl.daemon);
+}
+
+/// Redis is SIGKILLed and started again while a viewer on B streams a
+/// terminal whose daemon is on A: no instance crashes, the bus comes back,
+/// and the viewer either keeps streaming or is closed 4503 and resumes with
+/// `?from=`, so that every line arrives exactly once.
+#[actix_rt::test]
+async fn redis_restarted() {
+    let mut redis = OwnRedis::start();
+    let mut cl = cluster_on(("TETHER_REDIS__URL", redis.url()), &[], &[]).await;
+    let id = ticking_terminal(&cl, "0.05").await;
+    let mut ticks = Ticks::follow(&cl.servers[0], &cl.api.token, &id).await;
+    redis.kill();
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    redis.start_again();
+    ticks.read_past(80).await;
+    for server in std::iter::once(&mut cl.a).chain(cl.servers.iter_mut()) {
+        assert!(server.try_exit_status().is_none(), "no instance crashed: {}", server.log());
+    }
+    for api in [&cl.api, &cl.b, &cl.c] {
+        api.wait_for("/readyz", "ready again", |b| b["ready"] == true).await;
+    }
+}
+
+/// B loses its Redis connections for a second while its viewer streams:
+/// what the owner published meanwhile never reaches B. The loss is detected
+/// (the sequence jumps once B is subscribed again), the viewer is closed
+/// 4503 (never shown a stream with a hole), and a reattach with `?from=`
+/// gets every line exactly once. (The lost-frames path of a full inbox is
+/// shown in tests/bus.rs.)
+#[actix_rt::test]
+async fn lost_frames_are_repaired() {
+    let redis = Balancer::start(redis_url().trim_start_matches("redis://")).await;
+    let b_redis = format!("redis://{}", redis.addr);
+    let cl = cluster_on(("TETHER_REDIS__URL", redis_url()), &[], &[("TETHER_REDIS__URL", &b_redis)]).await;
+    let id = ticking_terminal(&cl, "0.02").await;
+    let mut ticks = Ticks::follow(&cl.servers[0], &cl.api.token, &id).await;
+    redis.outage(std::time::Duration::from_secs(1)).await;
+    ticks.read_past(150).await;
+    assert!(ticks.reattached > 0, "the viewer was told about the loss");
+    let gaps = support::e2e::metric(&cl.b, "tether_bus_gaps_total").await.unwrap_or(0.0);
+    assert!(gaps > 0.0, "B counted the loss");
+}
+
+/// A running terminal on A that prints `tick-N` every `period` seconds.
+async fn ticking_terminal(cl: &Cluster, period: &str) -> String {
+    let ticks = format!("i=0; while :; do i=$((i+1)); echo tick-$i; sleep {period}; done");
+    let (status, body) =
+        cl.api.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh", "-c", ticks]})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&cl.api, &id, "running").await;
+    id
+}
+
+/// A viewer of a terminal printing `tick-N` lines, which reattaches from
+/// its last byte whenever it is closed 4503.
+struct Ticks<'a> {
+    server: &'a TetherServer,
+    token: String,
+    id: String,
+    viewer: Viewer,
+    /// Offset of the first byte of `stream`.
+    start: u64,
+    stream: Vec<u8>,
+    reattached: usize,
+}
+
+impl<'a> Ticks<'a> {
+    async fn follow(server: &'a TetherServer, token: &str, id: &str) -> Ticks<'a> {
+        let mut viewer = Viewer::attach_to(server, token, id, "").await;
+        viewer.until("tick-").await;
+        let (start, stream) = (viewer.start, std::mem::take(&mut viewer.live));
+        Ticks { server, token: token.to_string(), id: id.to_string(), viewer, start, stream, reattached: 0 }
+    }
+
+    /// Reads until `more` lines after the last one seen now have arrived,
+    /// then checks every line came exactly once.
+    async fn read_past(&mut self, more: u64) {
+        let last = tick_numbers(&String::from_utf8_lossy(&self.stream)).last().copied().expect("a tick");
+        while tick_numbers(&String::from_utf8_lossy(&self.stream)).last().is_none_or(|n| *n < last + more) {
+            match self.viewer.sock.next_within(support::client::WAIT).await {
+                Some(support::client::Event::Binary(b)) => self.stream.extend_from_slice(&b),
+                Some(support::client::Event::Close(Some(4503))) => {
+                    let from = self.start + self.stream.len() as u64;
+                    self.viewer = reattach(self.server, &self.token, &self.id, &format!("?from={from}")).await;
+                    assert_eq!(self.viewer.start, from, "resumed from the last byte, not repainted");
+                    self.reattached += 1;
+                }
+                Some(support::client::Event::Close(code)) => panic!("closed {code:?}"),
+                Some(_) => {}
+                None => panic!("the stream stalled; got {:?}", String::from_utf8_lossy(&self.stream)),
+            }
+        }
+        let numbers = tick_numbers(&String::from_utf8_lossy(&self.stream));
+        for pair in numbers.windows(2) {
+            assert_eq!(pair[1], pair[0] + 1, "every line exactly once ({} reattachments)", self.reattached);
+        }
+    }
+}
+
+/// The numbers of the complete `tick-N` lines in `text`.
+fn tick_numbers(text: &str) -> Vec<u64> {
+    text.split("tick-").skip(1).filter_map(|rest| rest.split_once("\r\n").and_then(|(n, _)| n.parse().ok())).collect()
+}
+
+/// Attaches with `query` (e.g. `?from=N`), retrying after a 4503 as a
+/// client does, while the host is between owners.
+async fn reattach(server: &TetherServer, token: &str, id: &str, query: &str) -> Viewer {
+    for _ in 0..40 {
+        match Viewer::try_attach_to(server, token, id, query).await {
+            Ok(viewer) => return viewer,
+            Err(Some(4503)) => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
+            Err(code) => panic!("closed {code:?} before live"),
+        }
+    }
+    panic!("still 4503 after 10 s");
 }
 
 mod standalone {

@@ -32,6 +32,8 @@ both_backends!(
 async fn shell_io_resize_second_viewer_resume_and_exit(postgres: bool) {
     let e = start(postgres, &[]).await;
     let id = terminal(&e, &["sh"]).await;
+    let (_, body) = e.api.get(&format!("/api/v1/terminals/{id}")).await;
+    assert_eq!(body["terminal"]["lastInteractedAt"], Value::Null, "nobody typed yet: {body}");
     let mut v1 = Viewer::attach(&e, &id, "").await;
     v1.sock.send_json(json!({"type": "resize", "cols": 101, "rows": 33})).await;
     v1.sock
@@ -40,6 +42,12 @@ async fn shell_io_resize_second_viewer_resume_and_exit(postgres: bool) {
     // The shell expands this, so seeing the result proves a real shell ran it.
     v1.type_line("echo hello-$((6*7))").await;
     v1.until("hello-42").await;
+    // Typing stamps the terminal.
+    e.api
+        .wait_for(&format!("/api/v1/terminals/{id}"), "interaction stamp", |b| {
+            b["terminal"]["lastInteractedAt"].is_string()
+        })
+        .await;
     // Wait for the PTY to have the holder's grid before asking it.
     e.api.wait_for(&format!("/api/v1/terminals/{id}"), "grid", |b| b["terminal"]["cols"] == 101).await;
     v1.type_line("stty size").await;

@@ -64,6 +64,7 @@ conformance!(
     credentials_round_trip,
     stale_hosts_go_offline,
     runs_of_long_gone_hosts_are_lost,
+    interaction_stamp_once_a_minute,
 );
 
 const TTL: Duration = Duration::from_secs(30);
@@ -270,6 +271,28 @@ async fn snapshots(store: &Arc<dyn Store>) {
     let newer = TerminalSnapshot { data: b"final".to_vec(), cols: 80, rows: 24 };
     store.put_snapshot(h.id, t.id, &newer).await.expect("replace");
     assert_eq!(store.get_snapshot(t.id).await.expect("get"), Some(newer));
+}
+
+/// The stamp is written at most once a minute whoever asks (injected
+/// time): a stamp written 59.7 s ago by another instance is kept and
+/// answered; 0.6 s later the write happens.
+async fn interaction_stamp_once_a_minute(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let h = host(store, &ann, "box").await;
+    let t = terminal(store, &h).await;
+    assert_eq!(t.last_interacted_at, None);
+    let base = chrono::DateTime::from_timestamp_millis(1_800_000_000_000).expect("time");
+    let ms = |n: i64| base + chrono::Duration::milliseconds(n);
+    assert_eq!(store.stamp_interaction(t.id, ms(0)).await.expect("stamp"), Some(ms(0)), "first write");
+    assert_eq!(store.stamp_interaction(t.id, ms(59_700)).await.expect("stamp"), Some(ms(0)), "no write at 59.7 s");
+    assert_eq!(
+        store.stamp_interaction(t.id, ms(60_300)).await.expect("stamp"),
+        Some(ms(60_300)),
+        "written 0.6 s later"
+    );
+    let stored = store.terminal_by_id(t.id).await.expect("read").expect("terminal");
+    assert_eq!(stored.last_interacted_at, Some(ms(60_300)));
+    assert_eq!(store.stamp_interaction(Uuid::new_v4(), ms(0)).await.expect("stamp"), None, "no such terminal");
 }
 
 async fn lease_claim_and_renew_check_the_holder(store: &Arc<dyn Store>) {

@@ -6,18 +6,16 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use tokio::sync::mpsc;
-
-use super::{deliver, Inbound};
+use super::{Inbound, Inbox};
 use crate::proto::bus::Envelope;
 
 pub struct LocalBus {
-    inbox: mpsc::Sender<Inbound>,
+    inbox: Inbox,
     channels: Mutex<HashSet<String>>,
 }
 
 impl LocalBus {
-    pub fn new(inbox: mpsc::Sender<Inbound>) -> Self {
+    pub fn new(inbox: Inbox) -> Self {
         Self { inbox, channels: Mutex::new(HashSet::new()) }
     }
 
@@ -29,7 +27,7 @@ impl LocalBus {
         if !self.channels().contains(channel) {
             return 0;
         }
-        deliver(&self.inbox, Inbound::Message { channel: channel.to_string(), envelope });
+        self.inbox.deliver(Inbound::Message { channel: channel.to_string(), envelope });
         1
     }
 

@@ -16,13 +16,14 @@
 //!
 //! Received messages go to one bounded inbox, read by the relay's bus
 //! dispatcher (`relay::requests`); a full inbox or a lagging subscriber is
-//! reported as a gap, never hidden.
+//! reported to it as a gap on the channels that lost messages (or on every
+//! channel, when fred cannot say which), never hidden.
 
 mod local;
 mod redis;
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use prost::Message as _;
@@ -33,9 +34,6 @@ use crate::proto::bus::{envelope, Envelope};
 
 pub use self::redis::RedisLink;
 
-/// Messages the inbox holds before the bus reports a gap.
-const INBOX: usize = 16 * 1024;
-
 /// Something the bus received.
 #[derive(Debug)]
 pub enum Inbound {
@@ -43,11 +41,88 @@ pub enum Inbound {
         channel: String,
         envelope: Envelope,
     },
-    /// Messages were lost before they reached the inbox (subscriber lag,
-    /// a full inbox, or an undecodable payload).
+    /// Messages were lost before they reached the inbox: on `channels`, or
+    /// on any channel when `channels` is `None` (subscriber lag, an
+    /// undecodable payload).
     Gap {
         lost: u64,
+        channels: Option<Vec<String>>,
     },
+    /// This instance (un)subscribed `channel`: sequence numbers seen on it
+    /// before say nothing about what comes next.
+    Reset {
+        channel: String,
+    },
+}
+
+/// The bounded inbox, as the backends fill it. A message that finds it
+/// full is lost; its channel is remembered and reported as a gap as soon
+/// as there is room again.
+#[derive(Clone)]
+pub(crate) struct Inbox {
+    tx: mpsc::Sender<Inbound>,
+    dropped: Arc<Mutex<Dropped>>,
+}
+
+/// What a full inbox lost and has not reported yet.
+#[derive(Default)]
+struct Dropped {
+    lost: u64,
+    /// Channels that lost messages.
+    channels: HashSet<String>,
+    /// Channels whose `Reset` was lost (reported as resets, not gaps).
+    resets: Vec<String>,
+    /// Lost messages whose channel nobody knows.
+    anywhere: bool,
+}
+
+impl Inbox {
+    fn new(capacity: usize) -> (Self, mpsc::Receiver<Inbound>) {
+        let (tx, rx) = mpsc::channel(capacity);
+        (Self { tx, dropped: Arc::default() }, rx)
+    }
+
+    /// Puts an item in the inbox; a full inbox loses it, and says so.
+    pub(crate) fn deliver(&self, item: Inbound) {
+        let Err(mpsc::error::TrySendError::Full(item)) = self.tx.try_send(item) else { return };
+        tracing::warn!("tether_bus_inbox_full");
+        let mut dropped = self.dropped.lock().unwrap_or_else(|e| e.into_inner());
+        let first = dropped.lost == 0 && dropped.resets.is_empty() && !dropped.anywhere;
+        match item {
+            Inbound::Message { channel, .. } => {
+                dropped.lost += 1;
+                dropped.channels.insert(channel);
+            }
+            Inbound::Gap { lost, channels } => {
+                dropped.lost += lost;
+                match channels {
+                    Some(channels) => dropped.channels.extend(channels),
+                    None => dropped.anywhere = true,
+                }
+            }
+            Inbound::Reset { channel } => dropped.resets.push(channel),
+        }
+        if first {
+            // One reporter at a time: it waits for room, then reports
+            // everything lost meanwhile.
+            let inbox = self.clone();
+            tokio::spawn(async move {
+                let Ok(permit) = inbox.tx.reserve().await else { return };
+                let dropped = std::mem::take(&mut *inbox.dropped.lock().unwrap_or_else(|e| e.into_inner()));
+                if dropped.lost > 0 || dropped.anywhere {
+                    let channels = (!dropped.anywhere).then(|| dropped.channels.into_iter().collect());
+                    permit.send(Inbound::Gap { lost: dropped.lost, channels });
+                } else {
+                    drop(permit);
+                }
+                for channel in dropped.resets {
+                    if inbox.tx.send(Inbound::Reset { channel }).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +146,7 @@ pub struct Bus {
     subscriptions: tokio::sync::Mutex<HashMap<String, usize>>,
     /// Next sequence number per channel this instance publishes on.
     seqs: Mutex<HashMap<String, u64>>,
+    inbox: Inbox,
 }
 
 impl Bus {
@@ -79,10 +155,10 @@ impl Bus {
         settings: &Settings,
         instance_id: &str,
     ) -> Result<(Self, mpsc::Receiver<Inbound>), ConfigError> {
-        let (tx, rx) = mpsc::channel(INBOX);
-        let backend = match redis::RedisBus::from_settings(settings, tx.clone())? {
+        let (inbox, rx) = Inbox::new(settings.bus.inbox_messages);
+        let backend = match redis::RedisBus::from_settings(settings, inbox.clone())? {
             Some(redis) => Backend::Redis(redis),
-            None => Backend::Local(local::LocalBus::new(tx)),
+            None => Backend::Local(local::LocalBus::new(inbox.clone())),
         };
         let bus = Self {
             backend,
@@ -90,6 +166,7 @@ impl Bus {
             prefix: settings.bus.prefix.clone(),
             subscriptions: tokio::sync::Mutex::new(HashMap::new()),
             seqs: Mutex::new(HashMap::new()),
+            inbox,
         };
         Ok((bus, rx))
     }
@@ -124,6 +201,22 @@ impl Bus {
     /// Reply channel of an instance.
     pub fn reply_channel(&self, instance_id: &str) -> String {
         format!("{}:reply:{{{instance_id}}}", self.prefix)
+    }
+
+    /// The terminal whose outbound channel `channel` is.
+    pub fn channel_terminal(&self, channel: &str) -> Option<uuid::Uuid> {
+        self.tagged(channel, ":term:")
+    }
+
+    /// The host whose inbound channel `channel` is.
+    pub fn channel_host(&self, channel: &str) -> Option<uuid::Uuid> {
+        self.tagged(channel, ":host:")
+    }
+
+    /// The id in braces of a `<prefix><kind>{<id>}...` channel.
+    fn tagged(&self, channel: &str, kind: &str) -> Option<uuid::Uuid> {
+        let rest = channel.strip_prefix(&self.prefix)?.strip_prefix(kind)?.strip_prefix('{')?;
+        uuid::Uuid::parse_str(rest.split_once('}')?.0).ok()
     }
 
     /// The kind of a channel, for metrics labels.
@@ -166,6 +259,8 @@ impl Bus {
             *count += 1;
             return Ok(());
         }
+        // Before the first message of the new subscription can arrive.
+        self.inbox.deliver(Inbound::Reset { channel: channel.to_string() });
         match &self.backend {
             Backend::Local(local) => local.subscribe(channel),
             Backend::Redis(redis) => redis.subscribe(channel).await?,
@@ -189,6 +284,7 @@ impl Bus {
             Backend::Local(local) => local.unsubscribe(channel),
             Backend::Redis(redis) => redis.unsubscribe(channel).await,
         }
+        self.inbox.deliver(Inbound::Reset { channel: channel.to_string() });
     }
 
     /// Subscribes every channel again (after a reconnect or a slot
@@ -207,15 +303,7 @@ fn decode(channel: String, payload: &[u8]) -> Inbound {
         Ok(envelope) => Inbound::Message { channel, envelope },
         Err(_) => {
             tracing::warn!(%channel, "tether_bus_bad_envelope");
-            Inbound::Gap { lost: 1 }
+            Inbound::Gap { lost: 1, channels: Some(vec![channel]) }
         }
-    }
-}
-
-/// Puts an item in the inbox; a full inbox loses it, and says so.
-fn deliver(inbox: &mpsc::Sender<Inbound>, item: Inbound) {
-    if let Err(mpsc::error::TrySendError::Full(_)) = inbox.try_send(item) {
-        metrics::counter!("tether_bus_gaps_total").increment(1);
-        tracing::warn!("tether_bus_inbox_full");
     }
 }

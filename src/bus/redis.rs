@@ -15,9 +15,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use fred::clients::SubscriberClient;
 use fred::prelude::*;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::broadcast;
 
-use super::{decode, deliver, BusError, Inbound};
+use super::{decode, BusError, Inbound, Inbox};
 use crate::config::{ConfigError, Settings};
 
 /// Messages fred may hold for the pump before it counts as lag.
@@ -55,7 +55,7 @@ fn redis_error(e: Error) -> BusError {
 impl RedisBus {
     /// Builds the clients the settings describe (or `None` without Redis)
     /// and starts connecting in the background, retrying with backoff.
-    pub fn from_settings(settings: &Settings, inbox: mpsc::Sender<Inbound>) -> Result<Option<Self>, ConfigError> {
+    pub fn from_settings(settings: &Settings, inbox: Inbox) -> Result<Option<Self>, ConfigError> {
         let (config, clustered) = if let Some(url) = &settings.redis.url {
             let config =
                 Config::from_url(url).map_err(|e| ConfigError::Invalid { key: "redis.url", message: e.to_string() })?;
@@ -153,21 +153,21 @@ impl RedisBus {
 }
 
 /// Moves messages from fred's broadcast channel to the inbox.
-async fn pump(mut messages: broadcast::Receiver<fred::types::Message>, inbox: mpsc::Sender<Inbound>) {
+async fn pump(mut messages: broadcast::Receiver<fred::types::Message>, inbox: Inbox) {
     loop {
         match messages.recv().await {
             Ok(message) => {
                 let channel = message.channel.to_string();
                 let item = match message.value.as_bytes() {
                     Some(payload) => decode(channel, payload),
-                    None => Inbound::Gap { lost: 1 },
+                    None => Inbound::Gap { lost: 1, channels: Some(vec![channel]) },
                 };
                 metrics::counter!("tether_bus_received_total").increment(1);
-                deliver(&inbox, item);
+                inbox.deliver(item);
             }
             Err(broadcast::error::RecvError::Lagged(lost)) => {
                 tracing::warn!(lost, "tether_bus_subscriber_lagged");
-                deliver(&inbox, Inbound::Gap { lost });
+                inbox.deliver(Inbound::Gap { lost: lost as u64, channels: None });
             }
             Err(broadcast::error::RecvError::Closed) => return,
         }

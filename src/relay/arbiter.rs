@@ -35,6 +35,7 @@ use super::grid::{Grid, GridAction, GridTimings};
 use super::outbox::Frame;
 use super::registry::{ArbiterIdle, HostRegistry, Retire};
 use super::resume_ring::{Appended, ResumeRing};
+use super::stamp::InteractionStamp;
 use super::*;
 use crate::proto::v1::server_frame;
 use crate::store::{RunState, Store, TerminalState};
@@ -132,9 +133,29 @@ pub struct TerminalArbiter {
     retiring: bool,
     flushing: bool,
     finish: Option<(RunState, Option<i32>)>,
+    stamp: InteractionStamp,
 }
 
 impl TerminalArbiter {
+    /// A viewer typed: stamp the terminal, at most once a minute.
+    fn stamp_interaction(&mut self, ctx: &mut Context<Self>) {
+        let now = chrono::Utc::now();
+        if !self.stamp.due(now) {
+            return;
+        }
+        let (store, id) = (self.store.clone(), self.terminal_id);
+        async move { store.stamp_interaction(id, now).await }
+            .into_actor(self)
+            .map(move |stored, act, _| {
+                let stored = stored.unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, terminal_id = %act.terminal_id, "tether_interaction_stamp_failed");
+                    None
+                });
+                act.stamp.stored(stored.unwrap_or(now));
+            })
+            .spawn(ctx);
+    }
+
     pub fn new(
         terminal_id: Uuid,
         config: ArbiterConfig,
@@ -160,6 +181,7 @@ impl TerminalArbiter {
             retiring: false,
             flushing: false,
             finish: None,
+            stamp: InteractionStamp::default(),
         }
     }
 
@@ -672,6 +694,7 @@ impl Handler<FromViewer> for TerminalArbiter {
             FromViewer::Pong { viewer } => self.grid.heard(viewer, now),
             FromViewer::Input { viewer, data } => {
                 self.grid.used(viewer, now);
+                self.stamp_interaction(ctx);
                 let Some(stream) = &self.stream else {
                     self.send_to(
                         viewer,

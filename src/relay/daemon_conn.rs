@@ -479,6 +479,20 @@ async fn take_host(
     Ok(Taken { capabilities, live, parked, captures })
 }
 
+/// Tells the homes of viewers that joined through a previous owner that
+/// this instance holds the host now (docs/CLUSTER.md, "Failover"): each
+/// closes its client 4503 at once instead of at its next heartbeat, and the
+/// client reattaches through this instance.
+async fn announce_takeover(relay: RelayContext, host_id: Uuid, terminals: Vec<Uuid>) {
+    for terminal_id in terminals {
+        let taken = crate::proto::bus::HostTaken { host_id: host_id.to_string() };
+        let channel = relay.bus.terminal_channel(terminal_id);
+        if let Err(e) = relay.bus.publish(&channel, crate::proto::bus::envelope::Body::HostTaken(taken)).await {
+            tracing::warn!(error = %e, %terminal_id, "tether_takeover_announce_failed");
+        }
+    }
+}
+
 impl Handler<Hello> for DaemonConn {
     type Result = AtomicResponse<Self, bool>;
 
@@ -574,6 +588,8 @@ impl Handler<Hello> for DaemonConn {
                 let conn_no = accepted.claim.conn_no;
                 let flow_control = accepted.capabilities.flow_control;
                 registry.do_send(Ready { host_id, conn_no, daemon_queue: queue.clone(), flow_control });
+                let terminals: Vec<Uuid> = accepted.live.iter().map(|t| t.id).collect();
+                actix_rt::spawn(announce_takeover(act.relay.clone(), host_id, terminals));
                 for (terminal_id, run_id, logged) in accepted.captures {
                     let registry = registry.clone();
                     actix_rt::spawn(async move {

@@ -23,6 +23,7 @@ pub mod registry;
 pub mod remote;
 pub mod requests;
 pub mod resume_ring;
+pub mod stamp;
 pub mod viewer;
 
 pub use messages::*;

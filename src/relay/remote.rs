@@ -46,14 +46,21 @@ pub fn holder_instance(holder: &str) -> &str {
 /// The proxies of this instance, by id, for the bus dispatcher.
 #[derive(Default)]
 pub struct Remotes {
-    homes: Mutex<HashMap<u64, Addr<HomeViewer>>>,
+    homes: Mutex<HashMap<u64, HomeEntry>>,
     remotes: Mutex<HashMap<(String, u64), RemoteEntry>>,
     /// When each home instance last reported its viewers here.
     reports: Mutex<HashMap<String, Instant>>,
 }
 
+struct HomeEntry {
+    addr: Addr<HomeViewer>,
+    host_id: Uuid,
+    terminal_id: Uuid,
+}
+
 struct RemoteEntry {
     addr: Addr<RemoteViewer>,
+    host_id: Uuid,
     since: Instant,
 }
 
@@ -64,9 +71,46 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Remotes {
     /// A frame from an owner for one of this instance's home viewers.
     pub fn frame(&self, frame: bus::ViewerFrame, sender: &str) {
-        let home = lock(&self.homes).get(&frame.viewer_id).cloned();
+        let home = lock(&self.homes).get(&frame.viewer_id).map(|h| h.addr.clone());
         if let Some(home) = home {
             home.do_send(FromOwner { frame, sender: sender.to_string() });
+        }
+    }
+
+    /// Instance `by` took `host_id`: the home viewers that joined through
+    /// another owner close their clients so they reattach through `by`.
+    pub fn taken(&self, host_id: Uuid, by: &str) {
+        for home in lock(&self.homes).values().filter(|h| h.host_id == host_id) {
+            home.addr.do_send(Taken(by.to_string()));
+        }
+    }
+
+    /// Output of `terminal_id` was lost on the way here: its home viewers
+    /// reattach (their clients resume with `?from=`).
+    pub fn repair_terminal(&self, terminal_id: Uuid) {
+        for home in lock(&self.homes).values().filter(|h| h.terminal_id == terminal_id) {
+            home.addr.do_send(Reattach("output was lost on the bus; reattach"));
+        }
+    }
+
+    /// Client messages for `host_id` from `home` (any home when unknown)
+    /// were lost on the way here: those remote viewers close their clients.
+    pub fn repair_host(&self, host_id: Uuid, home: Option<&str>) {
+        for ((from, _), entry) in lock(&self.remotes).iter() {
+            if entry.host_id == host_id && home.is_none_or(|h| h == from) {
+                entry.addr.do_send(Reattach("viewer messages were lost on the bus; reattach"));
+            }
+        }
+    }
+
+    /// Messages were lost and nobody can say on which channel: every proxy
+    /// on this instance closes its client.
+    pub fn repair_all(&self) {
+        for home in lock(&self.homes).values() {
+            home.addr.do_send(Reattach("messages were lost on the bus; reattach"));
+        }
+        for entry in lock(&self.remotes).values() {
+            entry.addr.do_send(Reattach("messages were lost on the bus; reattach"));
         }
     }
 
@@ -121,10 +165,16 @@ struct FromOwner {
     sender: String,
 }
 
-/// The owner moved or died: close the client 4503 so it reattaches.
+/// Close the client 4503 so it reattaches: the owner moved or died, or
+/// messages were lost.
 #[derive(Message)]
 #[rtype(result = "()")]
-struct OwnerGone;
+struct Reattach(&'static str);
+
+/// The named instance announced it took the host.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Taken(String);
 
 pub struct HomeViewer {
     id: u64,
@@ -226,7 +276,8 @@ impl Actor for HomeViewer {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         metrics::gauge!("tether_home_viewers").increment(1.0);
-        lock(&self.relay.remotes.homes).insert(self.id, ctx.address());
+        let entry = HomeEntry { addr: ctx.address(), host_id: self.host_id, terminal_id: self.terminal_id };
+        lock(&self.relay.remotes.homes).insert(self.id, entry);
         let relay = self.relay.clone();
         let channel = relay.bus.terminal_channel(self.terminal_id);
         let join = HostOp::ViewerJoin { terminal_id: self.terminal_id, viewer: self.id, resume_from: self.resume_from };
@@ -297,11 +348,21 @@ impl Handler<FromOwner> for HomeViewer {
     }
 }
 
-impl Handler<OwnerGone> for HomeViewer {
+impl Handler<Reattach> for HomeViewer {
     type Result = ();
-    fn handle(&mut self, _: OwnerGone, ctx: &mut Context<Self>) {
-        tracing::info!(terminal_id = %self.terminal_id, "tether_home_viewer_owner_gone");
-        self.close_client(close::HOST_GONE, "the host moved; reattach", ctx);
+    fn handle(&mut self, msg: Reattach, ctx: &mut Context<Self>) {
+        tracing::info!(terminal_id = %self.terminal_id, reason = msg.0, "tether_home_viewer_reattach");
+        self.close_client(close::HOST_GONE, msg.0, ctx);
+    }
+}
+
+impl Handler<Taken> for HomeViewer {
+    type Result = ();
+    fn handle(&mut self, msg: Taken, ctx: &mut Context<Self>) {
+        if msg.0 != self.owner {
+            tracing::info!(terminal_id = %self.terminal_id, by = %msg.0, "tether_home_viewer_host_taken");
+            self.close_client(close::HOST_GONE, "the host moved; reattach", ctx);
+        }
     }
 }
 
@@ -431,7 +492,7 @@ impl Actor for RemoteViewer {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         metrics::gauge!("tether_remote_viewers").increment(1.0);
-        let entry = RemoteEntry { addr: ctx.address(), since: Instant::now() };
+        let entry = RemoteEntry { addr: ctx.address(), host_id: self.host_id, since: Instant::now() };
         let old = lock(&self.relay.remotes.remotes).insert((self.home.clone(), self.home_viewer), entry);
         if let Some(old) = old {
             old.addr.do_send(LetGo("joined again"));
@@ -521,6 +582,14 @@ impl Handler<LetGo> for RemoteViewer {
     }
 }
 
+impl Handler<Reattach> for RemoteViewer {
+    type Result = ();
+    fn handle(&mut self, msg: Reattach, ctx: &mut Context<Self>) {
+        tracing::info!(terminal_id = %self.terminal_id, reason = msg.0, "tether_remote_viewer_reattach");
+        self.leave(close::HOST_GONE, msg.0, ctx);
+    }
+}
+
 /// The owner's side of a `ViewerJoin`: true once a RemoteViewer exists.
 pub fn accept_join(relay: &RelayContext, home: &str, host_id: Uuid, join: &bus::ViewerJoin) -> bool {
     let Ok(terminal_id) = Uuid::parse_str(&join.terminal_id) else { return false };
@@ -550,7 +619,8 @@ pub async fn heartbeat(relay: RelayContext) {
 }
 
 async fn check_homes(relay: &RelayContext) {
-    let homes: Vec<(u64, Addr<HomeViewer>)> = lock(&relay.remotes.homes).iter().map(|(i, a)| (*i, a.clone())).collect();
+    let homes: Vec<(u64, Addr<HomeViewer>)> =
+        lock(&relay.remotes.homes).iter().map(|(i, h)| (*i, h.addr.clone())).collect();
     let mut described = Vec::new();
     for (id, home) in homes {
         if let Ok(Some((terminal_id, host_id, owner))) = home.send(Describe).await {
@@ -572,7 +642,7 @@ async fn check_homes(relay: &RelayContext) {
     for (id, home, terminal_id, host_id, owner) in described {
         let holder = holders.get(&host_lease_key(host_id)).map(|h| holder_instance(h).to_string());
         if holder.as_deref() != Some(owner.as_str()) {
-            home.do_send(OwnerGone);
+            home.do_send(Reattach("the host moved; reattach"));
             continue;
         }
         reports

@@ -444,22 +444,45 @@ async fn serve_request(relay: &RelayContext, request: bus::HostRequest) {
     });
 }
 
+/// Answers messages lost on `channel` (from `sender`, when known): viewers
+/// whose stream or input may miss bytes are closed 4503 and reattach with
+/// `?from=`, which gets them the bytes again or a fresh replay. Lost
+/// requests and replies are not repaired here: their callers time out.
+fn repair(relay: &RelayContext, channel: &str, sender: Option<&str>) {
+    if let Some(terminal_id) = relay.bus.channel_terminal(channel) {
+        relay.remotes.repair_terminal(terminal_id);
+    } else if let Some(host_id) = relay.bus.channel_host(channel) {
+        relay.remotes.repair_host(host_id, sender);
+    }
+}
+
 /// Reads the instance's bus inbox until the bus stops.
 pub async fn serve_bus(relay: RelayContext, mut inbox: mpsc::Receiver<Inbound>) {
-    // Last sequence number seen per (sender, channel).
-    let mut seen: HashMap<(String, String), u64> = HashMap::new();
+    // Last sequence number seen per channel and sender.
+    let mut seen: HashMap<String, HashMap<String, u64>> = HashMap::new();
     while let Some(item) = inbox.recv().await {
         let (channel, envelope) = match item {
-            Inbound::Gap { lost } => {
+            Inbound::Gap { lost, channels } => {
+                tracing::warn!(lost, ?channels, "tether_bus_gap");
                 metrics::counter!("tether_bus_gaps_total").increment(lost);
+                match channels {
+                    Some(channels) => channels.iter().for_each(|c| repair(&relay, c, None)),
+                    None => relay.remotes.repair_all(),
+                }
+                continue;
+            }
+            Inbound::Reset { channel } => {
+                seen.remove(&channel);
                 continue;
             }
             Inbound::Message { channel, envelope } => (channel, envelope),
         };
-        let last = seen.entry((envelope.sender.clone(), channel.clone())).or_insert(0);
+        let last = seen.entry(channel.clone()).or_default().entry(envelope.sender.clone()).or_insert(0);
         if *last != 0 && envelope.seq > *last + 1 {
-            tracing::warn!(%channel, sender = %envelope.sender, missed = envelope.seq - *last - 1, "tether_bus_gap");
-            metrics::counter!("tether_bus_gaps_total").increment(envelope.seq - *last - 1);
+            let missed = envelope.seq - *last - 1;
+            tracing::warn!(%channel, sender = %envelope.sender, missed, "tether_bus_gap");
+            metrics::counter!("tether_bus_gaps_total").increment(missed);
+            repair(&relay, &channel, Some(&envelope.sender));
         }
         *last = (*last).max(envelope.seq);
         match envelope.body {
@@ -481,7 +504,13 @@ pub async fn serve_bus(relay: RelayContext, mut inbox: mpsc::Receiver<Inbound>) 
             }
             Some(envelope::Body::HostTaken(taken)) => {
                 if let Ok(host_id) = Uuid::parse_str(&taken.host_id) {
-                    relay.registry.do_send(RecheckLease(host_id));
+                    if channel == relay.bus.host_channel(host_id) {
+                        // To the previous owner: its connection may be stale.
+                        relay.registry.do_send(RecheckLease(host_id));
+                    } else {
+                        // On a terminal channel, to the homes of its viewers.
+                        relay.remotes.taken(host_id, &envelope.sender);
+                    }
                 }
             }
             None => {}

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::config::Settings;
@@ -125,6 +126,10 @@ pub trait Store: Send + Sync + 'static {
     async fn set_terminal_size(&self, host_id: Uuid, id: Uuid, cols: u16, rows: u16) -> StoreResult<()>;
 
     // ---- runs
+    /// Writes `now` as the terminal's interaction stamp if the stored one
+    /// is at least a minute older (or missing); answers the stored stamp
+    /// after the call, written or not (None: no such terminal or never).
+    async fn stamp_interaction(&self, id: Uuid, now: DateTime<Utc>) -> StoreResult<Option<DateTime<Utc>>>;
     async fn insert_run(&self, new: &NewRun) -> StoreResult<Run>;
     async fn get_run(&self, user_id: Uuid, id: Uuid) -> StoreResult<Option<Run>>;
     async fn list_runs(&self, user_id: Uuid, host_id: Option<Uuid>) -> StoreResult<Vec<Run>>;

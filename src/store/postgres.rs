@@ -34,7 +34,7 @@ fn secs(ttl: Duration) -> f64 {
 const HOST_COLS: &str =
     "id, user_id, name, hostname, platform, arch, state, capabilities, dirs, last_seen_at, created_at";
 const TERMINAL_COLS: &str = "id, user_id, host_id, title, dir, argv, state, pending_reason, exit_code, \
-     exit_signal, error, cols, rows, run_id, created_at, started_at, ended_at";
+     exit_signal, error, cols, rows, run_id, created_at, started_at, ended_at, last_interacted_at";
 const RUN_COLS: &str = "id, user_id, host_id, argv, dir, state, exit_code, cpu_ms, max_rss_kb, \
      output_bytes, wall_ms, terminal_id, created_at, finished_at";
 
@@ -83,6 +83,7 @@ fn terminal_row(row: &Row) -> StoreResult<Terminal> {
         created_at: row.get(14),
         started_at: row.get(15),
         ended_at: row.get(16),
+        last_interacted_at: row.get(17),
     })
 }
 
@@ -566,6 +567,23 @@ impl Store for PgStore {
         )
         .await?;
         Ok(())
+    }
+
+    async fn stamp_interaction(&self, id: Uuid, now: DateTime<Utc>) -> StoreResult<Option<DateTime<Utc>>> {
+        // One statement: write when the stored stamp is a minute old (or
+        // missing), and answer the stored stamp either way.
+        let row = self
+            .query_opt(
+                "WITH written AS (UPDATE terminals SET last_interacted_at = $2 WHERE id = $1 \
+                 AND (last_interacted_at IS NULL OR last_interacted_at <= $2::timestamptz - interval '60 seconds') \
+                 RETURNING last_interacted_at) \
+                 SELECT last_interacted_at FROM written \
+                 UNION ALL SELECT last_interacted_at FROM terminals \
+                 WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM written)",
+                &[&id, &now],
+            )
+            .await?;
+        Ok(row.and_then(|r| r.get(0)))
     }
 
     async fn insert_run(&self, new: &NewRun) -> StoreResult<Run> {

@@ -58,7 +58,7 @@ const USER_COLS: &str = "id, name, created_at";
 const HOST_COLS: &str =
     "id, user_id, name, hostname, platform, arch, state, capabilities, dirs, last_seen_at, created_at";
 const TERMINAL_COLS: &str = "id, user_id, host_id, title, dir, argv, state, pending_reason, exit_code, \
-     exit_signal, error, cols, rows, run_id, created_at, started_at, ended_at";
+     exit_signal, error, cols, rows, run_id, created_at, started_at, ended_at, last_interacted_at";
 const RUN_COLS: &str = "id, user_id, host_id, argv, dir, state, exit_code, cpu_ms, max_rss_kb, \
      output_bytes, wall_ms, terminal_id, created_at, finished_at";
 
@@ -128,6 +128,7 @@ fn terminal_raw(row: &Row<'_>) -> rusqlite::Result<TerminalRaw> {
             created_at: ts(row.get(14)?),
             started_at: opt_ts(row.get(15)?),
             ended_at: opt_ts(row.get(16)?),
+            last_interacted_at: opt_ts(row.get(17)?),
         },
         argv: row.get(5)?,
         state: row.get(6)?,
@@ -716,6 +717,22 @@ impl Store for SqliteStore {
                 params![id.to_string(), host_id.to_string(), cols, rows],
             )?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn stamp_interaction(&self, id: Uuid, now: DateTime<Utc>) -> StoreResult<Option<DateTime<Utc>>> {
+        let (id, now) = (id.to_string(), now.timestamp_millis());
+        self.call(move |c| {
+            c.execute(
+                "UPDATE terminals SET last_interacted_at = ?2 WHERE id = ?1 \
+                 AND (last_interacted_at IS NULL OR last_interacted_at <= ?2 - 60000)",
+                params![id, now],
+            )?;
+            let stored: Option<Option<i64>> = c
+                .query_row("SELECT last_interacted_at FROM terminals WHERE id = ?1", params![id], |r| r.get(0))
+                .optional()?;
+            Ok(opt_ts(stored.flatten()))
         })
         .await
     }

@@ -135,6 +135,9 @@ pub struct Terminal {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub ended_at: Option<DateTime<Utc>>,
+    /// When a viewer last typed into it, to the minute (docs/CLUSTER.md,
+    /// "Interaction stamp").
+    pub last_interacted_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Clone)]

@@ -1,7 +1,8 @@
 //! A plain TCP load balancer for failover tests: it forwards every
 //! connection to the current backend, and `switch` moves it to another one
 //! and cuts the connections it carries (as a balancer does when a backend
-//! is taken out), so clients redial and land on the new backend.
+//! is taken out), so clients redial and land on the new backend; `outage`
+//! takes the backend away for a while.
 
 use std::sync::{Arc, Mutex};
 
@@ -25,6 +26,9 @@ impl Balancer {
         actix_rt::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let to = target.lock().expect("backend").clone();
+                if to.is_empty() {
+                    continue; // down: the connection is dropped at once
+                }
                 let mut cut = cuts.subscribe();
                 actix_rt::spawn(async move {
                     let Ok(server) = TcpStream::connect(&to).await else { return };
@@ -48,5 +52,14 @@ impl Balancer {
     pub fn switch(&self, backend: &str) {
         *self.backend.lock().expect("backend") = backend.to_string();
         self.cut.send_modify(|n| *n += 1);
+    }
+
+    /// Cuts every connection and refuses new ones for `outage`, then
+    /// forwards to the same backend again.
+    pub async fn outage(&self, outage: std::time::Duration) {
+        let backend = std::mem::take(&mut *self.backend.lock().expect("backend"));
+        self.cut.send_modify(|n| *n += 1);
+        tokio::time::sleep(outage).await;
+        *self.backend.lock().expect("backend") = backend;
     }
 }

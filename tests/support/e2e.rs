@@ -71,6 +71,19 @@ impl Viewer {
 
     /// Attaches through `server` with `token`; `query` is e.g. `?from=0`.
     pub async fn attach_to(server: &TetherServer, token: &str, terminal: &str, query: &str) -> Viewer {
+        match Self::try_attach_to(server, token, terminal, query).await {
+            Ok(viewer) => viewer,
+            Err(code) => panic!("closed {code:?} before live"),
+        }
+    }
+
+    /// Like `attach_to`; a close before `live` answers its code.
+    pub async fn try_attach_to(
+        server: &TetherServer,
+        token: &str,
+        terminal: &str,
+        query: &str,
+    ) -> Result<Viewer, Option<u16>> {
         let url = format!("{}{query}", viewer_url(server, terminal));
         let mut sock = Socket::connect(&url, Some(token), &["tether.v1"]).await;
         let start = loop {
@@ -82,11 +95,11 @@ impl Viewer {
                         _ => {}
                     }
                 }
-                Event::Close(code) => panic!("closed {code:?} before live"),
+                Event::Close(code) => return Err(code),
                 _ => {}
             }
         };
-        Viewer { sock, start, live: Vec::new(), exit: None }
+        Ok(Viewer { sock, start, live: Vec::new(), exit: None })
     }
 
     pub fn text(&self) -> String {

@@ -72,6 +72,57 @@ fn start_standalone() -> Result<String, String> {
     Err(last_error)
 }
 
+/// A standalone Redis of one test's own, which the test may restart (on
+/// the same port, with nothing kept: pub/sub state is gone, as after a real
+/// restart).
+pub struct OwnRedis {
+    dir: std::path::PathBuf,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl OwnRedis {
+    pub fn start() -> OwnRedis {
+        let dir = process::scratch_dir("own-redis", None);
+        for _attempt in 0..3 {
+            let port = process::free_port();
+            match start_node(&dir, port, false) {
+                Ok(child) => return OwnRedis { dir, port, child: Some(child) },
+                Err(StartError::PortTaken(_)) => continue,
+                Err(StartError::Failed(message)) => panic!("{message}"),
+            }
+        }
+        panic!("no free port for a redis-server");
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILLs the server.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port.
+    pub fn start_again(&mut self) {
+        self.kill();
+        let child = start_node(&self.dir, self.port, false).unwrap_or_else(|e| match e {
+            StartError::PortTaken(m) | StartError::Failed(m) => panic!("restart redis: {m}"),
+        });
+        self.child = Some(child);
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// Starts one redis-server on `port` (a cluster node if `cluster`) and waits
 /// until it answers PING.
 fn start_node(dir: &Path, port: u16, cluster: bool) -> Result<Child, StartError> {
