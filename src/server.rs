@@ -83,13 +83,16 @@ async fn drain(state: &AppState) {
         match state.store.release_lease(&key, &holder).await {
             Ok(_) => {
                 if matches!(state.store.lease_holder(&key).await, Ok(None)) {
-                    let _ = state.store.set_host_state(host_id, HostState::Offline).await;
+                    crate::store::logged(state.store.set_host_state(host_id, HostState::Offline).await, "mark host offline");
                 }
             }
             Err(e) => tracing::warn!(error = %e, %host_id, "tether_drain_release_failed"),
         }
     }
-    let _ = state.store.release_lease(crate::jobs::sweep::SWEEP_LEASE, &state.instance.instance_id).await;
+    crate::store::logged(
+        state.store.release_lease(crate::jobs::sweep::SWEEP_LEASE, &state.instance.instance_id).await,
+        "release the sweep lease",
+    );
 }
 
 /// Opens the store and binds the listener.

@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use support::balancer::Balancer;
 use support::client::{create_token, Api};
 use support::daemon::DaemonProcess;
-use support::e2e::Viewer;
+use support::e2e::{metric, Viewer};
 use support::{pg_database, redis_cluster_nodes, redis_url, unique_prefix, OwnRedis, TetherServer};
 
 struct Cluster {
@@ -199,6 +199,48 @@ async fn viewer_on_another_instance(standalone: bool) {
     let exit = on_b.until_exit().await;
     assert_eq!(exit["type"], "exit", "{exit}");
     assert_eq!(on_b.sock.expect_close().await, Some(1000));
+}
+
+/// Flow control across instances: terminal X floods, its viewer on B stops
+/// reading. The owner A counts what B's client has not taken, so X pauses
+/// for it as for a local viewer: B's queue stays within its bound and the
+/// viewer is not cut (`viewer.slow_ms` is long), while terminal Y of the
+/// same daemon keeps echoing through B. Without the credit B's queue would
+/// pass `viewer.queue_bytes` within seconds and B would close it 1008.
+#[actix_rt::test]
+async fn a_slow_viewer_on_another_instance_holds_back_only_its_terminal() {
+    let cl = cluster(true, &[("TETHER_VIEWER__SLOW_MS", "600000")]).await;
+    let b = &cl.servers[0];
+    let flood = "read go; while :; do head -c 300000 /dev/urandom | base64; done";
+    let (status, body) = cl.c.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh", "-c", flood]})).await;
+    assert_eq!(status, 201, "{body}");
+    let x = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&cl.b, &x, "running").await;
+    let mut stalled = Viewer::attach_to(b, &cl.api.token, &x, "").await;
+    stalled.type_line("go").await;
+    // `stalled` never reads again; at ~3 MB/s, eight seconds of output
+    // is several times B's queue bound.
+    tokio::time::sleep(std::time::Duration::from_secs(8)).await;
+
+    let (status, body) = cl.b.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["cat"]})).await;
+    assert_eq!(status, 201, "{body}");
+    let y = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&cl.b, &y, "running").await;
+    let mut typist = Viewer::attach_to(b, &cl.api.token, &y, "").await;
+    for n in 0..10 {
+        typist.type_line(&format!("line-{n}-end")).await;
+        typist.until(&format!("line-{n}-end\r\nline-{n}-end")).await;
+    }
+
+    let high = metric(&cl.b, "tether_viewer_queue_high_water_bytes").await.expect("gauge");
+    assert!(high <= 4.0 * 1024.0 * 1024.0, "B's viewer queue passed its bound: {high}");
+    for _ in 0..3 {
+        match stalled.sock.next_within(support::client::WAIT).await {
+            Some(support::client::Event::Close(code)) => panic!("the stalled viewer was closed ({code:?})"),
+            None => panic!("the stalled viewer got nothing"),
+            Some(_) => {}
+        }
+    }
 }
 
 /// The daemon moves from A to B (the balancer takes A out, or A is

@@ -3,7 +3,8 @@
 //!
 //! - hosts whose last-seen is older than `sweep.stale_host_ms` or whose
 //!   lease lapsed become offline;
-//! - parked terminals of hosts connected to this instance are spawned;
+//! - parked terminals of hosts online on any instance are spawned, each
+//!   Spawn routed to the host's owner;
 //! - launches unacknowledged for `sweep.launch_timeout_ms` fail (and their
 //!   runs with them);
 //! - lease rows expired for more than a day are deleted;
@@ -14,13 +15,15 @@ use std::time::Duration;
 use actix::prelude::*;
 
 use crate::config::ms;
-use crate::relay::registry::{ConnectedHosts, TerminalLifecycle};
+use crate::relay::registry::TerminalLifecycle;
 use crate::relay::requests::{deliver, HostOp};
 use crate::relay::{LifecycleEvent, RelayContext};
 use crate::store::{RunState, StoreError};
 
 /// The lease that makes one instance the sweeper.
 pub const SWEEP_LEASE: &str = "poller:sweep";
+/// Parked terminals spawned per sweep at most; the rest wait for the next.
+const PARKED_PER_SWEEP: usize = 500;
 /// Expired lease rows are kept this long (for inspection) before deletion.
 const EXPIRED_LEASE_KEEP: Duration = Duration::from_secs(24 * 3600);
 
@@ -72,14 +75,10 @@ pub async fn sweep(relay: &RelayContext) -> Result<(), StoreError> {
     for host_id in &offline {
         tracing::info!(%host_id, "tether_host_marked_offline");
     }
-    for host_id in relay.registry.send(ConnectedHosts).await.unwrap_or_default() {
-        let parked = store.parked_terminals(host_id).await?;
-        if parked.is_empty() {
-            continue;
-        }
-        for terminal in parked {
-            let _ = deliver(relay, host_id, HostOp::Spawn(terminal.id)).await;
-        }
+    // Parked terminals of hosts online anywhere: the routing step sends
+    // each Spawn to the host's owner, here or over the bus.
+    for terminal in store.parked_on_online_hosts(PARKED_PER_SWEEP).await? {
+        let _ = deliver(relay, terminal.host_id, HostOp::Spawn(terminal.id)).await;
     }
     for terminal_id in store.fail_stuck_launches(ms(settings.sweep.launch_timeout_ms)).await? {
         tracing::info!(%terminal_id, "tether_launch_timed_out");

@@ -265,7 +265,7 @@ impl TerminalArbiter {
         let id = self.terminal_id;
         async move {
             let terminal = store.terminal_by_id(id).await;
-            let snapshot = store.get_snapshot(id).await.ok().flatten();
+            let snapshot = crate::store::logged(store.get_snapshot(id).await, "load snapshot").flatten();
             (terminal, snapshot)
         }
         .into_actor(self)

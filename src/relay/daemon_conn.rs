@@ -28,7 +28,7 @@ use super::outbox::{Frame, Outbox};
 use super::registry::{HostRegistry, OpenTerminal, Ready, Register, TerminalLifecycle, Unregister};
 use super::*;
 use crate::proto::v1::{daemon_frame, server_frame, DaemonFrame, ServerFrame};
-use crate::store::{host_lease_key, Capabilities, ExitStatus, HostState, RunState, RunUsage, TerminalState};
+use crate::store::{host_lease_key, Capabilities, ExitStatus, HostState, RunState, RunUsage, StoreError, TerminalState};
 
 /// Frames held before the hello is done (SPEC §4).
 const EARLY_FRAMES: usize = 256;
@@ -421,6 +421,18 @@ struct Claim {
 /// Why a hello was refused.
 struct Refused(u16, &'static str, Option<Claim>);
 
+/// A refusal made before any claim.
+fn refused((code, reason): (u16, &'static str)) -> Refused {
+    Refused(code, reason, None)
+}
+
+/// Logs a store failure with its cause; the daemon is told only
+/// "database error".
+fn database_error(e: StoreError) -> (u16, &'static str) {
+    tracing::error!(error = %e, "tether_store_error");
+    (close::INTERNAL, "database error")
+}
+
 /// What the rest of the hello established once the host was claimed.
 struct Taken {
     capabilities: Capabilities,
@@ -439,7 +451,7 @@ async fn take_host(
     hello: crate::proto::v1::Hello,
 ) -> Result<Taken, (u16, &'static str)> {
     let ttl = Duration::from_millis(relay.settings.lease.ttl_ms);
-    let db = |_| (close::INTERNAL, "database error");
+    let db = database_error;
     relay.store.seize_lease(&host_lease_key(host_id), holder, ttl).await.map_err(db)?;
     // The previous owner, if any, re-reads the lease and lets its connection go.
     let taken = crate::proto::bus::HostTaken { host_id: host_id.to_string() };
@@ -507,14 +519,14 @@ impl Handler<Hello> for DaemonConn {
         let fut = async move {
             let host_id = host_id.ok_or(Refused(close::FORBIDDEN, "unknown host", None))?;
             let host =
-                relay.store.host_by_id(host_id).await.map_err(|_| Refused(close::INTERNAL, "database error", None))?;
+                relay.store.host_by_id(host_id).await.map_err(|e| refused(database_error(e)))?;
             if host.is_none_or(|h| h.user_id != user_id) {
                 return Err(Refused(close::FORBIDDEN, "unknown or foreign host", None));
             }
             // Database admission (SPEC §8.3): a host placed on another cell
             // belongs there.
             let assignment =
-                relay.store.assignment(host_id).await.map_err(|_| Refused(close::INTERNAL, "database error", None))?;
+                relay.store.assignment(host_id).await.map_err(|e| refused(database_error(e)))?;
             if assignment.is_some_and(|(cell, _)| cell != relay.cell_id) {
                 return Err(Refused(close::WRONG_CELL, "the host is assigned to another cell", None));
             }
@@ -702,7 +714,7 @@ impl Handler<Inbound> for DaemonConn {
                         match store.mark_started(host_id, id).await {
                             Ok(_) => {
                                 if let Some(run_id) = run_id {
-                                    let _ = store.mark_run_running(run_id).await;
+                                    crate::store::logged(store.mark_run_running(run_id).await, "mark run running");
                                 }
                                 registry.do_send(TerminalLifecycle { terminal_id: id, event: LifecycleEvent::Started });
                             }
@@ -723,8 +735,8 @@ impl Handler<Inbound> for DaemonConn {
                             tracing::error!(error = %e, terminal_id = %id, "tether_spawn_error_write_failed");
                         }
                         if let Some(run_id) = run_id {
-                            let _ = store.append_run_log(run_id, message.as_bytes(), usize::MAX / 2).await;
-                            let _ = store.finish_run(run_id, RunState::Failed, None).await;
+                            crate::store::logged(store.append_run_log(run_id, message.as_bytes(), usize::MAX / 2).await, "log spawn error");
+                            crate::store::logged(store.finish_run(run_id, RunState::Failed, None).await, "fail run");
                         }
                         registry.do_send(TerminalLifecycle {
                             terminal_id: id,

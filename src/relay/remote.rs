@@ -37,6 +37,10 @@ use crate::store::host_lease_key;
 
 /// Client messages a home viewer holds until the owner heard its join.
 const EARLY_EVENTS: usize = 256;
+/// How often a home viewer at most reports flow credit to the owner.
+const CREDIT_REPORT: Duration = Duration::from_millis(5);
+/// What a ping frame weighs on both sides of the bus.
+const PING_WEIGHT: usize = 16;
 
 /// The instance id inside a lease holder `<instance id>#<connection>`.
 pub fn holder_instance(holder: &str) -> &str {
@@ -185,6 +189,13 @@ pub struct HomeViewer {
     owner: String,
     resume_from: Option<u64>,
     out: Recipient<ViewerOut>,
+    /// The client socket's queued byte count (its outbox).
+    client_queued: Arc<AtomicUsize>,
+    /// Total weight of the owner's frames handed to the client socket.
+    received: u64,
+    /// The last `delivered` total published to the owner.
+    reported: u64,
+    report_scheduled: bool,
     attached: bool,
     early: VecDeque<FromViewer>,
     events: mpsc::UnboundedSender<bus::ViewerEvent>,
@@ -200,6 +211,7 @@ impl HomeViewer {
         viewer: u64,
         resume_from: Option<u64>,
         out: Recipient<ViewerOut>,
+        client_queued: Arc<AtomicUsize>,
     ) -> Self {
         // One task publishes this viewer's messages, so they keep their order.
         let (events, mut queue) = mpsc::unbounded_channel::<bus::ViewerEvent>();
@@ -226,6 +238,10 @@ impl HomeViewer {
             owner,
             resume_from,
             out,
+            client_queued,
+            received: 0,
+            reported: 0,
+            report_scheduled: false,
             attached: false,
             early: VecDeque::new(),
             events,
@@ -262,6 +278,27 @@ impl HomeViewer {
             }
         };
         self.publish(event);
+    }
+
+    /// Publishes how much of the owner's output the client socket has
+    /// taken, at most once per `CREDIT_REPORT`, until all of it has.
+    fn schedule_report(&mut self, ctx: &mut Context<Self>) {
+        if self.report_scheduled || self.closed {
+            return;
+        }
+        self.report_scheduled = true;
+        ctx.run_later(CREDIT_REPORT, |act, ctx| {
+            act.report_scheduled = false;
+            let waiting = act.client_queued.load(Ordering::Relaxed) as u64;
+            let delivered = act.received.saturating_sub(waiting).max(act.reported);
+            if delivered > act.reported && act.attached {
+                act.reported = delivered;
+                act.publish(viewer_event::Event::Delivered(delivered));
+            }
+            if act.reported < act.received {
+                act.schedule_report(ctx);
+            }
+        });
     }
 
     fn close_client(&mut self, code: u16, reason: &str, ctx: &mut Context<Self>) {
@@ -334,10 +371,27 @@ impl Handler<FromOwner> for HomeViewer {
         if msg.sender != self.owner || self.closed {
             return;
         }
+        // Each frame's weight is counted as the owner counted it; binary
+        // frames are reserved on the client's queue before they are sent
+        // to the socket's actor, so they count while in its mailbox.
         match msg.frame.frame {
-            Some(viewer_frame::Frame::Text(text)) => self.out.do_send(ViewerOut::Text(text)),
-            Some(viewer_frame::Frame::Binary(data)) => self.out.do_send(ViewerOut::Binary(data)),
-            Some(viewer_frame::Frame::Ping(_)) => self.out.do_send(ViewerOut::Ping),
+            Some(viewer_frame::Frame::Text(text)) => {
+                self.received += Frame::Text(String::new()).weight() as u64 + text.len() as u64;
+                self.out.do_send(ViewerOut::Text(text));
+                self.schedule_report(ctx);
+            }
+            Some(viewer_frame::Frame::Binary(data)) => {
+                let weight = Frame::Binary(data.clone()).weight();
+                self.received += weight as u64;
+                self.client_queued.fetch_add(weight, Ordering::Relaxed);
+                self.out.do_send(ViewerOut::Output(data));
+                self.schedule_report(ctx);
+            }
+            Some(viewer_frame::Frame::Ping(_)) => {
+                self.received += PING_WEIGHT as u64;
+                self.out.do_send(ViewerOut::Ping);
+                self.schedule_report(ctx);
+            }
             Some(viewer_frame::Frame::Close(c)) => {
                 self.attached = false; // the owner already let it go
                 let code = u16::try_from(c.code).unwrap_or(close::INTERNAL);
@@ -399,9 +453,12 @@ pub struct RemoteViewer {
     host_id: Uuid,
     resume_from: Option<u64>,
     arbiter: Option<Addr<TerminalArbiter>>,
-    /// Bytes handed to this proxy and not yet published (the arbiter's
-    /// flow control reads it like a socket's queue).
+    /// Weight handed to this proxy and not yet reported delivered by the
+    /// home (the arbiter's flow control reads it like a socket's queue).
     queued: Arc<AtomicUsize>,
+    /// Total weight queued for publishing, and what the home reported.
+    pushed: u64,
+    acked: u64,
     frames: mpsc::UnboundedSender<(viewer_frame::Frame, usize)>,
     left: bool,
 }
@@ -417,10 +474,12 @@ impl RemoteViewer {
             let channel = publisher.bus.terminal_channel(terminal_id);
             while let Some((frame, weight)) = queue.recv().await {
                 let frame = bus::ViewerFrame { home: to.clone(), viewer_id, frame: Some(frame) };
+                // Published frames stay counted until the home reports them
+                // delivered; a frame that never left is released now.
                 if let Err(e) = publisher.bus.publish(&channel, envelope::Body::ViewerFrame(frame)).await {
                     tracing::warn!(error = %e, "tether_remote_viewer_publish_failed");
+                    counter.fetch_sub(weight, Ordering::Relaxed);
                 }
-                counter.fetch_sub(weight, Ordering::Relaxed);
             }
         });
         Self {
@@ -433,6 +492,8 @@ impl RemoteViewer {
             resume_from: join.resume_from,
             arbiter: None,
             queued,
+            pushed: 0,
+            acked: 0,
             frames,
             left: false,
         }
@@ -451,6 +512,20 @@ impl RemoteViewer {
         }
         if self.frames.send((frame, weight)).is_err() {
             self.queued.fetch_sub(weight, Ordering::Relaxed);
+        } else {
+            self.pushed += weight as u64;
+        }
+    }
+
+    /// The home's client took frames up to `delivered` in total: release
+    /// them (never more than was pushed) so the terminal's stream flows.
+    fn credit(&mut self, delivered: u64) {
+        let delivered = delivered.min(self.pushed);
+        if delivered > self.acked {
+            let released = usize::try_from(delivered - self.acked).unwrap_or(usize::MAX);
+            self.acked = delivered;
+            // A paused arbiter sees the smaller queue at its next lag check.
+            let _ = self.queued.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| Some(q.saturating_sub(released)));
         }
     }
 
@@ -532,7 +607,7 @@ impl Handler<ViewerOut> for RemoteViewer {
                 let weight = Frame::Binary(data.clone()).weight();
                 self.push(viewer_frame::Frame::Binary(data), weight, true, ctx);
             }
-            ViewerOut::Ping => self.push(viewer_frame::Frame::Ping(true), 16, false, ctx),
+            ViewerOut::Ping => self.push(viewer_frame::Frame::Ping(true), PING_WEIGHT, false, ctx),
             ViewerOut::Close { code, reason } | ViewerOut::Evict { code, reason } => {
                 self.left = true; // the arbiter already removed it
                 self.leave(code, &reason, ctx);
@@ -563,6 +638,10 @@ impl Handler<FromHome> for RemoteViewer {
             }
             Some(viewer_event::Event::Input(data)) => FromViewer::Input { viewer, data },
             Some(viewer_event::Event::Pong(_)) => FromViewer::Pong { viewer },
+            Some(viewer_event::Event::Delivered(delivered)) => {
+                self.credit(delivered);
+                return;
+            }
             Some(viewer_event::Event::Leave(_)) | None => {
                 ctx.stop();
                 return;

@@ -179,6 +179,7 @@ impl Viewer {
                     act.id,
                     act.resume_from,
                     ctx.address().recipient(),
+                    act.outbox.queued_counter(),
                 )
                 .start();
                 act.target = Some(home.recipient());

@@ -112,6 +112,9 @@ pub trait Store: Send + Sync + 'static {
     async fn reconcile_terminals(&self, host_id: Uuid, reported_running: &[Uuid]) -> StoreResult<Vec<Uuid>>;
     /// Pending terminals of a host, oldest first.
     async fn parked_terminals(&self, host_id: Uuid) -> StoreResult<Vec<Terminal>>;
+    /// Pending terminals of hosts recorded online (connected to any
+    /// instance), oldest first, at most `limit`: the sweep's work.
+    async fn parked_on_online_hosts(&self, limit: usize) -> StoreResult<Vec<Terminal>>;
     /// Hosts recorded online whose lease lapsed or that were not seen for
     /// `stale` become offline; returns their ids.
     async fn mark_stale_hosts_offline(&self, stale: Duration) -> StoreResult<Vec<Uuid>>;
@@ -176,6 +179,12 @@ pub trait Store: Send + Sync + 'static {
 /// The lease key of a host's daemon connection (SPEC §7.1).
 pub fn host_lease_key(host_id: Uuid) -> String {
     format!("host:{host_id}")
+}
+
+/// The value of a store call whose failure the caller can only note: the
+/// error is logged with its cause and `what` was being done.
+pub fn logged<T>(result: StoreResult<T>, what: &'static str) -> Option<T> {
+    result.map_err(|e| tracing::error!(error = %e, what, "tether_store_error")).ok()
 }
 
 /// Opens the store the settings select, applying migrations.

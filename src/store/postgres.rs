@@ -496,6 +496,21 @@ impl Store for PgStore {
         .collect()
     }
 
+    async fn parked_on_online_hosts(&self, limit: usize) -> StoreResult<Vec<Terminal>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.query(
+            &format!(
+                "SELECT {TERMINAL_COLS} FROM terminals WHERE state = 'pending' \
+                 AND host_id IN (SELECT id FROM hosts WHERE state = 'online') ORDER BY created_at, id LIMIT $1"
+            ),
+            &[&limit],
+        )
+        .await?
+        .iter()
+        .map(terminal_row)
+        .collect()
+    }
+
     async fn mark_stale_hosts_offline(&self, stale: Duration) -> StoreResult<Vec<Uuid>> {
         Ok(self
             .query(

@@ -627,6 +627,19 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn parked_on_online_hosts(&self, limit: usize) -> StoreResult<Vec<Terminal>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.call(move |c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT {TERMINAL_COLS} FROM terminals WHERE state = 'pending' \
+                 AND host_id IN (SELECT id FROM hosts WHERE state = 'online') ORDER BY created_at, rowid LIMIT ?1"
+            ))?;
+            let raws = stmt.query_map([limit], terminal_raw)?.collect::<Result<Vec<_>, _>>()?;
+            raws.into_iter().map(terminal_from_raw).collect()
+        })
+        .await
+    }
+
     async fn mark_stale_hosts_offline(&self, stale: Duration) -> StoreResult<Vec<Uuid>> {
         self.call(move |c| {
             let now = now_ms();

@@ -28,7 +28,7 @@ mod process;
 mod redis;
 mod tether;
 
-pub use postgres::{pg_database, url_with_database};
+pub use postgres::{pg_connect, pg_database, url_with_database};
 pub use process::free_port;
 pub use redis::{redis_cluster_hosts, redis_cluster_nodes, redis_url, OwnRedis};
 pub use tether::{tether_cmd, TetherServer};

@@ -55,6 +55,14 @@ async fn create_database(server_url: &str, name: &str) {
     let _ = tokio::time::timeout(Duration::from_secs(5), connection).await;
 }
 
+/// A client on `url` whose connection runs on the current runtime.
+pub async fn pg_connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) =
+        tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    actix_rt::spawn(connection);
+    client
+}
+
 /// `server_url` with its database (the URL path) replaced by `database`;
 /// the query string, if any, is kept.
 pub fn url_with_database(server_url: &str, database: &str) -> String {

@@ -1,0 +1,448 @@
+//! Races of ownership across three real `tether serve` instances sharing
+//! one PostgreSQL and one Redis, with scripted daemons so each test decides
+//! exactly when a hello, a close or an answer happens (docs/CLUSTER.md,
+//! "Ownership", "Requests", "The sweep"):
+//!
+//! - the host's live state agrees on every instance before the hello,
+//!   after it and after the close;
+//! - two hellos for one host at once on two instances leave one owner;
+//! - a socket closed while its claim is in flight leaves no lease;
+//! - a spawn whose acknowledgement came too late is never sent twice;
+//! - credentials refreshed through another instance never cross Redis, and
+//!   forged ones (from the bus or unasked from the daemon) are refused;
+//! - the sweeper spawns parked terminals of hosts owned elsewhere.
+
+mod support;
+
+use std::time::Duration;
+
+use futures_util::future::join;
+use serde_json::{json, Value};
+use support::client::{create_token, daemon_url, hello, Api, Event, Socket};
+use support::{pg_connect, pg_database, redis_url, unique_prefix, TetherServer};
+use tether::proto::v1::{daemon_frame, server_frame, CredentialsResult, Started};
+
+const PROTOCOL: &[&str] = &["tether.daemon.v1"];
+
+/// Three instances, a user's token and a registered host.
+struct Trio {
+    servers: Vec<TetherServer>,
+    apis: Vec<Api>,
+    host: String,
+    database: String,
+    prefix: String,
+}
+
+/// Starts A, B and C with `common` settings plus each one's own.
+async fn trio(common: &[(&str, &str)], own: [&[(&str, &str)]; 3]) -> Trio {
+    let database = pg_database().await;
+    let redis = redis_url();
+    let prefix = unique_prefix();
+    let mut env = vec![
+        ("TETHER_DATABASE__URL", database.as_str()),
+        ("TETHER_REDIS__URL", redis.as_str()),
+        ("TETHER_BUS__PREFIX", prefix.as_str()),
+    ];
+    env.extend_from_slice(common);
+    let mut servers = Vec::new();
+    for settings in own {
+        servers.push(TetherServer::start(&[env.as_slice(), settings].concat(), &[]).await);
+    }
+    let token = create_token(&servers[0], "ann");
+    let apis: Vec<Api> = servers.iter().map(|s| Api::new(s.url(), token.clone())).collect();
+    let (status, body) = apis[0].post("/api/v1/hosts", json!({"hostname": "ann-box"})).await;
+    assert_eq!(status, 201, "{body}");
+    let host = body["host"]["id"].as_str().expect("host id").to_string();
+    Trio { servers, apis, host, database, prefix }
+}
+
+impl Trio {
+    /// A scripted daemon socket on instance `i`, hello not yet sent.
+    async fn socket(&self, i: usize) -> Socket {
+        Socket::connect(&daemon_url(&self.servers[i]), Some(&self.apis[0].token), PROTOCOL).await
+    }
+
+    /// A scripted daemon on instance `i` whose hello was acknowledged.
+    async fn daemon(&self, i: usize) -> Socket {
+        let mut sock = self.socket(i).await;
+        sock.send_frame(hello(&self.host)).await;
+        assert!(matches!(sock.next_server_frame().await, server_frame::Frame::HelloAck(_)));
+        sock
+    }
+
+    /// The host as each instance shows it, once every one shows `state`.
+    async fn host_everywhere(&self, state: &str) -> Vec<Value> {
+        let path = format!("/api/v1/hosts/{}", self.host);
+        let mut views = Vec::new();
+        for api in &self.apis {
+            views.push(api.wait_for(&path, state, |b| b["host"]["state"] == state).await["host"].clone());
+        }
+        views
+    }
+
+    /// Live lease rows on the host.
+    async fn live_leases(&self) -> i64 {
+        let client = pg_connect(&self.database).await;
+        let row = client
+            .query_one(
+                "SELECT count(*) FROM leases WHERE key = $1 AND expires_at > now()",
+                &[&format!("host:{}", self.host)],
+            )
+            .await
+            .expect("count leases");
+        row.get(0)
+    }
+}
+
+/// Every instance answers the same host resource: not connected, connected
+/// (with the hello's capabilities and dirs), and closed again.
+#[actix_rt::test]
+async fn online_state_is_the_same_on_every_instance() {
+    let trio = trio(&[], [&[], &[], &[]]).await;
+    let before = trio.host_everywhere("offline").await;
+    assert!(agree(&before), "before the hello: {before:?}");
+    assert_eq!(before[0]["capabilities"]["credentials"], false, "{}", before[0]);
+
+    let mut daemon = trio.daemon(1).await;
+    let during = trio.host_everywhere("online").await;
+    assert!(agree(&during), "after the hello: {during:?}");
+    let caps = &during[0]["capabilities"];
+    assert!(caps["manageDirs"] == true && caps["credentials"] == true && caps["usage"] == true, "{caps}");
+    assert_eq!(during[0]["dirs"], json!(["/tmp"]));
+
+    daemon.close().await;
+    let after = trio.host_everywhere("offline").await;
+    assert!(agree(&after), "after the close: {after:?}");
+    assert_eq!(trio.live_leases().await, 0);
+}
+
+/// Whether every instance shows the same host. `lastSeenAt` is left out:
+/// the owner's renew tick and the close write it, so two reads a few
+/// milliseconds apart may see two values of it, both right.
+fn agree(views: &[Value]) -> bool {
+    let without_last_seen = |v: &Value| {
+        let mut v = v.clone();
+        v.as_object_mut().map(|o| o.remove("lastSeenAt"));
+        v
+    };
+    views.iter().all(|v| without_last_seen(v) == without_last_seen(&views[0]))
+}
+
+/// What became of a scripted daemon's socket after its hello.
+#[derive(Debug, PartialEq)]
+enum Fate {
+    /// Acknowledged and still open, answering pings.
+    Owner(String),
+    /// Closed with this code.
+    Closed(Option<u16>),
+}
+
+/// Sends a hello and watches the socket until it has been quiet for `quiet`.
+async fn hello_and_watch(mut sock: Socket, host: &str, quiet: Duration) -> (Fate, Socket) {
+    sock.send_frame(hello(host)).await;
+    let mut instance = None;
+    loop {
+        match sock.next_within(quiet).await {
+            None => break,
+            Some(Event::Close(code)) => return (Fate::Closed(code), sock),
+            Some(Event::Binary(bytes)) => {
+                use prost::Message;
+                let frame = tether::proto::v1::ServerFrame::decode(bytes.as_ref()).expect("server frame");
+                if let Some(server_frame::Frame::HelloAck(ack)) = frame.frame {
+                    instance = Some(ack.instance_id);
+                }
+            }
+            Some(_) => continue,
+        }
+    }
+    // Still open: it must be the owner, so it was acknowledged and answers.
+    let instance = instance.expect("an open socket that was never acknowledged");
+    sock.send_frame(daemon_frame::Frame::Ping(tether::proto::v1::Ping {})).await;
+    assert!(matches!(sock.next_server_frame().await, server_frame::Frame::Pong(_)), "the survivor answers");
+    (Fate::Owner(instance), sock)
+}
+
+/// Two hellos for one host at once, on A and on B, twenty times: each time
+/// exactly one socket survives, the other is closed 4000, the lease names
+/// the survivor's instance and every instance shows the host online.
+#[actix_rt::test]
+async fn simultaneous_hellos_leave_one_owner() {
+    let fast = [("TETHER_LEASE__TTL_MS", "2000"), ("TETHER_LEASE__RENEW_MS", "200")];
+    let trio = trio(&fast, [&[], &[], &[]]).await;
+    let client = pg_connect(&trio.database).await;
+    for round in 0..20 {
+        let (a, b) = join(trio.socket(0), trio.socket(1)).await;
+        let quiet = Duration::from_millis(1200);
+        let ((fate_a, sock_a), (fate_b, sock_b)) =
+            join(hello_and_watch(a, &trio.host, quiet), hello_and_watch(b, &trio.host, quiet)).await;
+        let (owner, mut survivor) = match (fate_a, fate_b) {
+            (Fate::Owner(owner), Fate::Closed(Some(4000))) => (owner, sock_a),
+            (Fate::Closed(Some(4000)), Fate::Owner(owner)) => (owner, sock_b),
+            other => panic!("round {round}: expected one owner and one 4000, got {other:?}"),
+        };
+        let holder: String = client
+            .query_one("SELECT holder FROM leases WHERE key = $1", &[&format!("host:{}", trio.host)])
+            .await
+            .expect("lease row")
+            .get(0);
+        assert!(holder.starts_with(&owner), "round {round}: lease holder {holder}, owner {owner}");
+        let views = trio.host_everywhere("online").await;
+        assert!(agree(&views), "round {round}: {views:?}");
+        survivor.close().await;
+        trio.host_everywhere("offline").await;
+    }
+}
+
+/// A daemon that closes 0, 1, 3, 8 or 15 ms after its hello, while the
+/// claim may still be in flight, leaves no live lease and the host offline
+/// everywhere, long before the lease's 30 s lifetime could end it.
+#[actix_rt::test]
+async fn close_during_claim_leaves_no_lease() {
+    let trio = trio(&[], [&[], &[], &[]]).await;
+    for delay in [0u64, 1, 3, 8, 15] {
+        let mut sock = trio.socket(0).await;
+        sock.send_frame(hello(&trio.host)).await;
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        drop(sock);
+        // Whatever the instance did with the claim, it has settled when a
+        // fresh hello and close through another instance have gone by.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let leases = trio.live_leases().await;
+            let views = trio.host_everywhere_now().await;
+            if leases == 0 && views.iter().all(|h| h["state"] == "offline") {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{delay} ms: {leases} live lease(s), states {:?}",
+                views.iter().map(|h| h["state"].clone()).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Trio {
+    /// The host as each instance shows it right now.
+    async fn host_everywhere_now(&self) -> Vec<Value> {
+        let path = format!("/api/v1/hosts/{}", self.host);
+        let mut views = Vec::new();
+        for api in &self.apis {
+            views.push(api.get(&path).await.1["host"].clone());
+        }
+        views
+    }
+}
+
+/// Spawn frames a scripted daemon receives within `window`, answering each
+/// with Started.
+async fn spawns_within(daemon: &mut Socket, window: Duration) -> Vec<String> {
+    let mut spawned = Vec::new();
+    let deadline = tokio::time::Instant::now() + window;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match daemon.next_within(left).await {
+            None => return spawned,
+            Some(Event::Binary(bytes)) => {
+                use prost::Message;
+                let frame = tether::proto::v1::ServerFrame::decode(bytes.as_ref()).expect("server frame");
+                if let Some(server_frame::Frame::Spawn(spawn)) = frame.frame {
+                    daemon
+                        .send_frame(daemon_frame::Frame::Started(Started {
+                            terminal_id: spawn.terminal_id.clone(),
+                            pid: 4242,
+                        }))
+                        .await;
+                    spawned.push(spawn.terminal_id);
+                }
+            }
+            Some(Event::Close(code)) => panic!("daemon closed {code:?}"),
+            Some(_) => continue,
+        }
+    }
+}
+
+/// B gives up on the owner's acknowledgement after 1 ms, so it answers
+/// before A's ack arrives; A still spawns the terminal once, and neither
+/// B nor the sweep (every 200 ms) sends it again.
+#[actix_rt::test]
+async fn an_unacknowledged_spawn_is_sent_once() {
+    let sweep = [("TETHER_SWEEP__INTERVAL_MS", "200")];
+    let trio = trio(&sweep, [&[], &[("TETHER_BUS__ACK_MS", "1")], &[]]).await;
+    let mut daemon = trio.daemon(0).await;
+    trio.host_everywhere("online").await;
+    let (status, body) =
+        trio.apis[1].post("/api/v1/terminals", json!({"hostId": trio.host, "argv": ["sh"], "cols": 80, "rows": 24})).await;
+    assert!(status == 201 || status == 202, "{status} {body}");
+    let id = body["terminal"]["id"].as_str().expect("terminal id").to_string();
+    let spawned = spawns_within(&mut daemon, Duration::from_secs(3)).await;
+    assert_eq!(spawned, vec![id.clone()], "exactly one Spawn");
+    trio.apis[2]
+        .wait_for(&format!("/api/v1/terminals/{id}"), "running", |b| b["terminal"]["state"] == "running")
+        .await;
+}
+
+/// The sweeper is B (A and C never sweep during the test); the daemon is
+/// on A. A terminal parked while its host is online is spawned by B's
+/// sweep through A.
+#[actix_rt::test]
+async fn the_sweep_spawns_parked_terminals_of_hosts_owned_elsewhere() {
+    let never = [("TETHER_SWEEP__INTERVAL_MS", "600000")];
+    let trio = trio(&[], [&never, &[("TETHER_SWEEP__INTERVAL_MS", "200")], &never]).await;
+    let mut daemon = trio.daemon(0).await;
+    trio.host_everywhere("online").await;
+    let client = pg_connect(&trio.database).await;
+    let id = uuid::Uuid::new_v4();
+    let host = uuid::Uuid::parse_str(&trio.host).expect("host uuid");
+    client
+        .execute(
+            "INSERT INTO terminals (id, user_id, host_id, argv, state, pending_reason, cols, rows) \
+             SELECT $1, user_id, id, '[\"sh\"]', 'pending', 'host_offline', 80, 24 FROM hosts WHERE id = $2",
+            &[&id, &host],
+        )
+        .await
+        .expect("park a terminal");
+    let spawned = spawns_within(&mut daemon, Duration::from_secs(3)).await;
+    assert_eq!(spawned, vec![id.to_string()]);
+    trio.apis[2]
+        .wait_for(&format!("/api/v1/terminals/{id}"), "running", |b| b["terminal"]["state"] == "running")
+        .await;
+}
+
+/// A PSUBSCRIBE tap on the bus prefix while credentials are refreshed
+/// through B for a daemon on A: the daemon's secret reaches A, is stored,
+/// and no byte of it crosses Redis; B answers only `{ok, hostId}`.
+#[actix_rt::test]
+async fn credentials_never_cross_the_bus() {
+    use fred::prelude::*;
+    let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="; // 32 bytes
+    let trio = trio(&[("TETHER_ENCRYPTION__KEY", key)], [&[], &[], &[]]).await;
+    let mut daemon = trio.daemon(0).await;
+    trio.host_everywhere("online").await;
+
+    let tap = Builder::from_config(Config::from_url(&redis_url()).expect("redis url"))
+        .build_subscriber_client()
+        .expect("tap");
+    tap.init().await.expect("tap connects");
+    let mut heard = tap.message_rx();
+    tap.psubscribe(format!("{}*", trio.prefix)).await.expect("psubscribe");
+
+    let secret = "tap-must-not-see-this-5f1c2e";
+    let path = format!("/api/v1/hosts/{}/credentials/refresh", trio.host);
+    let refresh = trio.apis[1].post(&path, json!({}));
+    let answer = async {
+        loop {
+            if let server_frame::Frame::Credentials(ask) = daemon.next_server_frame().await {
+                let body = json!({ "token": secret }).to_string();
+                daemon
+                    .send_frame(daemon_frame::Frame::CredentialsResult(CredentialsResult {
+                        request_id: ask.request_id,
+                        credentials_json: body.into_bytes().into(),
+                        error: None,
+                    }))
+                    .await;
+                return;
+            }
+        }
+    };
+    let ((status, body), ()) = join(refresh, answer).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"ok": true, "hostId": trio.host}));
+
+    let mut messages = 0;
+    while let Ok(Ok(message)) = tokio::time::timeout(Duration::from_millis(500), heard.recv()).await {
+        messages += 1;
+        let bytes = message.value.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
+        assert!(
+            !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "the secret crossed Redis on {}",
+            message.channel
+        );
+    }
+    assert!(messages >= 2, "the tap heard the request and its reply ({messages} messages)");
+    let client = pg_connect(&trio.database).await;
+    assert_eq!(stored_credentials(&client).await, 1, "the owner stored the sealed credentials");
+    let _ = tap.quit().await;
+}
+
+/// Credentials reach the store only as the owner's own task: a bus
+/// message on the host's channel that carries credentials (an operation
+/// the bus protocol does not have, here field 30 of the request) is
+/// refused by the owner with no acknowledgement, and a CredentialsResult
+/// the daemon sends unasked is dropped. Nothing is stored; a real refresh
+/// afterwards still works.
+#[actix_rt::test]
+async fn forged_credentials_are_refused() {
+    use fred::prelude::*;
+    use prost::Message as _;
+    use tether::proto::bus::{envelope, Envelope, HostRequest};
+    let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="; // 32 bytes
+    let trio = trio(&[("TETHER_ENCRYPTION__KEY", key)], [&[], &[], &[]]).await;
+    let mut daemon = trio.daemon(0).await;
+    trio.host_everywhere("online").await;
+
+    let redis = Builder::from_config(Config::from_url(&redis_url()).expect("redis url")).build().expect("client");
+    redis.init().await.expect("connects");
+    let replies = Builder::from_config(Config::from_url(&redis_url()).expect("redis url"))
+        .build_subscriber_client()
+        .expect("subscriber");
+    replies.init().await.expect("subscriber connects");
+    let mut heard = replies.message_rx();
+    let reply_channel = format!("{}:reply:{{forger#1}}", trio.prefix);
+    replies.subscribe(reply_channel.as_str()).await.expect("subscribe");
+
+    let forged = json!({"token": "forged-secret-9d1"}).to_string();
+    let mut request =
+        HostRequest { request_id: "forged-1".into(), reply_to: "forger#1".into(), host_id: trio.host.clone(), op: None }
+            .encode_to_vec();
+    prost::encoding::bytes::encode(30, &forged.into_bytes(), &mut request);
+    let mut frame = Envelope { sender: "forger#1".into(), seq: 1, body: None }.encode_to_vec();
+    prost::encoding::bytes::encode(10, &request, &mut frame);
+    assert!(matches!(
+        Envelope::decode(frame.as_slice()).expect("decodes").body,
+        Some(envelope::Body::Request(HostRequest { op: None, .. }))
+    ));
+    let channel = format!("{}:host:{{{}}}:in", trio.prefix, trio.host);
+    let receivers: i64 = redis.publish(channel.as_str(), frame).await.expect("publish");
+    assert_eq!(receivers, 1, "the owner heard the forged request");
+
+    daemon
+        .send_frame(daemon_frame::Frame::CredentialsResult(CredentialsResult {
+            request_id: "never-asked".into(),
+            credentials_json: json!({"token": "unasked-secret"}).to_string().into_bytes().into(),
+            error: None,
+        }))
+        .await;
+    let quiet = tokio::time::timeout(Duration::from_secs(1), heard.recv()).await;
+    assert!(quiet.is_err(), "the owner answered a forged request: {quiet:?}");
+    let client = pg_connect(&trio.database).await;
+    assert_eq!(stored_credentials(&client).await, 0, "forged credentials were stored");
+
+    // The owner still serves a real refresh.
+    let path = format!("/api/v1/hosts/{}/credentials/refresh", trio.host);
+    let refresh = trio.apis[1].post(&path, json!({}));
+    let answer = async {
+        loop {
+            if let server_frame::Frame::Credentials(ask) = daemon.next_server_frame().await {
+                daemon
+                    .send_frame(daemon_frame::Frame::CredentialsResult(CredentialsResult {
+                        request_id: ask.request_id,
+                        credentials_json: json!({"token": "real"}).to_string().into_bytes().into(),
+                        error: None,
+                    }))
+                    .await;
+                return;
+            }
+        }
+    };
+    let ((status, body), ()) = join(refresh, answer).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(stored_credentials(&client).await, 1);
+    let _ = replies.quit().await;
+    let _ = redis.quit().await;
+}
+
+async fn stored_credentials(client: &tokio_postgres::Client) -> i64 {
+    client.query_one("SELECT count(*) FROM host_credentials", &[]).await.expect("count credentials").get(0)
+}
