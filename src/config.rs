@@ -106,6 +106,9 @@ pub struct BusSettings {
     pub prefix: String,
     pub ack_ms: u64,
     pub heartbeat_ms: u64,
+    /// How often a Redis Cluster's slot map is read to re-subscribe channels
+    /// whose slot moved to another primary.
+    pub slot_check_ms: u64,
     /// Received messages the instance's bus inbox holds before it loses
     /// them (and reports the loss as a gap).
     pub inbox_messages: usize,
@@ -113,7 +116,7 @@ pub struct BusSettings {
 
 impl Default for BusSettings {
     fn default() -> Self {
-        Self { prefix: "tether".into(), ack_ms: 5_000, heartbeat_ms: 10_000, inbox_messages: 16 * 1024 }
+        Self { prefix: "tether".into(), ack_ms: 5_000, heartbeat_ms: 10_000, slot_check_ms: 1_000, inbox_messages: 16 * 1024 }
     }
 }
 
@@ -379,12 +382,13 @@ impl Settings {
                 return Err(invalid("cluster.secret", "must be at least 16 characters"));
             }
         }
-        let positive: [(&'static str, u64); 21] = [
+        let positive: [(&'static str, u64); 22] = [
             ("viewer.slow_ms", self.viewer.slow_ms),
             ("lease.ttl_ms", self.lease.ttl_ms),
             ("lease.renew_ms", self.lease.renew_ms),
             ("bus.ack_ms", self.bus.ack_ms),
             ("bus.heartbeat_ms", self.bus.heartbeat_ms),
+            ("bus.slot_check_ms", self.bus.slot_check_ms),
             ("sweep.interval_ms", self.sweep.interval_ms),
             ("sweep.stale_host_ms", self.sweep.stale_host_ms),
             ("sweep.launch_timeout_ms", self.sweep.launch_timeout_ms),

@@ -140,3 +140,61 @@ async fn a_full_inbox_reports_the_channel() {
     assert!(lost > 0, "a three-message inbox held {received} of {N}");
     assert_eq!(received + lost, N, "every message either arrived or was reported lost");
 }
+
+/// A live slot migration on a Redis Cluster (the cluster is this test's
+/// own): a channel's slot moves to another master while messages flow on
+/// it. The old owner drops the shard subscription without a word to the
+/// client; the receiving instance sees the slot move in its slot map and
+/// subscribes again (the periodic re-assertion does not run here), so
+/// publishes are heard again within a few checks. Every message whose
+/// publish reported a receiver arrives, in order; the ones published while
+/// the channel was deaf reached nobody, which the sequence numbers reveal
+/// to the instance's dispatcher. Without the slot watcher the channel
+/// stays deaf and this test fails.
+#[actix_rt::test]
+async fn a_live_slot_migration_keeps_the_channel() {
+    let cluster = support::OwnRedisCluster::start();
+    let mut s = Settings::default();
+    s.redis.cluster_nodes = Some(cluster.nodes());
+    s.bus.prefix = support::unique_prefix();
+    let (sender, _) = Bus::from_settings(&s, "a#000001").expect("bus a");
+    let (receiver, mut inbox) = Bus::from_settings(&s, "b#000002").expect("bus b");
+    let receiver = std::sync::Arc::new(receiver);
+    let channel = receiver.reply_channel("b#000002");
+    receiver.subscribe(&channel).await.expect("subscribe");
+    let watcher = receiver.clone();
+    tokio::spawn(async move { watcher.watch_slots(Duration::from_millis(100)).await });
+
+    let mut heard = Vec::new();
+    for n in 1..=50 {
+        assert_eq!(sender.publish(&channel, reply(n)).await.expect("publish"), 1);
+        heard.push(n);
+    }
+    // The watcher has read the slot map with the channel on its first owner.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    cluster.migrate_slot(fred::types::cluster::ClusterRouting::hash_key(channel.as_bytes()));
+
+    let (mut n, mut deaf, mut after) = (50, 0, 0);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while after < 50 {
+        assert!(tokio::time::Instant::now() < deadline, "the channel stayed deaf after its slot moved");
+        n += 1;
+        match sender.publish(&channel, reply(n)).await.expect("publish") {
+            0 => deaf += 1,
+            _ => {
+                heard.push(n);
+                after += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut received = Vec::new();
+    while received.len() < heard.len() {
+        match next(&mut inbox, "the heard messages").await {
+            Inbound::Message { envelope, .. } => received.push(envelope.seq),
+            Inbound::Gap { lost, .. } => panic!("a gap of {lost} in the inbox"),
+            Inbound::Reset { .. } => unreachable!("skipped by next()"),
+        }
+    }
+    assert_eq!(received, heard, "every message a receiver heard arrived, in order ({deaf} reached nobody)");
+}

@@ -297,6 +297,44 @@ impl Bus {
     }
 }
 
+impl Bus {
+    /// On a Redis Cluster, subscribes again at once every channel whose
+    /// hash slot moved to another primary. The old owner of a migrated
+    /// slot drops its shard subscriptions with an unsolicited SUNSUBSCRIBE
+    /// that fred does not pass on, so without this a moved channel would
+    /// stay deaf until the next periodic re-assertion; what was published
+    /// on it meanwhile reached nobody and shows up as a sequence gap. Reads
+    /// the slot map every `every`; returns at once without a cluster.
+    pub async fn watch_slots(&self, every: std::time::Duration) {
+        let Backend::Redis(redis) = &self.backend else { return };
+        if !redis.is_clustered() {
+            return;
+        }
+        let mut owners: HashMap<String, String> = HashMap::new();
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tick.tick().await;
+            let channels: Vec<String> = self.subscriptions.lock().await.keys().cloned().collect();
+            let Some(now) = redis.slot_owners(&channels).await else { continue };
+            let mut moved = Vec::new();
+            let mut next = HashMap::with_capacity(channels.len());
+            for (channel, owner) in channels.into_iter().zip(now) {
+                let Some(owner) = owner else { continue };
+                if owners.get(&channel).is_some_and(|before| *before != owner) {
+                    moved.push(channel.clone());
+                }
+                next.insert(channel, owner);
+            }
+            owners = next;
+            if !moved.is_empty() {
+                tracing::info!(channels = moved.len(), "tether_bus_slots_moved");
+                metrics::counter!("tether_bus_slot_moves_total").increment(moved.len() as u64);
+                redis.reassert(&moved).await;
+            }
+        }
+    }
+}
+
 /// Decodes a received payload into an inbox item.
 fn decode(channel: String, payload: &[u8]) -> Inbound {
     match Envelope::decode(payload) {

@@ -15,6 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use fred::clients::SubscriberClient;
 use fred::prelude::*;
+use fred::types::cluster::ClusterRouting;
 use tokio::sync::broadcast;
 
 use super::{decode, BusError, Inbound, Inbox};
@@ -135,9 +136,37 @@ impl RedisBus {
         }
     }
 
+    /// The primary serving each channel's hash slot, from a fresh read of
+    /// the cluster's slot map (one CLUSTER SLOTS); `None` on a standalone
+    /// server or when the map cannot be read now.
+    pub async fn slot_owners(&self, channels: &[String]) -> Option<Vec<Option<String>>> {
+        if !self.clustered {
+            return None;
+        }
+        if let Err(e) = self.link.client.sync_cluster().await {
+            tracing::warn!(error = %e, "tether_bus_slot_map_failed");
+            return None;
+        }
+        let routing = self.link.client.cached_cluster_state()?;
+        let owner = |channel: &String| {
+            routing.get_server(ClusterRouting::hash_key(channel.as_bytes())).map(|server| server.to_string())
+        };
+        Some(channels.iter().map(owner).collect())
+    }
+
+    pub fn is_clustered(&self) -> bool {
+        self.clustered
+    }
+
     /// Subscribes each channel again, one per command (a batched SSUBSCRIBE
     /// of channels in different slots would fail with CROSSSLOT).
     pub async fn reassert(&self, channels: &[String]) {
+        if self.clustered {
+            // Route by the cluster's current slot map, not a stale one.
+            if let Err(e) = self.subscriber.sync_cluster().await {
+                tracing::warn!(error = %e, "tether_bus_slot_map_failed");
+            }
+        }
         for channel in channels {
             let result = if self.clustered {
                 self.subscriber.ssubscribe(channel.as_str()).await

@@ -30,7 +30,7 @@ mod tether;
 
 pub use postgres::{pg_connect, pg_database, url_with_database};
 pub use process::free_port;
-pub use redis::{redis_cluster_hosts, redis_cluster_nodes, redis_url, OwnRedis};
+pub use redis::{redis_cluster_hosts, redis_cluster_nodes, redis_url, OwnRedis, OwnRedisCluster};
 pub use tether::{tether_cmd, TetherServer};
 
 /// A short random prefix for the keys and channels of one test, e.g. `t3fa90c1d`.

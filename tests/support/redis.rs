@@ -162,8 +162,19 @@ fn start_node(dir: &Path, port: u16, cluster: bool) -> Result<Child, StartError>
 
 fn start_cluster() -> Result<String, String> {
     let started = Instant::now();
+    let (addresses, nodes) = start_cluster_nodes("redis-cluster")?;
+    for node in nodes {
+        process::stop_at_exit(node, libc::SIGKILL);
+    }
+    eprintln!("tests/support: Redis Cluster {} ready in {:.1?}", addresses.join(","), started.elapsed());
+    Ok(addresses.join(","))
+}
+
+/// Starts three cluster nodes on free ports and joins them into a cluster
+/// whose slots are all served; returns their addresses and processes.
+fn start_cluster_nodes(scratch: &str) -> Result<(Vec<String>, Vec<Child>), String> {
     let redis_cli = process::require_binary("redis-cli", "redis-tools");
-    let dir = process::scratch_dir("redis-cluster", None);
+    let dir = process::scratch_dir(scratch, None);
     let mut last_error = String::new();
     'attempt: for _attempt in 0..3 {
         let mut ports = Vec::new();
@@ -192,17 +203,89 @@ fn start_cluster() -> Result<String, String> {
                 }
             }
         }
-        for node in nodes {
-            process::stop_at_exit(node, libc::SIGKILL);
-        }
-
         let addresses: Vec<String> = ports.iter().map(|port| format!("127.0.0.1:{port}")).collect();
-        create_cluster(&redis_cli, &dir, &addresses)?;
-        wait_for_cluster_ok(&ports)?;
-        eprintln!("tests/support: Redis Cluster {} ready in {:.1?}", addresses.join(","), started.elapsed());
-        return Ok(addresses.join(","));
+        let joined = create_cluster(&redis_cli, &dir, &addresses).and_then(|()| wait_for_cluster_ok(&ports));
+        if let Err(message) = joined {
+            for mut node in nodes {
+                let _ = node.kill();
+                let _ = node.wait();
+            }
+            return Err(message);
+        }
+        return Ok((addresses, nodes));
     }
     Err(last_error)
+}
+
+/// A three-master Redis Cluster of one test's own, whose slots the test
+/// may move between masters (a live slot migration), without disturbing
+/// the cluster other tests share.
+pub struct OwnRedisCluster {
+    ports: Vec<u16>,
+    nodes: Vec<Child>,
+}
+
+impl OwnRedisCluster {
+    pub fn start() -> OwnRedisCluster {
+        let (addresses, nodes) = start_cluster_nodes("own-redis-cluster").unwrap_or_else(|m| panic!("{m}"));
+        let ports = addresses.iter().filter_map(|a| a.rsplit_once(':')?.1.parse().ok()).collect();
+        OwnRedisCluster { ports, nodes }
+    }
+
+    /// The seeds, as `redis.cluster_nodes` takes them.
+    pub fn nodes(&self) -> String {
+        self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>().join(",")
+    }
+
+    /// (node id, port, owns `slot`) of every master, from CLUSTER NODES.
+    fn masters(&self, slot: u16) -> Vec<(String, u16, bool)> {
+        let nodes = process::redis_command(self.ports[0], &["CLUSTER", "NODES"]).expect("CLUSTER NODES");
+        nodes
+            .lines()
+            .filter(|line| line.contains("master"))
+            .map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let port = fields[1].split(['@', ':']).nth(1).and_then(|p| p.parse().ok()).expect("node port");
+                let owns = fields[8..].iter().any(|range| {
+                    let (start, end) = range.split_once('-').unwrap_or((range, range));
+                    matches!((start.parse::<u16>(), end.parse::<u16>()), (Ok(a), Ok(b)) if a <= slot && slot <= b)
+                });
+                (fields[0].to_string(), port, owns)
+            })
+            .collect()
+    }
+
+    /// Moves `slot` (which must hold no keys: pub/sub only) from its owner
+    /// to another master, the way a resharding tool does, and returns the
+    /// new owner's port. The old owner then drops the slot's shard
+    /// subscriptions with an unsolicited SUNSUBSCRIBE.
+    pub fn migrate_slot(&self, slot: u16) -> u16 {
+        let masters = self.masters(slot);
+        let (source_id, source_port, _) = masters.iter().find(|m| m.2).cloned().expect("the slot's owner");
+        let (target_id, target_port, _) = masters.iter().find(|m| !m.2).cloned().expect("another master");
+        let slot = slot.to_string();
+        let run = |port: u16, args: &[&str]| {
+            let reply = process::redis_command(port, args).unwrap_or_else(|e| panic!("{args:?} on {port}: {e}"));
+            assert!(!reply.starts_with('-'), "{args:?} on {port}: {reply}");
+        };
+        run(target_port, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id]);
+        run(source_port, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id]);
+        run(target_port, &["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
+        run(source_port, &["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
+        for (_, port, _) in masters.iter().filter(|m| m.1 != source_port && m.1 != target_port) {
+            run(*port, &["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]);
+        }
+        target_port
+    }
+}
+
+impl Drop for OwnRedisCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            let _ = node.kill();
+            let _ = node.wait();
+        }
+    }
 }
 
 /// `redis-cli --cluster create`: assigns the slots and joins the nodes.
