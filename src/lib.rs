@@ -19,3 +19,4 @@ pub mod relay;
 pub mod server;
 pub mod store;
 pub mod tls;
+pub mod viewer_protocol;

@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use bytes::Bytes;
-use serde_json::json;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
@@ -39,6 +38,7 @@ use super::stamp::InteractionStamp;
 use super::*;
 use crate::proto::v1::server_frame;
 use crate::store::{RunState, Store, TerminalState};
+use crate::viewer_protocol::ServerMessage;
 
 /// Settings an arbiter needs.
 #[derive(Debug, Clone)]
@@ -202,13 +202,13 @@ impl TerminalArbiter {
     fn status(&self) -> ViewerOut {
         let state = self.state.map_or("pending", TerminalState::as_str);
         let host = if self.stream.is_some() { "online" } else { "offline" };
-        ViewerOut::Text(json!({"type": "status", "state": state, "host": host}).to_string())
+        ViewerOut::control(ServerMessage::Status { state: state.into(), host: host.into() })
     }
 
     fn size_for(&self, member: u64) -> ViewerOut {
         let (cols, rows) = self.grid.pty();
         let yours = self.grid.holder() == Some(member);
-        ViewerOut::Text(json!({"type": "size", "cols": cols, "rows": rows, "yours": yours}).to_string())
+        ViewerOut::control(ServerMessage::Size { cols, rows, yours })
     }
 
     fn broadcast_sizes(&self) {
@@ -484,16 +484,14 @@ impl TerminalArbiter {
             match kind {
                 Kind::Viewer(r, _) => {
                     if resumed {
-                        r.do_send(ViewerOut::Text(json!({"type": "resume", "offset": offset}).to_string()));
+                        r.do_send(ViewerOut::control(ServerMessage::Resume { offset }));
                         if !data.is_empty() {
                             r.do_send(ViewerOut::Binary(data.clone()));
                         }
                     } else {
-                        r.do_send(ViewerOut::Text(
-                            json!({"type": "replay", "cols": cols, "rows": rows, "offset": offset}).to_string(),
-                        ));
+                        r.do_send(ViewerOut::control(ServerMessage::Replay { cols, rows, offset }));
                         r.do_send(ViewerOut::Binary(data.clone()));
-                        r.do_send(ViewerOut::Text(json!({"type": "live", "offset": offset}).to_string()));
+                        r.do_send(ViewerOut::control(ServerMessage::Live { offset }));
                     }
                     r.do_send(size);
                 }
@@ -638,7 +636,7 @@ impl Handler<Join> for TerminalArbiter {
         let mut phase = Phase::Waiting;
         if let (Some(from), Some(_)) = (msg.resume_from, &self.stream) {
             if let Some(bytes) = self.ring.since(from) {
-                msg.out.do_send(ViewerOut::Text(json!({"type": "resume", "offset": from}).to_string()));
+                msg.out.do_send(ViewerOut::control(ServerMessage::Resume { offset: from }));
                 if !bytes.is_empty() {
                     msg.out.do_send(ViewerOut::Binary(bytes));
                 }
@@ -652,7 +650,7 @@ impl Handler<Join> for TerminalArbiter {
         );
         out.do_send(self.size_for(msg.viewer));
         if self.stream.is_none() {
-            out.do_send(ViewerOut::Text(json!({"type": "error", "message": "host offline"}).to_string()));
+            out.do_send(ViewerOut::control(ServerMessage::error("host offline")));
         }
         self.attach_waiting(ctx);
         Ok(())
@@ -698,7 +696,7 @@ impl Handler<FromViewer> for TerminalArbiter {
                 let Some(stream) = &self.stream else {
                     self.send_to(
                         viewer,
-                        ViewerOut::Text(json!({"type": "error", "message": "host offline"}).to_string()),
+                        ViewerOut::control(ServerMessage::error("host offline")),
                     );
                     return;
                 };
@@ -730,7 +728,7 @@ impl Handler<StreamEvent> for TerminalArbiter {
             }
             StreamEvent::AttachError { attach_id, message } => {
                 for id in self.awaiting(&attach_id) {
-                    self.send_to(id, ViewerOut::Text(json!({"type": "error", "message": message}).to_string()));
+                    self.send_to(id, ViewerOut::control(ServerMessage::error(message.clone())));
                     if let Some(m) = self.members.get_mut(&id) {
                         m.phase = Phase::Refused;
                     }
@@ -776,7 +774,7 @@ impl Handler<LifecycleEvent> for TerminalArbiter {
             LifecycleEvent::SpawnFailed(message) => {
                 self.state = Some(TerminalState::Error);
                 self.broadcast(&self.status());
-                self.broadcast(&ViewerOut::Text(json!({"type": "error", "message": message}).to_string()));
+                self.broadcast(&ViewerOut::control(ServerMessage::error(message.clone())));
                 self.close_viewers(close::NORMAL, "terminal failed to start");
                 self.members.remove(&CAPTURE);
                 self.maybe_idle(ctx);
@@ -788,15 +786,13 @@ impl Handler<LifecycleEvent> for TerminalArbiter {
                     for m in self.members.values() {
                         if !matches!(m.phase, Phase::Live { .. }) {
                             if let Kind::Viewer(r, _) = &m.kind {
-                                r.do_send(ViewerOut::Text(
-                                    json!({"type": "size", "cols": cols, "rows": rows, "yours": false}).to_string(),
-                                ));
+                                r.do_send(ViewerOut::control(ServerMessage::Size { cols, rows, yours: false }));
                                 r.do_send(ViewerOut::Binary(data.clone()));
                             }
                         }
                     }
                 }
-                self.broadcast(&ViewerOut::Text(json!({"type": "exit", "exitCode": status.code}).to_string()));
+                self.broadcast(&ViewerOut::control(ServerMessage::Exit { exit_code: status.code }));
                 self.close_viewers(close::NORMAL, "terminal exited");
                 if self.members.contains_key(&CAPTURE) {
                     let state = if status.code == Some(0) { RunState::Succeeded } else { RunState::Failed };

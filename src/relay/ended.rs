@@ -6,26 +6,26 @@
 //! from the database rather than from the daemon's stream.
 
 use bytes::Bytes;
-use serde_json::json;
 
 use super::ViewerOut;
 use crate::store::{Terminal, TerminalSnapshot, TerminalState};
+use crate::viewer_protocol::ServerMessage;
 
 /// The messages, in order; the caller closes the socket 1000 after them.
 pub fn ended_messages(terminal: &Terminal, snapshot: Option<TerminalSnapshot>, host_online: bool) -> Vec<ViewerOut> {
     let host = if host_online { "online" } else { "offline" };
     let mut out =
-        vec![ViewerOut::Text(json!({"type": "status", "state": terminal.state.as_str(), "host": host}).to_string())];
+        vec![ViewerOut::control(ServerMessage::Status { state: terminal.state.as_str().into(), host: host.into() })];
     let (cols, rows) = snapshot.as_ref().map_or((terminal.cols, terminal.rows), |s| (s.cols, s.rows));
-    out.push(ViewerOut::Text(json!({"type": "size", "cols": cols, "rows": rows, "yours": false}).to_string()));
+    out.push(ViewerOut::control(ServerMessage::Size { cols, rows, yours: false }));
     if let Some(s) = snapshot {
         out.push(ViewerOut::Binary(Bytes::from(s.data)));
     }
     if terminal.state == TerminalState::Error {
         let message = terminal.error.clone().unwrap_or_else(|| "the terminal failed to start".into());
-        out.push(ViewerOut::Text(json!({"type": "error", "message": message}).to_string()));
+        out.push(ViewerOut::control(ServerMessage::error(message.clone())));
     } else {
-        out.push(ViewerOut::Text(json!({"type": "exit", "exitCode": terminal.exit_code}).to_string()));
+        out.push(ViewerOut::control(ServerMessage::Exit { exit_code: terminal.exit_code }));
     }
     out
 }

@@ -211,3 +211,10 @@ pub enum ViewerOut {
         reason: String,
     },
 }
+
+impl ViewerOut {
+    /// A control message as its text frame.
+    pub fn control(message: crate::viewer_protocol::ServerMessage) -> Self {
+        Self::Text(message.to_json())
+    }
+}

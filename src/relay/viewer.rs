@@ -12,8 +12,6 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_ws::{AggregatedMessage, AggregatedMessageStream, ProtocolError};
 use bytes::Bytes;
-use serde::Deserialize;
-use serde_json::json;
 
 use super::arbiter::next_viewer_id;
 use super::ended::ended_messages;
@@ -24,51 +22,10 @@ use super::remote::HomeViewer;
 use super::requests::{locate, Location};
 use super::*;
 use crate::store::{Terminal, TerminalState};
+use crate::viewer_protocol::{ClientMessage, ServerMessage};
 
 /// The largest outbound queue any viewer reached, in bytes (for /metrics).
 pub static QUEUE_HIGH_WATER: AtomicUsize = AtomicUsize::new(0);
-
-/// A grid dimension as a client sends it: any JSON number, clamped to
-/// 1..=1000 (a value that is not a number is still an error).
-#[derive(Debug, Clone, Copy)]
-struct GridDim(u16);
-
-impl<'de> Deserialize<'de> for GridDim {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let number = serde_json::Number::deserialize(deserializer)?;
-        let value = number.as_f64().unwrap_or(1.0).clamp(1.0, 1000.0);
-        // In 1..=1000 after the clamp, so the cast cannot truncate the range.
-        Ok(GridDim(value as u16))
-    }
-}
-
-/// Client -> server control messages.
-#[derive(Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase")]
-enum ClientMessage {
-    Input {
-        data: String,
-    },
-    Resize {
-        cols: GridDim,
-        rows: GridDim,
-    },
-    #[serde(rename_all = "camelCase")]
-    View {
-        cols: GridDim,
-        rows: GridDim,
-        #[serde(default = "yes")]
-        visible: bool,
-        #[serde(default)]
-        idle_ms: u64,
-        #[serde(default = "yes")]
-        open: bool,
-    },
-}
-
-fn yes() -> bool {
-    true
-}
 
 /// What a viewer joined.
 enum Joined {
@@ -210,7 +167,7 @@ impl Viewer {
             }
             Err(e) => {
                 let message = format!("bad message: {e}");
-                self.push(Frame::Text(json!({"type": "error", "message": message}).to_string()), ctx);
+                self.push(Frame::Text(ServerMessage::error(message).to_json()), ctx);
                 self.close(close::POLICY, "bad message", ctx);
             }
         }

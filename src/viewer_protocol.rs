@@ -1,0 +1,146 @@
+//! The viewer protocol's JSON control messages (docs/PROTOCOL.md, "Viewer
+//! protocol"), both directions, as two serde enums: the server builds what
+//! it sends from [`ServerMessage`] and parses what it hears into
+//! [`ClientMessage`]; clients and tests use the same types the other way
+//! round. Binary frames (terminal bytes one way, input bytes the other) are
+//! not modelled here.
+
+use serde::{Deserialize, Serialize};
+
+/// The subprotocol of every viewer socket.
+pub const SUBPROTOCOL: &str = "tether.v1";
+
+/// Grids are clamped to `GRID_MIN..=GRID_MAX` in both dimensions.
+pub const GRID_MIN: u16 = 1;
+pub const GRID_MAX: u16 = 1000;
+
+/// Clamps a grid to the protocol's range.
+pub fn clamp_grid(cols: u16, rows: u16) -> (u16, u16) {
+    (cols.clamp(GRID_MIN, GRID_MAX), rows.clamp(GRID_MIN, GRID_MAX))
+}
+
+/// Server -> client (a text frame).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ServerMessage {
+    /// The terminal's state and whether its host is online.
+    Status { state: String, host: String },
+    /// A screen snapshot taken at stream offset `offset` follows as binary
+    /// frames, then `Live`.
+    Replay { cols: u16, rows: u16, offset: u64 },
+    /// Live bytes from `offset` follow, with no gap and no duplicate.
+    Live { offset: u64 },
+    /// Answer to `?from=N`: raw bytes from `offset` follow, no repaint.
+    Resume { offset: u64 },
+    /// The PTY's grid; `yours` only for the grid holder.
+    Size { cols: u16, rows: u16, yours: bool },
+    /// The process ended; the socket is closed 1000 next.
+    Exit {
+        #[serde(rename = "exitCode")]
+        exit_code: Option<i32>,
+    },
+    /// Something the client should show (e.g. "host offline").
+    Error { message: String },
+    /// A type this build does not know: newer servers may add some, and an
+    /// older client keeps working. Never sent.
+    #[serde(other, skip_serializing)]
+    Unknown,
+}
+
+impl ServerMessage {
+    /// The message as the text frame's JSON.
+    pub fn to_json(&self) -> String {
+        // Plain strings and numbers: serialising cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    pub fn error(message: impl Into<String>) -> Self {
+        Self::Error { message: message.into() }
+    }
+}
+
+/// A grid dimension as a client sends it: any JSON number is clamped to
+/// the protocol's range (a value that is not a number is an error).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct GridDim(pub u16);
+
+impl<'de> Deserialize<'de> for GridDim {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let number = serde_json::Number::deserialize(deserializer)?;
+        let value = number.as_f64().unwrap_or(1.0).clamp(f64::from(GRID_MIN), f64::from(GRID_MAX));
+        // In GRID_MIN..=GRID_MAX after the clamp, so the cast keeps the value.
+        Ok(GridDim(value as u16))
+    }
+}
+
+/// Client -> server (a text frame).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum ClientMessage {
+    /// Keystrokes (binary frames carry input bytes too).
+    Input { data: String },
+    /// Claims the grid for this viewer.
+    Resize { cols: GridDim, rows: GridDim },
+    /// This viewer's natural grid and signs of use, for the grid arbiter.
+    #[serde(rename_all = "camelCase")]
+    View {
+        cols: GridDim,
+        rows: GridDim,
+        #[serde(default = "yes")]
+        visible: bool,
+        #[serde(default)]
+        idle_ms: u64,
+        #[serde(default = "yes")]
+        open: bool,
+    },
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl ClientMessage {
+    pub fn resize(cols: u16, rows: u16) -> Self {
+        let (cols, rows) = clamp_grid(cols, rows);
+        Self::Resize { cols: GridDim(cols), rows: GridDim(rows) }
+    }
+
+    pub fn view(cols: u16, rows: u16, visible: bool, idle_ms: u64, open: bool) -> Self {
+        let (cols, rows) = clamp_grid(cols, rows);
+        Self::View { cols: GridDim(cols), rows: GridDim(rows), visible, idle_ms, open }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_messages_have_the_documented_shape() {
+        let exit = ServerMessage::Exit { exit_code: Some(3) }.to_json();
+        assert_eq!(exit, r#"{"type":"exit","exitCode":3}"#);
+        let size = ServerMessage::Size { cols: 80, rows: 24, yours: true }.to_json();
+        assert_eq!(size, r#"{"type":"size","cols":80,"rows":24,"yours":true}"#);
+        assert_eq!(ServerMessage::parse(&size).expect("parses"), ServerMessage::Size { cols: 80, rows: 24, yours: true });
+        assert_eq!(ServerMessage::parse(r#"{"type":"later","x":1}"#).expect("parses"), ServerMessage::Unknown);
+    }
+
+    #[test]
+    fn client_grids_are_clamped_and_non_numbers_refused() {
+        let m: ClientMessage = serde_json::from_str(r#"{"type":"resize","cols":-1,"rows":3000.5}"#).expect("parses");
+        assert_eq!(m, ClientMessage::resize(1, 1000));
+        assert!(serde_json::from_str::<ClientMessage>(r#"{"type":"resize","cols":"80","rows":3}"#).is_err());
+        let v: ClientMessage = serde_json::from_str(r#"{"type":"view","cols":80,"rows":24}"#).expect("parses");
+        assert_eq!(v, ClientMessage::view(80, 24, true, 0, true));
+        assert_eq!(v.to_json(), r#"{"type":"view","cols":80,"rows":24,"visible":true,"idleMs":0,"open":true}"#);
+    }
+}
