@@ -1,0 +1,233 @@
+//! Frames from a daemon after its hello, applied in order: terminal
+//! lifecycle (Started, SpawnError, Exit, Usage, Snapshot), stream frames
+//! for the arbiters, and answers to requests.
+
+use super::*;
+
+fn terminal_id(raw: &str) -> Option<Uuid> {
+    Uuid::parse_str(raw).ok()
+}
+
+fn grid(value: u32) -> u16 {
+    u16::try_from(value.clamp(1, 1000)).unwrap_or(1000)
+}
+
+impl Handler<Inbound> for DaemonConn {
+    type Result = AtomicResponse<Self, ()>;
+
+    fn handle(&mut self, msg: Inbound, ctx: &mut Context<Self>) -> Self::Result {
+        self.last_heard = Instant::now();
+        let done = || AtomicResponse::new(Box::pin(actix::fut::ready(())));
+        let Some(host_id) = self.host_id() else { return done() };
+        let Some(frame) = msg.0.frame else { return done() };
+        // Frames about a terminal this host does not own are dropped.
+        let owned_id = |raw: &str, owned: &HashMap<Uuid, Owned>| terminal_id(raw).filter(|id| owned.contains_key(id));
+        let store = self.relay.store.clone();
+        match frame {
+            daemon_frame::Frame::Output(out) => {
+                let Some(id) = owned_id(&out.terminal_id, &self.owned) else {
+                    metrics::counter!("tether_daemon_frames_dropped_total").increment(1);
+                    return done();
+                };
+                metrics::counter!("tether_daemon_output_bytes_total").increment(out.data.len() as u64);
+                let Some(arbiter) = self.attached.get(&id).cloned() else { return done() };
+                let chunk = OutputChunk { offset: out.offset, data: out.data };
+                if self.window().is_some() {
+                    // Never waits for the arbiter: the terminal's flow-control
+                    // window bounds what is in flight (see `arbiter`).
+                    arbiter.do_send(chunk);
+                    return done();
+                }
+                // A daemon without flow control is slowed as a whole: the
+                // reader waits while the terminal's stream is paused.
+                AtomicResponse::new(Box::pin(
+                    async move {
+                        let _ = arbiter.send(chunk).await;
+                    }
+                    .into_actor(self),
+                ))
+            }
+            daemon_frame::Frame::Scrollback(s) => {
+                if let Some(id) = owned_id(&s.terminal_id, &self.owned) {
+                    self.arbiter_event(
+                        id,
+                        StreamEvent::Scrollback {
+                            attach_id: s.attach_id,
+                            data: s.data,
+                            cols: grid(s.cols),
+                            rows: grid(s.rows),
+                            offset: s.offset,
+                            resumed: s.resumed,
+                        },
+                    );
+                }
+                done()
+            }
+            daemon_frame::Frame::AttachError(e) => {
+                if let Some(id) = terminal_id(&e.terminal_id) {
+                    self.arbiter_event(id, StreamEvent::AttachError { attach_id: e.attach_id, message: e.message });
+                }
+                done()
+            }
+            daemon_frame::Frame::Size(s) => {
+                let Some(id) = owned_id(&s.terminal_id, &self.owned) else { return done() };
+                let (cols, rows) = (grid(s.cols), grid(s.rows));
+                self.arbiter_event(id, StreamEvent::Size { cols, rows });
+                AtomicResponse::new(Box::pin(
+                    async move {
+                        if let Err(e) = store.set_terminal_size(host_id, id, cols, rows).await {
+                            tracing::warn!(error = %e, "tether_terminal_size_failed");
+                        }
+                    }
+                    .into_actor(self),
+                ))
+            }
+            daemon_frame::Frame::Ping(_) => {
+                self.send(server_frame::Frame::Pong(crate::proto::v1::Pong {}), ctx);
+                done()
+            }
+            daemon_frame::Frame::Hello(_) => {
+                self.close(close::POLICY, "a second hello on one connection", ctx);
+                done()
+            }
+            daemon_frame::Frame::Started(s) => {
+                let Some(id) = owned_id(&s.terminal_id, &self.owned) else { return done() };
+                let run_id = self.owned.get(&id).and_then(|o| o.run_id);
+                let registry = self.relay.registry.clone();
+                AtomicResponse::new(Box::pin(
+                    async move {
+                        match store.mark_started(host_id, id).await {
+                            Ok(_) => {
+                                if let Some(run_id) = run_id {
+                                    crate::store::logged(store.mark_run_running(run_id).await, "mark run running");
+                                }
+                                registry.do_send(TerminalLifecycle { terminal_id: id, event: LifecycleEvent::Started });
+                            }
+                            Err(e) => tracing::error!(error = %e, terminal_id = %id, "tether_started_write_failed"),
+                        }
+                    }
+                    .into_actor(self),
+                ))
+            }
+            daemon_frame::Frame::SpawnError(s) => {
+                let Some(id) = owned_id(&s.terminal_id, &self.owned) else { return done() };
+                let run_id = self.owned.remove(&id).and_then(|o| o.run_id);
+                let registry = self.relay.registry.clone();
+                let message: String = s.message.chars().take(1000).collect();
+                AtomicResponse::new(Box::pin(
+                    async move {
+                        if let Err(e) = store.mark_spawn_failed(host_id, id, &message).await {
+                            tracing::error!(error = %e, terminal_id = %id, "tether_spawn_error_write_failed");
+                        }
+                        if let Some(run_id) = run_id {
+                            crate::store::logged(store.append_run_log(run_id, message.as_bytes(), usize::MAX / 2).await, "log spawn error");
+                            crate::store::logged(store.finish_run(run_id, RunState::Failed, None).await, "fail run");
+                        }
+                        registry.do_send(TerminalLifecycle {
+                            terminal_id: id,
+                            event: LifecycleEvent::SpawnFailed(message),
+                        });
+                    }
+                    .into_actor(self),
+                ))
+            }
+            daemon_frame::Frame::Snapshot(s) => {
+                let Some(id) = owned_id(&s.terminal_id, &self.owned) else { return done() };
+                let (cols, rows) = (grid(s.cols), grid(s.rows));
+                if let Some(owned) = self.owned.get_mut(&id) {
+                    owned.final_snapshot = Some((s.data.clone(), cols, rows));
+                }
+                let snapshot = crate::store::TerminalSnapshot { data: s.data.to_vec(), cols, rows };
+                AtomicResponse::new(Box::pin(
+                    async move {
+                        if let Err(e) = store.put_snapshot(host_id, id, &snapshot).await {
+                            tracing::error!(error = %e, terminal_id = %id, "tether_snapshot_write_failed");
+                        }
+                    }
+                    .into_actor(self),
+                ))
+            }
+            daemon_frame::Frame::Exit(e) => {
+                let Some(id) = owned_id(&e.terminal_id, &self.owned) else { return done() };
+                let snapshot = self.owned.get_mut(&id).and_then(|o| o.final_snapshot.take());
+                // A run's terminal is forgotten when its Usage arrives; others now.
+                if self.owned.get(&id).is_some_and(|o| o.run_id.is_none()) {
+                    self.owned.remove(&id);
+                }
+                let status = ExitStatus { code: e.exit_code, signal: e.signal };
+                let arbiter = self.attached.remove(&id);
+                let registry = self.relay.registry.clone();
+                AtomicResponse::new(Box::pin(
+                    async move {
+                        if let Err(err) = store.mark_exited(host_id, id, status).await {
+                            tracing::error!(error = %err, terminal_id = %id, "tether_exit_write_failed");
+                        }
+                        let event = LifecycleEvent::Exited { status, snapshot };
+                        match arbiter {
+                            Some(arbiter) => arbiter.do_send(event),
+                            None => registry.do_send(TerminalLifecycle { terminal_id: id, event }),
+                        }
+                    }
+                    .into_actor(self),
+                ))
+            }
+            daemon_frame::Frame::Usage(u) => {
+                let Some(id) = terminal_id(&u.terminal_id) else { return done() };
+                // Usage follows Exit; the terminal is forgotten once it arrives.
+                let Some(run_id) = self.owned.remove(&id).and_then(|o| o.run_id) else { return done() };
+                let usage = RunUsage {
+                    cpu_ms: i64::try_from(u.cpu_ms).unwrap_or(i64::MAX),
+                    max_rss_kb: i64::try_from(u.max_rss_kb).unwrap_or(i64::MAX),
+                    output_bytes: i64::try_from(u.output_bytes).unwrap_or(i64::MAX),
+                    wall_ms: i64::try_from(u.wall_ms).unwrap_or(i64::MAX),
+                };
+                AtomicResponse::new(Box::pin(
+                    async move {
+                        if let Err(e) = store.set_run_usage(run_id, &usage).await {
+                            tracing::error!(error = %e, "tether_usage_write_failed");
+                        }
+                    }
+                    .into_actor(self),
+                ))
+            }
+            daemon_frame::Frame::DirsResult(r) => {
+                let answer = match r.error {
+                    Some(error) => Err(RequestError::Refused(error)),
+                    None => Ok(DaemonAnswer::Dirs(r.dirs.clone())),
+                };
+                let ok = answer.is_ok();
+                self.answer(&r.request_id, answer);
+                if !ok {
+                    return done();
+                }
+                AtomicResponse::new(Box::pin(
+                    async move {
+                        if let Err(e) = store.set_host_dirs(host_id, &r.dirs).await {
+                            tracing::error!(error = %e, "tether_dirs_write_failed");
+                        }
+                    }
+                    .into_actor(self),
+                ))
+            }
+            daemon_frame::Frame::LimitsResult(r) => {
+                let answer = match r.error {
+                    Some(error) => Err(RequestError::Refused(error)),
+                    None => serde_json::from_str(&r.limits_json)
+                        .map(DaemonAnswer::Limits)
+                        .map_err(|_| RequestError::Refused("the daemon sent limits that are not JSON".into())),
+                };
+                self.answer(&r.request_id, answer);
+                done()
+            }
+            daemon_frame::Frame::CredentialsResult(r) => {
+                let answer = match r.error {
+                    Some(error) => Err(RequestError::Refused(error)),
+                    None => Ok(DaemonAnswer::Credentials(r.credentials_json.to_vec())),
+                };
+                self.answer(&r.request_id, answer);
+                done()
+            }
+        }
+    }
+}
+

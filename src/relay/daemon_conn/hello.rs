@@ -1,0 +1,226 @@
+//! The hello of a daemon connection: admission (the host is the token's
+//! user's and belongs to this cell), the claim (subscribe, seize the lease,
+//! tell the previous owner), reconciliation of terminal rows, then the
+//! acknowledgement and the parked spawns.
+
+use super::*;
+
+/// What the hello established, applied back on the actor.
+struct Accepted {
+    capabilities: Capabilities,
+    claim: Claim,
+    live: Vec<crate::store::Terminal>,
+    parked: Vec<crate::store::Terminal>,
+    captures: Vec<(Uuid, Uuid, u64)>,
+}
+
+/// What a hello took before it could fail: cleaned up when the connection
+/// stops (registry entry, bus subscription, and the lease if it was seized).
+#[derive(Clone)]
+struct Claim {
+    conn_no: u64,
+    holder: String,
+    subscribed: bool,
+}
+
+/// Why a hello was refused.
+struct Refused(u16, &'static str, Option<Claim>);
+
+/// A refusal made before any claim.
+fn refused((code, reason): (u16, &'static str)) -> Refused {
+    Refused(code, reason, None)
+}
+
+/// Logs a store failure with its cause; the daemon is told only
+/// "database error".
+fn database_error(e: StoreError) -> (u16, &'static str) {
+    tracing::error!(error = %e, "tether_store_error");
+    (close::INTERNAL, "database error")
+}
+
+/// What the rest of the hello established once the host was claimed.
+struct Taken {
+    capabilities: Capabilities,
+    live: Vec<crate::store::Terminal>,
+    parked: Vec<crate::store::Terminal>,
+    captures: Vec<(Uuid, Uuid, u64)>,
+}
+
+/// Seizes the lease (newest daemon wins), tells the previous owner, records
+/// the hello and reconciles the host's terminal rows.
+async fn take_host(
+    relay: &RelayContext,
+    host_id: Uuid,
+    user_id: Uuid,
+    holder: &str,
+    hello: crate::proto::v1::Hello,
+) -> Result<Taken, (u16, &'static str)> {
+    let ttl = Duration::from_millis(relay.settings.lease.ttl_ms);
+    let db = database_error;
+    relay.store.seize_lease(&host_lease_key(host_id), holder, ttl).await.map_err(db)?;
+    // The previous owner, if any, re-reads the lease and lets its connection go.
+    let taken = crate::proto::bus::HostTaken { host_id: host_id.to_string() };
+    let channel = relay.bus.host_channel(host_id);
+    if let Err(e) = relay.bus.publish(&channel, crate::proto::bus::envelope::Body::HostTaken(taken)).await {
+        tracing::warn!(error = %e, %host_id, "tether_host_taken_publish_failed");
+    }
+    let caps = hello.capabilities.unwrap_or_default();
+    let capabilities = Capabilities {
+        manage_dirs: caps.manage_dirs,
+        refresh_limits: caps.refresh_limits,
+        credentials: caps.credentials,
+        usage: caps.usage,
+        flow_control: caps.flow_control,
+    };
+    relay.store.host_connected(host_id, &capabilities, &hello.dirs).await.map_err(db)?;
+    let reported: Vec<Uuid> = hello.terminals.iter().filter_map(|t| Uuid::parse_str(&t.terminal_id).ok()).collect();
+    let gone = relay.store.reconcile_terminals(host_id, &reported).await.map_err(db)?;
+    for id in &gone {
+        if let Some(run_id) = relay.store.terminal_by_id(*id).await.map_err(db)?.and_then(|t| t.run_id) {
+            relay.store.finish_run(run_id, RunState::Failed, None).await.map_err(db)?;
+        }
+    }
+    let filter = crate::store::TerminalFilter { host_id: Some(host_id), state: None };
+    let all = relay.store.list_terminals(user_id, &filter).await.map_err(db)?;
+    let live: Vec<_> = all.iter().filter(|t| t.state.is_live()).cloned().collect();
+    let parked: Vec<_> = all.into_iter().filter(|t| t.state == TerminalState::Pending).collect();
+    let mut captures = Vec::new();
+    for t in live.iter().filter(|t| t.state == TerminalState::Running) {
+        let Some(run_id) = t.run_id else { continue };
+        let run = relay.store.get_run(user_id, run_id).await.map_err(db)?;
+        if run.as_ref().is_some_and(|r| !r.state.is_final()) {
+            let logged = relay.store.run_log(user_id, run_id).await.map_err(db)?.map_or(0, |l| l.len() as u64);
+            captures.push((t.id, run_id, logged));
+        }
+    }
+    Ok(Taken { capabilities, live, parked, captures })
+}
+
+/// Tells the homes of viewers that joined through a previous owner that
+/// this instance holds the host now (docs/CLUSTER.md, "Failover"): each
+/// closes its client 4503 at once instead of at its next heartbeat, and the
+/// client reattaches through this instance.
+async fn announce_takeover(relay: RelayContext, host_id: Uuid, terminals: Vec<Uuid>) {
+    for terminal_id in terminals {
+        let taken = crate::proto::bus::HostTaken { host_id: host_id.to_string() };
+        let channel = relay.bus.terminal_channel(terminal_id);
+        if let Err(e) = relay.bus.publish(&channel, crate::proto::bus::envelope::Body::HostTaken(taken)).await {
+            tracing::warn!(error = %e, %terminal_id, "tether_takeover_announce_failed");
+        }
+    }
+}
+
+impl Handler<Hello> for DaemonConn {
+    type Result = AtomicResponse<Self, bool>;
+
+    fn handle(&mut self, msg: Hello, ctx: &mut Context<Self>) -> Self::Result {
+        self.last_heard = Instant::now();
+        let hello = msg.0;
+        let relay = self.relay.clone();
+        let user_id = self.user_id;
+        let addr = ctx.address();
+        let queue = self.outbox.queued_counter();
+        let host_id = Uuid::parse_str(&hello.host_id).ok();
+        let fut = async move {
+            let host_id = host_id.ok_or(Refused(close::FORBIDDEN, "unknown host", None))?;
+            let host =
+                relay.store.host_by_id(host_id).await.map_err(|e| refused(database_error(e)))?;
+            if host.is_none_or(|h| h.user_id != user_id) {
+                return Err(Refused(close::FORBIDDEN, "unknown or foreign host", None));
+            }
+            // Database admission (SPEC §8.3): a host placed on another cell
+            // belongs there.
+            let assignment =
+                relay.store.assignment(host_id).await.map_err(|e| refused(database_error(e)))?;
+            if assignment.is_some_and(|(cell, _)| cell != relay.cell_id) {
+                return Err(Refused(close::WRONG_CELL, "the host is assigned to another cell", None));
+            }
+            let conn_no = relay
+                .registry
+                .send(Register { host_id, conn: addr })
+                .await
+                .map_err(|_| Refused(close::INTERNAL, "registry unavailable", None))?;
+            let holder = HostRegistry::holder(&relay.instance_id, conn_no);
+            // Subscribe first, then seize (docs/CLUSTER.md): a request
+            // published right after the seize finds this instance listening.
+            let channel = relay.bus.host_channel(host_id);
+            let subscribed = match relay.bus.subscribe(&channel).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, %host_id, "tether_bus_subscribe_failed");
+                    false
+                }
+            };
+            let claim = Claim { conn_no, holder, subscribed };
+            match take_host(&relay, host_id, user_id, &claim.holder, hello).await {
+                Ok(t) => Ok(Accepted {
+                    capabilities: t.capabilities,
+                    claim,
+                    live: t.live,
+                    parked: t.parked,
+                    captures: t.captures,
+                }),
+                Err((code, reason)) => Err(Refused(code, reason, Some(claim))),
+            }
+        };
+        AtomicResponse::new(Box::pin(fut.into_actor(self).map(move |result, act, ctx| match result {
+            Err(Refused(code, reason, claim)) => {
+                tracing::info!(code, reason, "tether_daemon_hello_refused");
+                if let (Some(claim), Some(host_id)) = (claim, host_id) {
+                    act.host = Some(HostSession {
+                        host_id,
+                        conn_no: claim.conn_no,
+                        holder: claim.holder,
+                        ready: false,
+                        capabilities: Capabilities::default(),
+                        subscribed: claim.subscribed,
+                    });
+                }
+                act.close(code, reason, ctx);
+                false
+            }
+            Ok(accepted) => {
+                let Some(host_id) = host_id else { return false };
+                act.host = Some(HostSession {
+                    host_id,
+                    conn_no: accepted.claim.conn_no,
+                    holder: accepted.claim.holder,
+                    ready: false,
+                    capabilities: accepted.capabilities,
+                    subscribed: accepted.claim.subscribed,
+                });
+                if act.closed {
+                    return false;
+                }
+                for t in &accepted.live {
+                    act.owned.entry(t.id).or_default().run_id = t.run_id;
+                }
+                let ack = crate::proto::v1::HelloAck { instance_id: act.relay.instance_id.clone() };
+                act.send(server_frame::Frame::HelloAck(ack), ctx);
+                if let Some(h) = act.host.as_mut() {
+                    h.ready = true;
+                }
+                tracing::info!(%host_id, "tether_daemon_connected");
+                let registry = act.relay.registry.clone();
+                let conn_no = accepted.claim.conn_no;
+                let flow_control = accepted.capabilities.flow_control;
+                registry.do_send(Ready { host_id, conn_no, daemon_queue: queue.clone(), flow_control });
+                let terminals: Vec<Uuid> = accepted.live.iter().map(|t| t.id).collect();
+                actix_rt::spawn(announce_takeover(act.relay.clone(), host_id, terminals));
+                for (terminal_id, run_id, logged) in accepted.captures {
+                    let registry = registry.clone();
+                    actix_rt::spawn(async move {
+                        if let Ok(arbiter) = registry.send(OpenTerminal { terminal_id, host_id }).await {
+                            arbiter.do_send(CaptureRun { run_id, logged, attach_id: None });
+                        }
+                    });
+                }
+                for terminal in accepted.parked {
+                    ctx.wait(act.spawn_terminal(terminal).map(|_, _, _| ()));
+                }
+                true
+            }
+        })))
+    }
+}
+

@@ -1,0 +1,353 @@
+//! `DaemonConn`: one actor per daemon socket (SPEC §4).
+//!
+//! Split by job: [`reader`] feeds frames in order, [`hello`] admits and
+//! claims the host, [`frames`] applies what the daemon sends after that,
+//! [`requests`] pairs requests with the daemon's answers.
+//!
+//! A reader task decodes frames and hands them to the actor one at a time,
+//! waiting for each to be handled, so frames of one connection are applied
+//! strictly in order and a fast daemon is slowed by TCP rather than
+//! buffered. Until the hello is done, frames are held (at most 256 frames /
+//! 4 MiB, else 1008). The hello checks the host, registers with the
+//! `HostRegistry` (newest wins), seizes the lease, reconciles terminal rows,
+//! acknowledges, then spawns parked terminals.
+//!
+//! Every write this actor makes is scoped by host id and compares state
+//! (see `store`), so a late frame can never overwrite a newer fact.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use actix_ws::{AggregatedMessage, AggregatedMessageStream, ProtocolError};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use prost::Message as _;
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+mod frames;
+mod hello;
+mod reader;
+mod requests;
+
+use super::arbiter::TerminalArbiter;
+use super::limiter::AddressGuard;
+use super::outbox::{Frame, Outbox};
+use super::registry::{HostRegistry, OpenTerminal, Ready, Register, TerminalLifecycle, Unregister};
+use super::*;
+use reader::read_loop;
+use crate::proto::v1::{daemon_frame, server_frame, DaemonFrame, ServerFrame};
+use crate::store::{host_lease_key, Capabilities, ExitStatus, HostState, RunState, RunUsage, StoreError, TerminalState};
+
+/// Frames held before the hello is done (SPEC §4).
+const EARLY_FRAMES: usize = 256;
+const EARLY_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes queued towards a daemon before it counts as not reading.
+const OUTBOUND_LIMIT: usize = 8 * 1024 * 1024;
+/// A daemon pings every 30 s; three missed pings end the connection.
+const IDLE_LIMIT: Duration = Duration::from_secs(95);
+
+/// The host this connection serves, once its hello was accepted.
+struct HostSession {
+    host_id: Uuid,
+    conn_no: u64,
+    holder: String,
+    ready: bool,
+    capabilities: Capabilities,
+    /// The host's bus channel is subscribed for this connection.
+    subscribed: bool,
+}
+
+/// What the connection knows of a terminal its host owns.
+#[derive(Default)]
+struct Owned {
+    run_id: Option<Uuid>,
+    final_snapshot: Option<(Bytes, u16, u16)>,
+}
+
+pub struct DaemonConn {
+    relay: RelayContext,
+    user_id: Uuid,
+    outbox: Outbox,
+    stream: Option<AggregatedMessageStream>,
+    host: Option<HostSession>,
+    owned: HashMap<Uuid, Owned>,
+    attached: HashMap<Uuid, Addr<TerminalArbiter>>,
+    pending: HashMap<String, (DaemonRequestKind, oneshot::Sender<Result<DaemonAnswer, RequestError>>)>,
+    last_heard: Instant,
+    closed: bool,
+    _guard: AddressGuard,
+}
+
+impl DaemonConn {
+    pub fn new(
+        relay: RelayContext,
+        user_id: Uuid,
+        outbox: Outbox,
+        stream: AggregatedMessageStream,
+        guard: AddressGuard,
+    ) -> Self {
+        Self {
+            relay,
+            user_id,
+            outbox,
+            stream: Some(stream),
+            host: None,
+            owned: HashMap::new(),
+            attached: HashMap::new(),
+            pending: HashMap::new(),
+            last_heard: Instant::now(),
+            closed: false,
+            _guard: guard,
+        }
+    }
+
+    fn send(&mut self, frame: server_frame::Frame, ctx: &mut Context<Self>) {
+        let bytes = ServerFrame { frame: Some(frame) }.encode_to_vec();
+        if self.outbox.push(Frame::Binary(Bytes::from(bytes))).is_err() {
+            tracing::warn!("tether_daemon_not_reading");
+            self.close(close::POLICY, "daemon is not reading", ctx);
+        }
+    }
+
+    fn close(&mut self, code: u16, reason: &str, ctx: &mut Context<Self>) {
+        if !self.closed {
+            self.closed = true;
+            self.outbox.close(code, reason);
+        }
+        ctx.stop();
+    }
+
+    fn host_id(&self) -> Option<Uuid> {
+        self.host.as_ref().filter(|h| h.ready).map(|h| h.host_id)
+    }
+
+    /// The flow-control window for a new Attach, if the daemon supports it.
+    fn window(&self) -> Option<u64> {
+        let flow_control = self.host.as_ref().is_some_and(|h| h.capabilities.flow_control);
+        flow_control.then_some(self.relay.settings.daemon.window_bytes)
+    }
+
+    /// Claims `pending -> launching` and sends Spawn; resolves to whether
+    /// this connection sent it. A run's terminal gets its output capture
+    /// attached right behind the Spawn, so no byte escapes the log.
+    fn spawn_terminal(&mut self, terminal: crate::store::Terminal) -> ResponseActFuture<Self, bool> {
+        let Some(host_id) = self.host_id().filter(|h| *h == terminal.host_id) else {
+            return Box::pin(actix::fut::ready(false));
+        };
+        let store = self.relay.store.clone();
+        let registry = self.relay.registry.clone();
+        let id = terminal.id;
+        let run_id = terminal.run_id;
+        let claim = async move {
+            if !store.claim_launch(host_id, id).await? {
+                return Ok(None); // claimed elsewhere, or no longer pending
+            }
+            let Some(run_id) = run_id else { return Ok(Some(None)) };
+            // The registry answers at once; the arbiter is never awaited.
+            let Ok(arbiter) = registry.send(OpenTerminal { terminal_id: id, host_id }).await else {
+                return Ok(Some(None));
+            };
+            let attach_id = Uuid::new_v4().to_string();
+            // Queued before the Scrollback can reach the arbiter (one
+            // mailbox, in order), so the capture is there to take it.
+            arbiter.do_send(CaptureRun { run_id, logged: 0, attach_id: Some(attach_id.clone()) });
+            Ok(Some(Some((arbiter, attach_id))))
+        };
+        Box::pin(claim.into_actor(self).map(
+            move |claimed: Result<_, crate::store::StoreError>, act, ctx| match claimed {
+                Ok(Some(capture)) => {
+                    act.owned.entry(id).or_default().run_id = terminal.run_id;
+                    let spawn = crate::proto::v1::Spawn {
+                        terminal_id: id.to_string(),
+                        dir: terminal.dir.clone().unwrap_or_default(),
+                        argv: terminal.argv.clone(),
+                        cols: u32::from(terminal.cols),
+                        rows: u32::from(terminal.rows),
+                    };
+                    act.send(server_frame::Frame::Spawn(spawn), ctx);
+                    if let Some((arbiter, attach_id)) = capture {
+                        let window = act.window();
+                        let attach =
+                            AttachArbiter { terminal_id: id, attach_id, resume_from: Some(0), window, arbiter };
+                        act.attach(attach, ctx);
+                    }
+                    true
+                }
+                Ok(None) => false,
+                Err(e) => {
+                    tracing::error!(error = %e, terminal_id = %id, "tether_spawn_claim_failed");
+                    false
+                }
+            },
+        ))
+    }
+
+    fn attach(&mut self, msg: AttachArbiter, ctx: &mut Context<Self>) {
+        if !self.owned.contains_key(&msg.terminal_id) || self.host_id().is_none() {
+            msg.arbiter.do_send(StreamEvent::AttachError {
+                attach_id: msg.attach_id,
+                message: "the daemon has no such terminal".into(),
+            });
+            return;
+        }
+        self.attached.insert(msg.terminal_id, msg.arbiter);
+        let attach = crate::proto::v1::Attach {
+            terminal_id: msg.terminal_id.to_string(),
+            attach_id: msg.attach_id,
+            resume_from: msg.resume_from,
+            window: msg.window,
+        };
+        self.send(server_frame::Frame::Attach(attach), ctx);
+    }
+
+    fn arbiter_event(&self, terminal_id: Uuid, event: StreamEvent) {
+        if let Some(arbiter) = self.attached.get(&terminal_id) {
+            arbiter.do_send(event);
+        }
+    }
+
+    /// Starts the reader task that feeds frames to this actor in order.
+    fn start_reader(&mut self, ctx: &mut Context<Self>) {
+        let Some(stream) = self.stream.take() else { return };
+        let addr = ctx.address();
+        let outbox = self.outbox.clone();
+        let hello_timeout = Duration::from_millis(self.relay.settings.daemon.hello_timeout_ms);
+        actix_rt::spawn(read_loop(addr, stream, outbox, hello_timeout));
+    }
+}
+
+impl Actor for DaemonConn {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        metrics::gauge!("tether_daemon_connections").increment(1.0);
+        self.start_reader(ctx);
+        ctx.run_interval(Duration::from_secs(30), |act, ctx| {
+            if act.last_heard.elapsed() > IDLE_LIMIT {
+                tracing::info!("tether_daemon_idle");
+                act.close(close::POLICY, "no frame in 95 s", ctx);
+            }
+        });
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        metrics::gauge!("tether_daemon_connections").decrement(1.0);
+        for (_, (_, reply)) in self.pending.drain() {
+            let _ = reply.send(Err(RequestError::Offline));
+        }
+        let Some(host) = self.host.take() else { return };
+        let relay = self.relay.clone();
+        // Releases only this connection's own lease, and marks the host
+        // offline only when no connection anywhere holds one.
+        actix_rt::spawn(async move {
+            let _ = relay.registry.send(Unregister { host_id: host.host_id, conn_no: host.conn_no }).await;
+            if host.subscribed {
+                relay.bus.unsubscribe(&relay.bus.host_channel(host.host_id)).await;
+            }
+            let key = host_lease_key(host.host_id);
+            if let Err(e) = relay.store.release_lease(&key, &host.holder).await {
+                tracing::warn!(error = %e, host_id = %host.host_id, "tether_lease_release_failed");
+            }
+            match relay.store.lease_holder(&key).await {
+                Ok(None) => {
+                    if let Err(e) = relay.store.set_host_state(host.host_id, HostState::Offline).await {
+                        tracing::warn!(error = %e, "tether_host_state_failed");
+                    }
+                }
+                Ok(Some(_)) => {}
+                Err(e) => tracing::warn!(error = %e, "tether_lease_read_failed"),
+            }
+            tracing::info!(host_id = %host.host_id, "tether_daemon_disconnected");
+        });
+    }
+}
+
+/// The daemon's Hello; answers whether the connection is ready.
+#[derive(Message)]
+#[rtype(result = "bool")]
+struct Hello(crate::proto::v1::Hello);
+
+/// A frame after the hello.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Inbound(DaemonFrame);
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Fail(u16, &'static str);
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct SocketClosed;
+
+impl Handler<Fail> for DaemonConn {
+    type Result = ();
+    fn handle(&mut self, msg: Fail, ctx: &mut Context<Self>) {
+        tracing::info!(code = msg.0, reason = msg.1, "tether_daemon_closed");
+        self.close(msg.0, msg.1, ctx);
+    }
+}
+
+impl Handler<SocketClosed> for DaemonConn {
+    type Result = ();
+    fn handle(&mut self, _: SocketClosed, ctx: &mut Context<Self>) {
+        self.closed = true;
+        ctx.stop();
+    }
+}
+
+impl Handler<CloseDaemon> for DaemonConn {
+    type Result = ();
+    fn handle(&mut self, msg: CloseDaemon, ctx: &mut Context<Self>) {
+        tracing::info!(code = msg.code, reason = msg.reason, "tether_daemon_closed");
+        self.close(msg.code, msg.reason, ctx);
+    }
+}
+
+impl Handler<ToDaemon> for DaemonConn {
+    type Result = ();
+    fn handle(&mut self, msg: ToDaemon, ctx: &mut Context<Self>) {
+        if self.host_id().is_some() {
+            self.send(msg.0, ctx);
+        }
+    }
+}
+
+impl Handler<SpawnTerminal> for DaemonConn {
+    type Result = AtomicResponse<Self, bool>;
+    fn handle(&mut self, msg: SpawnTerminal, _: &mut Context<Self>) -> Self::Result {
+        AtomicResponse::new(self.spawn_terminal(msg.0))
+    }
+}
+
+impl Handler<AttachArbiter> for DaemonConn {
+    type Result = ();
+    fn handle(&mut self, msg: AttachArbiter, ctx: &mut Context<Self>) {
+        self.attach(msg, ctx);
+    }
+}
+
+impl Handler<DetachArbiter> for DaemonConn {
+    type Result = ();
+    fn handle(&mut self, msg: DetachArbiter, ctx: &mut Context<Self>) {
+        if self.attached.get(&msg.terminal_id) == Some(&msg.arbiter) {
+            self.attached.remove(&msg.terminal_id);
+            let detach = crate::proto::v1::Detach { terminal_id: msg.terminal_id.to_string() };
+            self.send(server_frame::Frame::Detach(detach), ctx);
+        }
+    }
+}
+
+/// Starts a connection actor for an upgraded daemon socket.
+pub fn start(
+    relay: RelayContext,
+    user_id: Uuid,
+    session: actix_ws::Session,
+    stream: AggregatedMessageStream,
+    guard: AddressGuard,
+) -> Addr<DaemonConn> {
+    let outbox = Outbox::start(session, OUTBOUND_LIMIT, None);
+    DaemonConn::new(relay, user_id, outbox, stream, guard).start()
+}

@@ -1,0 +1,110 @@
+//! The socket reader of a daemon connection: decodes frames and hands
+//! them to the actor one at a time, waiting for each, so frames are
+//! handled strictly in order and a fast daemon is slowed by TCP.
+
+use super::*;
+
+/// A decoded frame, or why the reader stopped.
+enum Read {
+    Frame(DaemonFrame, usize),
+    Closed,
+    Fail(u16, &'static str),
+    Skip,
+}
+
+fn decode(msg: Option<Result<AggregatedMessage, ProtocolError>>, outbox: &Outbox) -> Read {
+    match msg {
+        None | Some(Ok(AggregatedMessage::Close(_))) => Read::Closed,
+        Some(Ok(AggregatedMessage::Binary(bytes))) => match DaemonFrame::decode(bytes.as_ref()) {
+            Ok(frame) if frame.frame.is_some() => Read::Frame(frame, bytes.len()),
+            _ => Read::Fail(close::POLICY, "malformed frame"),
+        },
+        Some(Ok(AggregatedMessage::Text(_))) => {
+            Read::Fail(close::POLICY, "text frames are not part of the daemon protocol")
+        }
+        Some(Ok(AggregatedMessage::Ping(bytes))) => {
+            let _ = outbox.push(Frame::Pong(bytes));
+            Read::Skip
+        }
+        Some(Ok(AggregatedMessage::Pong(_))) => Read::Skip,
+        Some(Err(ProtocolError::Overflow)) => Read::Fail(close::TOO_LARGE, "frame over 1 MiB"),
+        Some(Err(_)) => Read::Closed,
+    }
+}
+
+pub(super) async fn read_loop(
+    addr: Addr<DaemonConn>,
+    mut stream: AggregatedMessageStream,
+    outbox: Outbox,
+    hello_timeout: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + hello_timeout;
+    let mut held: VecDeque<DaemonFrame> = VecDeque::new();
+    let mut held_bytes = 0usize;
+    let mut hello: Option<std::pin::Pin<Box<Request<DaemonConn, Hello>>>> = None;
+    // Phase 1: until the hello is done, hold everything else.
+    loop {
+        let read = tokio::select! {
+            accepted = async {
+                match hello.as_mut() {
+                    Some(pending) => pending.await,
+                    None => std::future::pending().await,
+                }
+            }, if hello.is_some() => {
+                match accepted {
+                    Ok(true) => break,
+                    _ => return, // refused: the actor closed the socket
+                }
+            }
+            () = tokio::time::sleep_until(deadline), if hello.is_none() => {
+                addr.do_send(Fail(close::NO_HELLO, "no hello in time"));
+                return;
+            }
+            msg = stream.next() => decode(msg, &outbox),
+        };
+        match read {
+            Read::Frame(frame, len) => {
+                if hello.is_none() {
+                    if let Some(daemon_frame::Frame::Hello(h)) = frame.frame {
+                        hello = Some(Box::pin(addr.send(Hello(h))));
+                        continue;
+                    }
+                }
+                held_bytes += len;
+                held.push_back(frame);
+                if held.len() > EARLY_FRAMES || held_bytes > EARLY_BYTES {
+                    addr.do_send(Fail(close::POLICY, "too many frames before the hello was done"));
+                    return;
+                }
+            }
+            Read::Skip => {}
+            ended => return report_end(&addr, ended),
+        }
+    }
+    // Phase 2: one frame at a time, each handled before the next is read.
+    for frame in held {
+        if addr.send(Inbound(frame)).await.is_err() {
+            return;
+        }
+    }
+    loop {
+        match decode(stream.next().await, &outbox) {
+            Read::Frame(frame, _) => {
+                if addr.send(Inbound(frame)).await.is_err() {
+                    return;
+                }
+            }
+            Read::Skip => {}
+            ended => return report_end(&addr, ended),
+        }
+    }
+}
+
+/// Tells the actor why the reader stopped.
+fn report_end(addr: &Addr<DaemonConn>, read: Read) {
+    match read {
+        Read::Fail(code, reason) => addr.do_send(Fail(code, reason)),
+        _ => addr.do_send(SocketClosed),
+    }
+}
+
