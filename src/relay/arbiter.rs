@@ -33,6 +33,7 @@ use super::ended::ended_messages;
 use super::grid::{Grid, GridAction, GridTimings};
 use super::outbox::Frame;
 use super::registry::{ArbiterIdle, HostRegistry, Retire};
+use super::capture::RunCapture;
 use super::resume_ring::{Appended, ResumeRing};
 use super::stamp::InteractionStamp;
 use super::*;
@@ -74,14 +75,17 @@ enum Phase {
     Refused,
 }
 
+/// A member's key: a viewer by its id, or the terminal's run capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum MemberId {
+    Viewer(u64),
+    Capture,
+}
+
 enum Kind {
     /// A viewer and the byte count of its outbound queue.
     Viewer(Recipient<ViewerOut>, Arc<AtomicUsize>),
-    Capture {
-        run_id: Uuid,
-        pending: Vec<u8>,
-        logged: u64,
-    },
+    Capture(RunCapture),
 }
 
 struct Member {
@@ -99,13 +103,11 @@ struct Stream {
     granted: Option<u64>,
 }
 
-const CAPTURE: u64 = 0;
-
 /// Sends a member that missed bytes back to the start: a viewer gets a
 /// fresh replay, a run capture asks for its missing bytes again.
 fn rewind(m: &mut Member) {
     m.resume_from = match (&m.kind, &m.phase) {
-        (Kind::Capture { .. }, Phase::Live { next }) => Some(*next),
+        (Kind::Capture(_), Phase::Live { next }) => Some(*next),
         _ => None,
     };
     m.phase = Phase::Waiting;
@@ -118,7 +120,7 @@ pub struct TerminalArbiter {
     registry: Addr<HostRegistry>,
     stream: Option<Stream>,
     state: Option<TerminalState>,
-    members: HashMap<u64, Member>,
+    members: HashMap<MemberId, Member>,
     grid: Grid,
     /// Recent raw output, for resumes; its end is the next offset expected
     /// on the daemon's stream, once a Scrollback set it.
@@ -186,7 +188,7 @@ impl TerminalArbiter {
     }
 
     fn send_to(&self, member: u64, out: ViewerOut) {
-        if let Some(Member { kind: Kind::Viewer(r, _), .. }) = self.members.get(&member) {
+        if let Some(Member { kind: Kind::Viewer(r, _), .. }) = self.members.get(&MemberId::Viewer(member)) {
             r.do_send(out);
         }
     }
@@ -212,9 +214,9 @@ impl TerminalArbiter {
     }
 
     fn broadcast_sizes(&self) {
-        for (id, m) in &self.members {
-            if matches!(m.kind, Kind::Viewer(..)) {
-                self.send_to(*id, self.size_for(*id));
+        for id in self.members.keys() {
+            if let MemberId::Viewer(id) = *id {
+                self.send_to(id, self.size_for(id));
             }
         }
     }
@@ -282,7 +284,7 @@ impl TerminalArbiter {
                         }
                     }
                     act.close_viewers(close::NORMAL, "terminal ended");
-                    if act.members.contains_key(&CAPTURE) && act.finish.is_none() {
+                    if act.members.contains_key(&MemberId::Capture) && act.finish.is_none() {
                         let state = if t.exit_code == Some(0) { RunState::Succeeded } else { RunState::Failed };
                         act.finish = Some((state, t.exit_code));
                         act.flush_capture(ctx);
@@ -296,12 +298,12 @@ impl TerminalArbiter {
                 }
                 Ok(None) => {
                     act.close_viewers(close::UNKNOWN_TERMINAL, "terminal deleted");
-                    act.members.remove(&CAPTURE);
+                    act.members.remove(&MemberId::Capture);
                 }
                 Err(e) => {
                     tracing::error!(error = %e, terminal_id = %act.terminal_id, "tether_arbiter_load_failed");
                     act.close_viewers(close::INTERNAL, "database error");
-                    act.members.remove(&CAPTURE);
+                    act.members.remove(&MemberId::Capture);
                 }
             }
             act.maybe_idle(ctx);
@@ -352,7 +354,7 @@ impl TerminalArbiter {
                 queued.fetch_add(Frame::Binary(fresh.clone()).weight(), Ordering::Relaxed);
                 r.do_send(ViewerOut::Output(fresh));
             }
-            Kind::Capture { pending, .. } => pending.extend_from_slice(&fresh),
+            Kind::Capture(capture) => capture.push(&fresh),
         }
         Ok(())
     }
@@ -391,8 +393,10 @@ impl TerminalArbiter {
         let soft = self.config.soft_queue_bytes;
         self.members
             .iter()
-            .filter(|(_, m)| matches!(&m.kind, Kind::Viewer(_, queued) if queued.load(Ordering::Relaxed) > soft))
-            .map(|(id, _)| *id)
+            .filter_map(|(id, m)| match (id, &m.kind) {
+                (MemberId::Viewer(id), Kind::Viewer(_, queued)) if queued.load(Ordering::Relaxed) > soft => Some(*id),
+                _ => None,
+            })
             .collect()
     }
 
@@ -478,7 +482,10 @@ impl TerminalArbiter {
             stream.granted = Some(live_at + window);
         }
         for id in self.awaiting(&attach_id) {
-            let size = self.size_for(id);
+            let size = match id {
+                MemberId::Viewer(viewer) => Some(self.size_for(viewer)),
+                MemberId::Capture => None,
+            };
             let Some(Member { kind, phase, resume_from }) = self.members.get_mut(&id) else { continue };
             *phase = Phase::Live { next: live_at };
             match kind {
@@ -493,12 +500,12 @@ impl TerminalArbiter {
                         r.do_send(ViewerOut::Binary(data.clone()));
                         r.do_send(ViewerOut::control(ServerMessage::Live { offset }));
                     }
-                    r.do_send(size);
+                    if let Some(size) = size {
+                        r.do_send(size);
+                    }
                 }
-                Kind::Capture { pending, .. } => {
-                    if resumed && Some(offset) == *resume_from {
-                        pending.extend_from_slice(&data);
-                    } else {
+                Kind::Capture(capture) => {
+                    if !resumed || !capture.resumed(offset, &data, *resume_from) {
                         // The daemon no longer had the bytes since the log's end.
                         tracing::warn!(terminal_id = %self.terminal_id, "tether_run_log_gap");
                     }
@@ -511,17 +518,15 @@ impl TerminalArbiter {
         if self.flushing {
             return;
         }
-        let Some(Member { kind: Kind::Capture { run_id, pending, logged }, .. }) = self.members.get_mut(&CAPTURE)
-        else {
+        let Some(Member { kind: Kind::Capture(capture), .. }) = self.members.get_mut(&MemberId::Capture) else {
             return;
         };
         let finish = self.finish.take();
-        if pending.is_empty() && finish.is_none() {
+        if !capture.has_pending() && finish.is_none() {
             return;
         }
-        let data = std::mem::take(pending);
-        *logged += data.len() as u64;
-        let run_id = *run_id;
+        let data = capture.take();
+        let run_id = capture.run_id;
         let store = self.store.clone();
         let max = self.config.run_log_max_bytes;
         self.flushing = true;
@@ -542,7 +547,7 @@ impl TerminalArbiter {
         .map(|finished, act, ctx| {
             act.flushing = false;
             if finished {
-                act.members.remove(&CAPTURE);
+                act.members.remove(&MemberId::Capture);
                 act.maybe_idle(ctx);
             } else if act.finish.is_some() {
                 act.flush_capture(ctx);
@@ -563,7 +568,7 @@ impl TerminalArbiter {
     }
 
     /// Members waiting for the Scrollback of `attach_id`.
-    fn awaiting(&self, attach_id: &str) -> Vec<u64> {
+    fn awaiting(&self, attach_id: &str) -> Vec<MemberId> {
         self.members
             .iter()
             .filter(|(_, m)| matches!(&m.phase, Phase::Awaiting(a) if a == attach_id))
@@ -573,7 +578,7 @@ impl TerminalArbiter {
 
     /// Drops a member and frees the grid if it held it.
     fn remove_member(&mut self, id: u64, ctx: &mut Context<Self>) {
-        self.members.remove(&id);
+        self.members.remove(&MemberId::Viewer(id));
         let actions = self.grid.leave(id);
         self.apply(actions, ctx);
     }
@@ -589,11 +594,17 @@ impl TerminalArbiter {
     }
 
     fn close_viewers(&mut self, code: u16, reason: &str) {
-        let viewers: Vec<u64> =
-            self.members.iter().filter(|(_, m)| matches!(m.kind, Kind::Viewer(..))).map(|(id, _)| *id).collect();
+        let viewers: Vec<u64> = self
+            .members
+            .keys()
+            .filter_map(|id| match id {
+                MemberId::Viewer(id) => Some(*id),
+                MemberId::Capture => None,
+            })
+            .collect();
         for id in viewers {
             self.send_to(id, ViewerOut::Close { code, reason: reason.to_string() });
-            self.members.remove(&id);
+            self.members.remove(&MemberId::Viewer(id));
             self.grid.leave(id);
         }
     }
@@ -645,7 +656,7 @@ impl Handler<Join> for TerminalArbiter {
         }
         let out = msg.out.clone();
         self.members.insert(
-            msg.viewer,
+            MemberId::Viewer(msg.viewer),
             Member { kind: Kind::Viewer(msg.out, msg.queued), phase, resume_from: msg.resume_from },
         );
         out.do_send(self.size_for(msg.viewer));
@@ -660,14 +671,14 @@ impl Handler<Join> for TerminalArbiter {
 impl Handler<CaptureRun> for TerminalArbiter {
     type Result = ();
     fn handle(&mut self, msg: CaptureRun, ctx: &mut Context<Self>) {
-        if self.retiring || self.members.contains_key(&CAPTURE) {
+        if self.retiring || self.members.contains_key(&MemberId::Capture) {
             return;
         }
         let phase = msg.attach_id.map_or(Phase::Waiting, Phase::Awaiting);
         self.members.insert(
-            CAPTURE,
+            MemberId::Capture,
             Member {
-                kind: Kind::Capture { run_id: msg.run_id, pending: Vec::new(), logged: msg.logged },
+                kind: Kind::Capture(RunCapture::new(msg.run_id, msg.logged)),
                 phase,
                 resume_from: Some(msg.logged),
             },
@@ -728,7 +739,9 @@ impl Handler<StreamEvent> for TerminalArbiter {
             }
             StreamEvent::AttachError { attach_id, message } => {
                 for id in self.awaiting(&attach_id) {
-                    self.send_to(id, ViewerOut::control(ServerMessage::error(message.clone())));
+                    if let MemberId::Viewer(viewer) = id {
+                        self.send_to(viewer, ViewerOut::control(ServerMessage::error(message.clone())));
+                    }
                     if let Some(m) = self.members.get_mut(&id) {
                         m.phase = Phase::Refused;
                     }
@@ -776,7 +789,7 @@ impl Handler<LifecycleEvent> for TerminalArbiter {
                 self.broadcast(&self.status());
                 self.broadcast(&ViewerOut::control(ServerMessage::error(message.clone())));
                 self.close_viewers(close::NORMAL, "terminal failed to start");
-                self.members.remove(&CAPTURE);
+                self.members.remove(&MemberId::Capture);
                 self.maybe_idle(ctx);
             }
             LifecycleEvent::Exited { status, snapshot } => {
@@ -794,7 +807,7 @@ impl Handler<LifecycleEvent> for TerminalArbiter {
                 }
                 self.broadcast(&ViewerOut::control(ServerMessage::Exit { exit_code: status.code }));
                 self.close_viewers(close::NORMAL, "terminal exited");
-                if self.members.contains_key(&CAPTURE) {
+                if self.members.contains_key(&MemberId::Capture) {
                     let state = if status.code == Some(0) { RunState::Succeeded } else { RunState::Failed };
                     self.finish = Some((state, status.code));
                     self.flush_capture(ctx);
@@ -836,10 +849,10 @@ impl Handler<HostOffline> for TerminalArbiter {
         self.ring.reset();
         self.unpause();
         self.close_viewers(close::HOST_GONE, "host disconnected");
-        if let Some(m) = self.members.get_mut(&CAPTURE) {
+        if let Some(m) = self.members.get_mut(&MemberId::Capture) {
             m.phase = Phase::Waiting;
-            if let Kind::Capture { logged, pending, .. } = &m.kind {
-                m.resume_from = Some(*logged + pending.len() as u64);
+            if let Kind::Capture(capture) = &m.kind {
+                m.resume_from = Some(capture.end());
             }
         }
         self.maybe_idle(ctx);
@@ -853,7 +866,7 @@ impl Handler<Retire> for TerminalArbiter {
     }
 }
 
-/// A unique viewer id within this process (0 is the run capture).
+/// A unique viewer id within this process.
 pub fn next_viewer_id() -> u64 {
     static NEXT: AtomicUsize = AtomicUsize::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed) as u64

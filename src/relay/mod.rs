@@ -13,6 +13,7 @@
 //! viewers are `Recipient<ViewerOut>`s and requests are messages.
 
 pub mod arbiter;
+pub mod capture;
 pub mod daemon_conn;
 pub mod ended;
 pub mod grid;
