@@ -285,6 +285,42 @@ async fn failover(standalone: bool, kill_owner: bool) {
     drop(cl.daemon);
 }
 
+/// A viewer on B of a terminal whose host is offline waits on B. When the
+/// daemon comes back on A, B's heartbeat reads the host's lease, finds it
+/// on A and closes the waiting viewer 4503; its reattach streams through
+/// A. (It used to wait on B for good: only a daemon returning to B woke it.)
+#[actix_rt::test]
+async fn a_viewer_waiting_for_its_host_follows_it_to_another_instance() {
+    let cl = cluster(true, &[("TETHER_BUS__HEARTBEAT_MS", "300")]).await;
+    let (status, body) = cl.api.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["cat"]})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&cl.b, &id, "running").await;
+    let host = format!("/api/v1/hosts/{}", cl.host);
+    let b = &cl.servers[0];
+    let waiting = async {
+        cl.b.wait_for(&host, "host offline", |b| b["host"]["state"] == "offline").await;
+        let url = support::client::viewer_url(b, &id);
+        let mut sock = support::client::Socket::connect(&url, Some(&cl.api.token), &["tether.v1"]).await;
+        loop {
+            match sock.next().await {
+                support::client::Event::Text(t) if t.contains("host offline") => return sock,
+                support::client::Event::Close(code) => panic!("closed {code:?} before it waited"),
+                _ => {}
+            }
+        }
+    };
+    // The daemon's connection is cut and it cannot redial for 3 s; then it
+    // comes back through the balancer, to A.
+    let outage = cl.balancer.outage(std::time::Duration::from_secs(3));
+    let (_, mut waiting) = futures_util::future::join(outage, waiting).await;
+    assert_eq!(waiting.expect_close().await, Some(4503), "the waiting viewer is sent to the host's new owner");
+    cl.b.wait_for(&host, "host online", |b| b["host"]["state"] == "online").await;
+    let mut again = reattach(b, &cl.api.token, &id, "").await;
+    again.type_line("followed-the-host").await;
+    again.until("followed-the-host\r\nfollowed-the-host").await;
+}
+
 /// Redis is SIGKILLed and started again while a viewer on B streams a
 /// terminal whose daemon is on A: no instance crashes, the bus comes back,
 /// and the viewer either keeps streaming or is closed 4503 and resumes with

@@ -859,6 +859,17 @@ impl Handler<HostOffline> for TerminalArbiter {
     }
 }
 
+impl Handler<HostElsewhere> for TerminalArbiter {
+    type Result = ();
+    fn handle(&mut self, _: HostElsewhere, ctx: &mut Context<Self>) {
+        if self.stream.is_some() {
+            return; // the host came back here meanwhile
+        }
+        self.close_viewers(close::HOST_GONE, "the host is connected to another instance; reattach");
+        self.maybe_idle(ctx);
+    }
+}
+
 impl Handler<Retire> for TerminalArbiter {
     type Result = ();
     fn handle(&mut self, _: Retire, ctx: &mut Context<Self>) {

@@ -140,6 +140,12 @@ pub struct HostOnline(pub DaemonLink);
 #[rtype(result = "()")]
 pub struct HostOffline;
 
+/// The terminal's host, offline here, is connected to another instance:
+/// the arbiter's waiting viewers are closed 4503 and reattach through it.
+#[derive(Message, Debug)]
+#[rtype(result = "()")]
+pub struct HostElsewhere;
+
 /// What a viewer tells the arbiter.
 #[derive(Message)]
 #[rtype(result = "()")]

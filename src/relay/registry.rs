@@ -278,6 +278,22 @@ impl Handler<ConnectedHosts> for HostRegistry {
     }
 }
 
+/// Arbiters of terminals whose host is not connected here, with the host:
+/// their viewers wait, and the host may come back on another instance.
+#[derive(Message)]
+#[rtype(result = "Vec<(Uuid, Addr<TerminalArbiter>)>")]
+pub struct WaitingArbiters;
+
+impl Handler<WaitingArbiters> for HostRegistry {
+    type Result = MessageResult<WaitingArbiters>;
+    fn handle(&mut self, _: WaitingArbiters, _: &mut Context<Self>) -> Self::Result {
+        let here = |host: &Uuid| self.hosts.get(host).is_some_and(|e| e.ready.is_some());
+        MessageResult(
+            self.terminals.values().filter(|(host, _)| !here(host)).map(|(host, a)| (*host, a.clone())).collect(),
+        )
+    }
+}
+
 /// The arbiter of a terminal, created if needed.
 #[derive(Message)]
 #[rtype(result = "Addr<TerminalArbiter>")]

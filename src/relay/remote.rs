@@ -29,7 +29,7 @@ use uuid::Uuid;
 
 use super::arbiter::{next_viewer_id, TerminalArbiter};
 use super::outbox::Frame;
-use super::registry::OpenTerminal;
+use super::registry::{OpenTerminal, WaitingArbiters};
 use super::requests::{ask_owner, HostOp, OpAnswer};
 use super::*;
 use crate::proto::bus::{self, envelope, viewer_event, viewer_frame};
@@ -679,8 +679,10 @@ pub fn accept_join(relay: &RelayContext, home: &str, host_id: Uuid, join: &bus::
 // ------------------------------------------------------------------ heartbeat
 
 /// Every `bus.heartbeat_ms`: close home viewers whose owner no longer holds
-/// the host, report the rest to their owners, and drop remote viewers whose
-/// home went silent. Never overlaps itself (one loop).
+/// the host, and viewers waiting here for a host that is now connected to
+/// another instance (both reattach), report the rest to their owners, and
+/// drop remote viewers whose home went silent. Never overlaps itself (one
+/// loop), and reads every lease it needs in one query.
 pub async fn heartbeat(relay: RelayContext) {
     if !relay.bus.is_shared() {
         return;
@@ -706,10 +708,12 @@ async fn check_homes(relay: &RelayContext) {
             described.push((id, home, terminal_id, host_id, owner));
         }
     }
-    if described.is_empty() {
+    let waiting = relay.registry.send(WaitingArbiters).await.unwrap_or_default();
+    if described.is_empty() && waiting.is_empty() {
         return;
     }
-    let keys: Vec<String> = described.iter().map(|d| host_lease_key(d.3)).collect::<HashSet<_>>().into_iter().collect();
+    let hosts = described.iter().map(|d| d.3).chain(waiting.iter().map(|w| w.0));
+    let keys: Vec<String> = hosts.map(host_lease_key).collect::<HashSet<_>>().into_iter().collect();
     let holders: HashMap<String, String> = match relay.store.lease_holders(&keys).await {
         Ok(live) => live.into_iter().collect(),
         Err(e) => {
@@ -717,6 +721,14 @@ async fn check_homes(relay: &RelayContext) {
             return;
         }
     };
+    // Viewers waiting here for a host that came back on another instance
+    // reattach through it.
+    for (host_id, arbiter) in waiting {
+        let holder = holders.get(&host_lease_key(host_id)).map(|h| holder_instance(h));
+        if holder.is_some_and(|owner| owner != relay.instance_id) {
+            arbiter.do_send(HostElsewhere);
+        }
+    }
     let mut reports: HashMap<String, Vec<bus::ReportedViewer>> = HashMap::new();
     for (id, home, terminal_id, host_id, owner) in described {
         let holder = holders.get(&host_lease_key(host_id)).map(|h| holder_instance(h).to_string());
