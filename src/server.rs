@@ -76,6 +76,8 @@ async fn wait_for_stop_signal() {
 /// Closes every socket with 4503 and releases this instance's leases.
 async fn drain(state: &AppState) {
     let held = state.relay.registry.send(DrainAll).await.unwrap_or_default();
+    // Viewers whose terminal's host is owned elsewhere go too.
+    state.relay.remotes.drain_homes();
     // Let the close frames go out before the listener stops.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     for (host_id, holder) in held {

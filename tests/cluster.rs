@@ -321,6 +321,28 @@ async fn a_viewer_waiting_for_its_host_follows_it_to_another_instance() {
     again.until("followed-the-host\r\nfollowed-the-host").await;
 }
 
+/// B drains (SIGTERM) while its viewer streams a terminal whose daemon is
+/// on A: the viewer is closed 4503 like B's own, and reattaches through C
+/// with `?from=`, missing nothing.
+#[actix_rt::test]
+async fn a_draining_instance_sends_its_viewers_of_other_owners_away() {
+    let mut cl = cluster(true, &[("TETHER_SHUTDOWN__GRACE_MS", "3000")]).await;
+    let (status, body) = cl.api.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["cat"]})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&cl.b, &id, "running").await;
+    let mut on_b = Viewer::attach_to(&cl.servers[0], &cl.api.token, &id, "").await;
+    on_b.type_line("before-drain").await;
+    on_b.until("before-drain\r\nbefore-drain").await;
+    let status = cl.servers[0].terminate(std::time::Duration::from_secs(10));
+    assert!(status.is_some_and(|s| s.success()), "B exits cleanly within its grace: {status:?}");
+    assert_eq!(on_b.sock.expect_close().await, Some(4503), "B's viewer is told to reattach");
+    let from = on_b.start + on_b.live.len() as u64;
+    let mut on_c = reattach(&cl.servers[1], &cl.api.token, &id, &format!("?from={from}")).await;
+    on_c.type_line("after-drain").await;
+    on_c.until("after-drain\r\nafter-drain").await;
+}
+
 /// Redis is SIGKILLed and started again while a viewer on B streams a
 /// terminal whose daemon is on A: no instance crashes, the bus comes back,
 /// and the viewer either keeps streaming or is closed 4503 and resumes with

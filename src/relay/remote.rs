@@ -107,6 +107,14 @@ impl Remotes {
         }
     }
 
+    /// This instance drains: its home viewers close their clients 4503
+    /// (they reattach through another instance).
+    pub fn drain_homes(&self) {
+        for home in lock(&self.homes).values() {
+            home.addr.do_send(Reattach("instance draining"));
+        }
+    }
+
     /// Messages were lost and nobody can say on which channel: every proxy
     /// on this instance closes its client.
     pub fn repair_all(&self) {
