@@ -1,4 +1,5 @@
-//! `DaemonConn`: one actor per daemon socket (SPEC §4).
+//! `DaemonConn`: one actor per daemon socket (docs/PROTOCOL.md, "What the
+//! server enforces").
 //!
 //! A reader task decodes frames and hands them to the actor one at a time,
 //! waiting for each to be handled, so frames of one connection are applied
@@ -30,7 +31,7 @@ use super::*;
 use crate::proto::v1::{daemon_frame, server_frame, DaemonFrame, ServerFrame};
 use crate::store::{host_lease_key, Capabilities, ExitStatus, HostState, RunState, RunUsage, TerminalState};
 
-/// Frames held before the hello is done (SPEC §4).
+/// Frames held before the hello is done (docs/PROTOCOL.md, "What the server enforces").
 const EARLY_FRAMES: usize = 256;
 const EARLY_BYTES: usize = 4 * 1024 * 1024;
 /// Bytes queued towards a daemon before it counts as not reading.
@@ -511,7 +512,7 @@ impl Handler<Hello> for DaemonConn {
             if host.is_none_or(|h| h.user_id != user_id) {
                 return Err(Refused(close::FORBIDDEN, "unknown or foreign host", None));
             }
-            // Database admission (SPEC §8.3): a host placed on another cell
+            // Database admission (docs/ARCHITECTURE.md, "Cells"): a host placed on another cell
             // belongs there.
             let assignment =
                 relay.store.assignment(host_id).await.map_err(|_| Refused(close::INTERNAL, "database error", None))?;
