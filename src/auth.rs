@@ -1,6 +1,7 @@
-//! API tokens (SPEC §3): `tth_` + 32 random bytes (base64url), stored only as
-//! a SHA-256 hash, presented as `Authorization: Bearer TOKEN` or, for
-//! browsers' WebSockets, as the subprotocol `tether.auth.TOKEN`.
+//! API tokens (docs/REST.md, "Conventions"; docs/PROTOCOL.md, "Connecting"):
+//! `tth_` + 32 random bytes (base64url), stored only as a SHA-256 hash,
+//! presented as `Authorization: Bearer TOKEN` or, for browsers' WebSockets,
+//! as the subprotocol `tether.auth.TOKEN`.
 //!
 //! Tokens in query strings are never read.
 

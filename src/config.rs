@@ -1,7 +1,7 @@
 //! Settings: built-in defaults, then a TOML file (`--config` or
 //! `TETHER_CONFIG`), then environment variables `TETHER_<SECTION>__<KEY>`.
 //!
-//! Every number in SPEC.md is a default here. `Settings::load` refuses an
+//! Every default the docs name is set here. `Settings::load` refuses an
 //! unknown key, a value of the wrong type and a combination that breaks an
 //! invariant (renew >= ttl, say), each with a message naming the key.
 //! docs/CONFIG.md documents every setting.

@@ -1,4 +1,5 @@
-//! Host credentials at rest (SPEC §3, §6.5): AES-256-GCM with the key from
+//! Host credentials at rest (docs/REST.md, "Daemon requests"; docs/ARCHITECTURE.md,
+//! "Where state lives"): AES-256-GCM with the key from
 //! `encryption.key`, a random 96-bit nonce per write, and the host id as
 //! associated data so a ciphertext cannot be moved to another host's row.
 

@@ -2,7 +2,8 @@
 //!
 //! Daemons on people's machines dial in over WebSocket and host real PTY
 //! terminals; viewers attach to those terminals through any instance. See
-//! SPEC.md for the product and DESIGN.md for the layout of this crate.
+//! docs/ARCHITECTURE.md for the layout of this crate, docs/PROTOCOL.md and
+//! docs/REST.md for the contracts, and docs/CLUSTER.md for scale-out.
 
 pub mod attach;
 pub mod auth;

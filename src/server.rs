@@ -1,6 +1,6 @@
 //! `tether serve`: opens the store (migrating it), builds the shared state
 //! and runs the HTTP server until SIGTERM/SIGINT, then drains within
-//! `shutdown.grace_ms` (SPEC §7.7).
+//! `shutdown.grace_ms` (docs/ARCHITECTURE.md, "Drain").
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -36,7 +36,7 @@ pub struct Bound {
 }
 
 impl Bound {
-    /// Serves until SIGTERM or SIGINT, then drains (SPEC §7.7): stops
+    /// Serves until SIGTERM or SIGINT, then drains (docs/ARCHITECTURE.md, "Drain"): stops
     /// accepting, closes daemon sockets and viewers with 4503, releases its
     /// leases, and exits within `shutdown.grace_ms`.
     pub async fn run(self) -> Result<(), ServeError> {

@@ -1,5 +1,5 @@
 //! `tether attach` against a fake viewer endpoint (actix-web + actix-ws)
-//! that plays scripted server sides of the viewer protocol (SPEC §5), with
+//! that plays scripted server sides of the viewer protocol (docs/PROTOCOL.md, "Viewer protocol"), with
 //! the local terminal replaced by channels and a byte buffer.
 
 use std::pin::Pin;

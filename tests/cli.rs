@@ -1,4 +1,4 @@
-//! The command-line contract of `tether` (SPEC §2), tested against the real
+//! The command-line contract of `tether` (docs/ARCHITECTURE.md, "Processes and roles"), tested against the real
 //! binary:
 //!
 //! - every subcommand answers `--help` with status 0 and lists its flags

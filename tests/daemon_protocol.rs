@@ -1,4 +1,4 @@
-//! The daemon protocol's edges (SPEC §4) against a real `tether serve`,
+//! The daemon protocol's edges (docs/PROTOCOL.md, "What the server enforces") against a real `tether serve`,
 //! with a scripted daemon: every close code, held early frames, newest
 //! daemon wins, and that refused sockets change nothing.
 

@@ -1,5 +1,5 @@
 //! End to end on one instance: a real `tether serve`, real `tether daemon`
-//! processes and real PTYs (SPEC §4-§6). The core flows run against both
+//! processes and real PTYs (docs/PROTOCOL.md, docs/REST.md). The core flows run against both
 //! the embedded SQLite default and PostgreSQL.
 
 mod support;

@@ -1,4 +1,4 @@
-//! The REST API of SPEC §6 against both real store backends, in process:
+//! The REST API of docs/REST.md against both real store backends, in process:
 //! each request goes through the same actix-web app `tether serve` runs.
 //! Every error path asserts the status and the error code.
 

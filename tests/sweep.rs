@@ -1,4 +1,4 @@
-//! The sweep (SPEC §7.5) with short configured intervals, against a real
+//! The sweep (docs/ARCHITECTURE.md, "The sweep") with short configured intervals, against a real
 //! `tether serve` and a scripted daemon: unacknowledged launches fail, runs
 //! of hosts gone too long are lost, hosts whose owner died go offline.
 

@@ -1,4 +1,4 @@
-//! The viewer protocol (SPEC §5) against a real `tether serve`, with a
+//! The viewer protocol (docs/PROTOCOL.md, "Viewer protocol") against a real `tether serve`, with a
 //! scripted daemon that controls offsets exactly: snapshot-then-live with
 //! no gap and no duplicate, a second viewer mid-stream, resume, gaps, the
 //! grid arbiter, slow readers, bad input and exits.

@@ -1,8 +1,8 @@
 //! `tether attach`: the raw-mode command-line viewer of one terminal, like
 //! `tmux attach` for a PTY hosted by a `tether daemon` somewhere else.
 //!
-//! It connects to `ws(s)://HOST/ws/v1/terminals/{id}` (viewer protocol,
-//! SPEC §5) with the user's token, puts the local terminal in raw mode, shows
+//! It connects to `ws(s)://HOST/ws/v1/terminals/{id}` (docs/PROTOCOL.md,
+//! "Viewer protocol") with the user's token, puts the local terminal in raw mode, shows
 //! the terminal's bytes as they come (a snapshot repaint first, then live
 //! output), and sends keystrokes back. The detach key (`Ctrl-]` by default)
 //! leaves without touching the remote terminal. When the host disconnects or

@@ -1,5 +1,6 @@
 //! Where this viewer is in the terminal's output stream, so a reattach can
-//! ask for exactly the bytes it has not shown yet (`?from=N`, SPEC §5).
+//! ask for exactly the bytes it has not shown yet (`?from=N`; docs/PROTOCOL.md,
+//! "Offsets, replay and resume").
 //!
 //! The stream offset counts PTY output bytes since the terminal started. Only
 //! live bytes advance it: a replay's snapshot is a repaint of the screen *at*

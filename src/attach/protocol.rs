@@ -1,4 +1,5 @@
-//! The viewer protocol as `tether attach` speaks it (SPEC §5): the JSON
+//! The viewer protocol as `tether attach` speaks it (docs/PROTOCOL.md,
+//! "Viewer protocol"): the JSON
 //! control messages in both directions, what each close code means to a
 //! user, and how the viewer URL is derived from the server's HTTP base URL.
 //!

@@ -45,7 +45,7 @@ pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// Largest frame (and reassembled message) accepted from the server. Daemon
-/// frames are capped at 1 MiB (SPEC §4); a snapshot of a large grid with
+/// frames are capped at 1 MiB (docs/PROTOCOL.md, "The socket"); a snapshot of a large grid with
 /// attributes can exceed awc's 64 KiB default.
 const MAX_FRAME: usize = 4 * 1024 * 1024;
 

@@ -1,4 +1,5 @@
-//! Reconnect delays: 1 s doubling to 30 s, plus random jitter (SPEC §4).
+//! Reconnect delays: 1 s doubling to 30 s, plus random jitter (docs/PROTOCOL.md,
+//! "Close codes (daemon's reaction)").
 //!
 //! Jitter spreads the redials of many daemons after an instance dies, so
 //! they do not all arrive at the survivors in the same second.

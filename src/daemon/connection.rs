@@ -4,7 +4,7 @@
 //! Every frame the daemon sends goes through one bounded queue per
 //! connection (the `Outbox`), drained by one writer task: that single queue
 //! is what orders frames on the wire, and its bound is what pushes back on
-//! producers when the server reads slowly (SPEC §4, DESIGN "Backpressure").
+//! producers when the server reads slowly (docs/ARCHITECTURE.md, "Backpressure").
 //! When the connection dies the queue's receiver is dropped, so producers
 //! holding an old `Outbox` see it fail instead of blocking.
 
@@ -21,7 +21,8 @@ use crate::proto::v1::{daemon_frame::Frame, DaemonFrame, ServerFrame};
 
 /// The subprotocol of the daemon socket.
 pub const SUBPROTOCOL: &str = "tether.daemon.v1";
-/// Largest frame either side may send (SPEC §4: the server closes 4413 above it).
+/// Largest frame either side may send (the server closes 4413 above it;
+/// docs/PROTOCOL.md, "What the server enforces").
 pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
 /// Frames queued for the writer. With Output chunks of at most 64 KiB this
 /// bounds a connection's queue to a few MiB.

@@ -1,4 +1,5 @@
-//! The allowlist of directories terminals may start in (SPEC §6.2).
+//! The allowlist of directories terminals may start in (docs/PROTOCOL.md,
+//! "DirsResult" and "Daemon state dir").
 //!
 //! Every path is kept canonical (symlinks resolved), so "inside an allowed
 //! dir" is a plain component-wise prefix test and a symlink cannot lead a

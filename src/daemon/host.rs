@@ -28,7 +28,7 @@ use crate::proto::v1::{
     DirsResult, Hello, LimitsResult, Ping, ServerFrame, Spawn, SpawnError, Started, TerminalReport,
 };
 
-/// How often the daemon pings (SPEC §4).
+/// How often the daemon pings (docs/PROTOCOL.md, "Connection lifecycle").
 const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// Silence after which the socket is presumed dead: two missed pongs and some.
 const SILENCE_LIMIT: Duration = Duration::from_secs(75);

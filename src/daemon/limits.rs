@@ -1,4 +1,5 @@
-//! The host's resource limits, answered to LimitsRefresh (SPEC §6.3).
+//! The host's resource limits, answered to LimitsRefresh (docs/REST.md,
+//! "Daemon requests").
 //!
 //! The JSON shape is part of the protocol and documented in
 //! docs/PROTOCOL.md ("LimitsResult.limits_json"); keep the two in step.

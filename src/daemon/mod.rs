@@ -1,4 +1,5 @@
-//! The host daemon (`tether daemon`, SPEC §4): hosts real PTY terminals on
+//! The host daemon (`tether daemon`, docs/PROTOCOL.md and docs/ARCHITECTURE.md,
+//! "The daemon"): hosts real PTY terminals on
 //! this machine and serves them to a tether server over one WebSocket.
 //!
 //! Layout, one job per module:

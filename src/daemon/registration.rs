@@ -1,4 +1,5 @@
-//! Host registration: `POST /api/v1/hosts` (SPEC §6.1).
+//! Host registration: `POST /api/v1/hosts` (docs/PROTOCOL.md, "Registration";
+//! docs/REST.md, "Hosts").
 //!
 //! The server upserts by user + hostname, so registering again (after the
 //! state file was lost, or after a 4403) yields the same host when it still

@@ -1,7 +1,8 @@
 //! Per-terminal ring buffer of recent output, addressed by stream offset.
 //!
 //! Every byte a terminal emits gets an offset (bytes emitted before it). The
-//! ring keeps the most recent `capacity` bytes (SPEC §4: 512 KiB by default)
+//! ring keeps the most recent `capacity` bytes (512 KiB by default; docs/ARCHITECTURE.md,
+//! "Where state lives")
 //! and is the buffer between the PTY and the socket: the terminal task pushes
 //! what it reads and cuts Output frames from it with [`OutputRing::bytes_since`].
 //! Because unsent bytes live here, a slow socket is visible as "pending

@@ -8,7 +8,7 @@ use std::num::NonZeroU16;
 
 use bytes::Bytes;
 
-/// Grids are clamped to 1..=1000 in both directions (SPEC §5).
+/// Grids are clamped to 1..=1000 in both directions (docs/PROTOCOL.md, "Terminals").
 const MAX_GRID: u16 = 1000;
 
 /// Snapshots must fit a 1 MiB frame with room for the envelope; a screen

@@ -1,5 +1,5 @@
 //! The server's endpoints, derived from the HTTP base URL the user gives
-//! (`--server http://127.0.0.1:8080`, SPEC §2).
+//! (`--server http://127.0.0.1:8080`; docs/PROTOCOL.md, "The socket").
 //!
 //! The WebSocket URL keeps any path prefix of the base (a reverse proxy may
 //! mount tether under `/tether/`) and maps http -> ws, https -> wss.
@@ -48,12 +48,12 @@ impl ServerUrl {
         Ok(Self { base: trimmed.to_owned(), ws_base: format!("{ws_scheme}{rest}") })
     }
 
-    /// `POST` here registers the host (SPEC §6.1).
+    /// `POST` here registers the host (docs/PROTOCOL.md, "Registration").
     pub fn hosts_endpoint(&self) -> String {
         format!("{}/api/v1/hosts", self.base)
     }
 
-    /// The daemon WebSocket (SPEC §4).
+    /// The daemon WebSocket (docs/PROTOCOL.md, "The socket").
     pub fn daemon_ws_endpoint(&self) -> String {
         format!("{}/ws/v1/daemon", self.ws_base)
     }

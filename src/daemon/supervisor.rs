@@ -1,6 +1,6 @@
 //! The reconnect loop: register if needed, dial, serve, and decide from how
 //! the connection ended whether to redial at once, back off, re-register
-//! or give up (SPEC §4 close codes).
+//! or give up (docs/PROTOCOL.md, "Close codes (daemon's reaction)").
 
 use std::time::Duration;
 
@@ -14,7 +14,8 @@ use super::server_url::ServerUrl;
 use super::state::StateDir;
 use super::DaemonError;
 
-/// Close codes the daemon acts on (SPEC §4). Every other code, 4429
+/// Close codes the daemon acts on (docs/PROTOCOL.md, "Close codes (daemon's
+/// reaction)"). Every other code, 4429
 /// (throttled) included, and every socket failure means "back off".
 mod close_code {
     pub const REPLACED: u16 = 4000;

@@ -40,7 +40,7 @@ use super::ring::OutputRing;
 use super::screen::{GridSize, ScreenModel};
 use crate::proto::v1::{daemon_frame::Frame, Exit, Output, Scrollback, Size, Snapshot, Usage};
 
-/// Recent output kept per terminal (SPEC §4).
+/// Recent output kept per terminal (docs/ARCHITECTURE.md, "Where state lives").
 const RING_BYTES: usize = 512 * 1024;
 /// Largest Output payload: keeps every frame far below the 1 MiB limit
 /// while letting a busy terminal coalesce many small PTY reads.

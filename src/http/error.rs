@@ -1,4 +1,4 @@
-//! The JSON error body of SPEC §6: `{"error":{"code":"snake_case","message":"..."}}`
+//! The JSON error body of docs/REST.md ("Errors"): `{"error":{"code":"snake_case","message":"..."}}`
 //! with a fitting status, and the extractor error handlers that map bad
 //! JSON, bad query strings and oversized bodies onto it.
 

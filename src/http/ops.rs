@@ -1,4 +1,4 @@
-//! Operations endpoints (SPEC §6.7): `/healthz` (process up), `/readyz`
+//! Operations endpoints (docs/REST.md, "Instance and operations"): `/healthz` (process up), `/readyz`
 //! (database reachable, migrations applied, bus when configured),
 //! `/metrics` (Prometheus text) and `/api/v1/instance`.
 

@@ -25,7 +25,7 @@ use crate::relay::requests::{serve_bus, PendingRequests};
 use crate::relay::RelayContext;
 use crate::store::{Store, User};
 
-/// The role a `tether serve` process plays (SPEC §2).
+/// The role a `tether serve` process plays (docs/ARCHITECTURE.md, "Processes and roles").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {

@@ -1,4 +1,4 @@
-//! JSON shape of the host resource (SPEC §6): its `state` is live (from the
+//! JSON shape of the host resource (docs/REST.md, "Host"): its `state` is live (from the
 //! lease), not the stored last-known value. Terminals and runs serialize
 //! their rows directly (`store::types`).
 

@@ -1,5 +1,5 @@
-//! WebSocket upgrades: `GET /ws/v1/daemon` (SPEC §4) and
-//! `GET /ws/v1/terminals/{id}` (SPEC §5).
+//! WebSocket upgrades: `GET /ws/v1/daemon` (docs/PROTOCOL.md, "What the server
+//! enforces") and `GET /ws/v1/terminals/{id}` (docs/PROTOCOL.md, "Connecting").
 //!
 //! Every refusal happens after the upgrade, as a close code the client can
 //! read (browsers cannot see an HTTP status of a failed upgrade): 4401 bad

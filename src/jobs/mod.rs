@@ -1,5 +1,5 @@
-//! Background work of an instance: the runs queue (SPEC §6.6) and the sweep
-//! (SPEC §7.5).
+//! Background work of an instance: the runs queue (docs/REST.md, "Runs")
+//! and the sweep (docs/ARCHITECTURE.md, "The sweep").
 
 pub mod runs;
 pub mod sweep;

@@ -2,7 +2,7 @@
 //! instance (`FOR UPDATE SKIP LOCKED` on PostgreSQL, a write transaction on
 //! SQLite, so two instances never take the same run) and dispatches each
 //! as a terminal whose output the terminal's arbiter captures into the
-//! run's log until it exits (SPEC §6.6).
+//! run's log until it exits (docs/REST.md, "Runs").
 //!
 //! It looks every second, and at once when nudged (a run was queued for a
 //! host here, or a host connected). A run whose host is offline stays

@@ -1,4 +1,4 @@
-//! `Sweeper` (SPEC §7.5): one instance at a time (lease `poller:sweep`),
+//! `Sweeper` (docs/ARCHITECTURE.md, "The sweep"): one instance at a time (lease `poller:sweep`),
 //! every `sweep.interval_ms`:
 //!
 //! - hosts whose last-seen is older than `sweep.stale_host_ms` or whose

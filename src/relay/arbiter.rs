@@ -1,5 +1,5 @@
 //! `TerminalArbiter`: one actor per terminal with viewers, on the owner
-//! (SPEC §5). It fans the daemon's output stream out to its members,
+//! (docs/PROTOCOL.md, "Viewer protocol"). It fans the daemon's output stream out to its members,
 //! brings each new member in with snapshot-then-live (or a resume when the
 //! bytes are still held), checks offsets so no member sees a gap or a
 //! duplicate, runs the grid rules of `grid`, and keeps a run's output

@@ -1,4 +1,4 @@
-//! A run's output capture (docs/CLUSTER.md, "Run logs"): the bytes of a
+//! A run's output capture (docs/REST.md, "Runs"): the bytes of a
 //! run's terminal on their way to the run's log, as plain state so its
 //! rules are tested on their own. The arbiter feeds it live output like a
 //! viewer's queue and flushes it to the store; after a reconnect it

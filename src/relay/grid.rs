@@ -1,5 +1,5 @@
-//! The grid arbiter's rules (SPEC §5), as plain state and decisions so they
-//! can be tested without sockets or clocks.
+//! The grid arbiter's rules (docs/PROTOCOL.md, "The grid"), as plain state
+//! and decisions so they can be tested without sockets or clocks.
 //!
 //! One viewer at a time holds the PTY grid. A view from the holder resizes
 //! the PTY to its natural grid. An open and visible view from another

@@ -15,7 +15,7 @@ use crate::store::{ExitStatus, Terminal};
 #[rtype(result = "()")]
 pub struct ToDaemon(pub crate::proto::v1::server_frame::Frame);
 
-/// Claim `pending -> launching` and send Spawn (SPEC §6.4); true when sent.
+/// Claim `pending -> launching` and send Spawn (docs/ARCHITECTURE.md, "Spawn"); true when sent.
 #[derive(Message)]
 #[rtype(result = "bool")]
 pub struct SpawnTerminal(pub Terminal);
@@ -49,7 +49,7 @@ pub struct CloseDaemon {
     pub reason: &'static str,
 }
 
-/// A request answered by the daemon (SPEC §6.2, §6.3, §6.5).
+/// A request answered by the daemon (docs/REST.md, "Daemon requests").
 #[derive(Debug, Clone)]
 pub enum DaemonRequestKind {
     AddDir(String),
@@ -157,7 +157,7 @@ pub enum FromViewer {
     Leave { viewer: u64 },
 }
 
-/// A viewer's `view` message (SPEC §5).
+/// A viewer's `view` message (docs/PROTOCOL.md, "Client -> server").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ViewReport {
     pub cols: u16,

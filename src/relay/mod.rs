@@ -1,5 +1,5 @@
 //! The relay on an instance: the actors that connect daemons, terminals and
-//! viewers (SPEC §4, §5, §7.1).
+//! viewers (docs/ARCHITECTURE.md, "Actors of an instance").
 //!
 //! - [`daemon_conn::DaemonConn`]: one per daemon socket; handles its frames
 //!   strictly in order and owns its lease.
@@ -29,7 +29,8 @@ pub mod viewer;
 
 pub use messages::*;
 
-/// Close codes of SPEC §4 and §5.
+/// Close codes of the daemon and viewer sockets (docs/PROTOCOL.md, "What the
+/// server enforces" and "Viewer close codes").
 pub mod close {
     pub const REPLACED: u16 = 4000;
     pub const BAD_TOKEN: u16 = 4401;

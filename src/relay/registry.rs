@@ -1,5 +1,5 @@
 //! `HostRegistry`: this instance's live daemon connections and terminal
-//! arbiters (SPEC §7.1).
+//! arbiters (docs/CLUSTER.md, "Ownership: the host lease").
 //!
 //! - Newest daemon wins: registering a host replaces (4000) the connection
 //!   this instance already had for it.
@@ -364,7 +364,7 @@ impl Handler<TerminalLifecycle> for HostRegistry {
     }
 }
 
-/// Drain (SPEC §7.7): closes every daemon connection with 4503 (the
+/// Drain (docs/ARCHITECTURE.md, "Drain"): closes every daemon connection with 4503 (the
 /// daemons redial at once, elsewhere) and every viewer with 4503 (they
 /// reattach); returns the leases this instance held, as (host, holder).
 #[derive(Message)]

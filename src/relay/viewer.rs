@@ -1,4 +1,4 @@
-//! `Viewer`: one actor per viewer socket (SPEC §5).
+//! `Viewer`: one actor per viewer socket (docs/PROTOCOL.md, "Viewer protocol").
 //!
 //! It parses the client's JSON and binary frames into typed messages for the
 //! terminal's arbiter, and writes what the arbiter sends through a bounded

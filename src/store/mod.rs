@@ -150,7 +150,7 @@ pub trait Store: Send + Sync + 'static {
     async fn append_run_log(&self, run_id: Uuid, data: &[u8], max_bytes: usize) -> StoreResult<()>;
     async fn run_log(&self, user_id: Uuid, run_id: Uuid) -> StoreResult<Option<Vec<u8>>>;
 
-    // ---- leases (SPEC §7.1)
+    // ---- leases (docs/ARCHITECTURE.md, "Where state lives"; docs/CLUSTER.md)
     /// Takes `key` when it is free, expired or already ours.
     async fn claim_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<bool>;
     /// Takes `key` whoever holds it; returns the previous live holder.
@@ -167,7 +167,7 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes lease rows that expired more than `older_than` ago.
     async fn delete_expired_leases(&self, older_than: Duration) -> StoreResult<u64>;
 
-    // ---- cells (SPEC §8)
+    // ---- cells (docs/ARCHITECTURE.md, "Cells")
     /// The cell a host is assigned to and the assignment's epoch.
     async fn assignment(&self, host_id: Uuid) -> StoreResult<Option<(String, i64)>>;
 
@@ -176,7 +176,7 @@ pub trait Store: Send + Sync + 'static {
     async fn get_credentials(&self, host_id: Uuid) -> StoreResult<Option<SealedCredentials>>;
 }
 
-/// The lease key of a host's daemon connection (SPEC §7.1).
+/// The lease key of a host's daemon connection (docs/CLUSTER.md, "Ownership: the host lease").
 pub fn host_lease_key(host_id: Uuid) -> String {
     format!("host:{host_id}")
 }

@@ -61,7 +61,7 @@ pub struct NewHost {
     pub arch: String,
 }
 
-/// Terminal lifecycle (SPEC §6.4).
+/// Terminal lifecycle (docs/REST.md, "Terminal").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TerminalState {
@@ -112,7 +112,7 @@ impl FromStr for TerminalState {
 /// Why a pending terminal waits.
 pub const PENDING_HOST_OFFLINE: &str = "host_offline";
 
-/// A terminal row; its JSON form is the API's terminal resource (SPEC §6).
+/// A terminal row; its JSON form is the API's terminal resource (docs/REST.md, "Terminal").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Terminal {
@@ -182,7 +182,7 @@ pub enum DeleteOutcome {
     Conflict,
 }
 
-/// Run lifecycle (SPEC §6.6).
+/// Run lifecycle (docs/REST.md, "Run").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RunState {
@@ -242,7 +242,7 @@ pub struct RunUsage {
     pub wall_ms: i64,
 }
 
-/// A run row; its JSON form is the API's run resource (SPEC §6).
+/// A run row; its JSON form is the API's run resource (docs/REST.md, "Run").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Run {

@@ -1,5 +1,5 @@
-//! `/api/v1/hosts` (SPEC §6.1-6.3, §6.5): register (upsert by user +
-//! hostname), list and get with live state, delete (409 while online), and
+//! `/api/v1/hosts` (docs/REST.md, "Hosts" and "Daemon requests"): register
+//! (upsert by user + hostname), list and get with live state, delete (409 while online), and
 //! the requests answered by the daemon: dirs, limits, credentials.
 
 use actix_web::{web, HttpResponse};

@@ -1,4 +1,4 @@
-//! The REST API under `/api/v1` (SPEC §6): hosts, terminals, runs and the
+//! The REST API under `/api/v1` (docs/REST.md): hosts, terminals, runs and the
 //! instance card. Handlers validate input, scope every read and write to
 //! the caller's user, and answer errors in the shape of `http::error`.
 
@@ -55,7 +55,8 @@ fn field_id(raw: &str, field: &str) -> Result<Uuid, ApiError> {
     Uuid::parse_str(raw).map_err(|_| ApiError::bad_request("invalid_id", format!("`{field}` is not a valid id")))
 }
 
-/// Which of `hosts` are online: their lease is live (SPEC §7.1).
+/// Which of `hosts` are online: their lease is live (docs/CLUSTER.md,
+/// "Ownership: the host lease").
 async fn online_hosts(state: &AppState, hosts: &[Uuid]) -> Result<HashSet<Uuid>, ApiError> {
     let keys: Vec<String> = hosts.iter().map(|h| host_lease_key(*h)).collect();
     let live = state.store.lease_holders(&keys).await?;
@@ -63,7 +64,8 @@ async fn online_hosts(state: &AppState, hosts: &[Uuid]) -> Result<HashSet<Uuid>,
     Ok(hosts.iter().copied().filter(|h| live.contains(host_lease_key(*h).as_str())).collect())
 }
 
-/// Maps a daemon request failure to the REST statuses (docs/API.md).
+/// Maps a daemon request failure to the REST statuses (docs/REST.md,
+/// "Daemon requests").
 fn request_error(err: RequestError) -> ApiError {
     match err {
         RequestError::Offline => ApiError::conflict("host_offline", "the host is offline"),

@@ -1,4 +1,4 @@
-//! `/api/v1/runs` (SPEC §6.6): queue a batch command on a host, list, get
+//! `/api/v1/runs` (docs/REST.md, "Runs"): queue a batch command on a host, list, get
 //! (exit code, usage, terminal id) and read its captured output.
 
 use actix_web::{web, HttpResponse};

@@ -1,4 +1,4 @@
-//! `/api/v1/terminals` (SPEC §6.4): create (inserted `pending`, claimed
+//! `/api/v1/terminals` (docs/REST.md, "Terminals"): create (inserted `pending`, claimed
 //! `launching` by compare-and-set before Spawn is sent, or parked with
 //! reason `host_offline`), list with filters, get, delete (409 while live),
 //! and input, resize and kill for a running terminal (409 when its host is
@@ -15,7 +15,8 @@ use crate::relay::requests::{deliver, HostOp, OpAnswer};
 use crate::relay::RequestError;
 use crate::store::{DeleteOutcome, NewTerminal, Terminal, TerminalFilter, TerminalState};
 
-/// Grids are clamped to 1..=1000 everywhere (SPEC §5); the API refuses
+/// Grids are clamped to 1..=1000 everywhere (docs/PROTOCOL.md, "Client ->
+/// server"); the API refuses
 /// anything outside rather than guess.
 pub const MAX_GRID: u16 = 1000;
 

@@ -128,7 +128,7 @@ impl Handler<Hello> for DaemonConn {
             if host.is_none_or(|h| h.user_id != user_id) {
                 return Err(Refused(close::FORBIDDEN, "unknown or foreign host", None));
             }
-            // Database admission (SPEC §8.3): a host placed on another cell
+            // Database admission (docs/ARCHITECTURE.md, "Cells"): a host placed on another cell
             // belongs there.
             let assignment =
                 relay.store.assignment(host_id).await.map_err(|e| refused(database_error(e)))?;

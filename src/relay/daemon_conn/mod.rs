@@ -1,4 +1,5 @@
-//! `DaemonConn`: one actor per daemon socket (SPEC §4).
+//! `DaemonConn`: one actor per daemon socket (docs/PROTOCOL.md, "What the
+//! server enforces").
 //!
 //! Split by job: [`reader`] feeds frames in order, [`hello`] admits and
 //! claims the host, [`frames`] applies what the daemon sends after that,
@@ -40,7 +41,7 @@ use reader::read_loop;
 use crate::proto::v1::{daemon_frame, server_frame, DaemonFrame, ServerFrame};
 use crate::store::{host_lease_key, Capabilities, ExitStatus, HostState, RunState, RunUsage, StoreError, TerminalState};
 
-/// Frames held before the hello is done (SPEC §4).
+/// Frames held before the hello is done (docs/PROTOCOL.md, "What the server enforces").
 const EARLY_FRAMES: usize = 256;
 const EARLY_BYTES: usize = 4 * 1024 * 1024;
 /// Bytes queued towards a daemon before it counts as not reading.
