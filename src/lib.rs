@@ -1,12 +1,15 @@
 //! tether: a horizontally scaled terminal relay.
 //!
 //! Daemons on people's machines dial in over WebSocket and host real PTY
-//! terminals; viewers attach to those terminals through any instance. See
-//! SPEC.md for the product and DESIGN.md for the layout of this crate.
+//! terminals; viewers attach to those terminals through any instance. The
+//! README and docs/ describe the product; docs/CLI.md the command line and
+//! the client library ([`client`]).
 
 pub mod attach;
 pub mod auth;
 pub mod bus;
+pub mod cli;
+pub mod client;
 pub mod config;
 pub mod crypto;
 pub mod daemon;
