@@ -24,8 +24,10 @@ use crate::client::resolve::{self, short_id};
 use crate::client::viewer::{Followed, OutputFollower};
 use crate::client::{Client, ClientError, Host, NewRun, Run};
 
-/// How often a run is polled while it is queued or finishing.
-const POLL: Duration = Duration::from_millis(100);
+/// How often a run is polled while it is queued or finishing. The first
+/// polls are quick: output produced before the viewer attaches can only be
+/// recovered from the daemon's ring or the (capped) captured log.
+const POLL: Duration = Duration::from_millis(20);
 const MAX_POLL: Duration = Duration::from_secs(1);
 
 /// How long a gap may wait for the log to catch up (it is written every
@@ -108,7 +110,10 @@ async fn stream(client: &Client, mut run: Run, host: &Host) -> Result<Run, CliEr
             said_waiting = true;
         }
         tokio::time::sleep(poll).await;
-        poll = (poll * 2).min(MAX_POLL);
+        // Quick while it is being dispatched, patient while it waits for its host.
+        if run.state != "queued" || !host.is_online() {
+            poll = (poll * 2).min(MAX_POLL);
+        }
         run = client.run(run.id).await.map_err(explain)?;
     };
     if let Some(terminal_id) = terminal_id {

@@ -89,7 +89,15 @@ impl Client {
         let mut after: Option<String> = None;
         loop {
             let page = Page { filters, limit: PAGE_LIMIT, after: after.as_deref() };
-            let bytes = self.call(Method::GET, path, Some(&page), None).await?;
+            let bytes = match self.call(Method::GET, path, Some(&page), None).await {
+                Ok(bytes) => bytes,
+                // A tether server always has its list routes: a 404 means
+                // the base URL points somewhere else (a wrong path prefix).
+                Err(ClientError::Api { status: 404, .. }) => {
+                    return Err(ClientError::NotTether { url, status: 404 });
+                }
+                Err(e) => return Err(e),
+            };
             let mut body = decode(&url, &bytes)?;
             let list = match body.get_mut(key).map(Value::take) {
                 Some(Value::Array(list)) => list,
@@ -125,6 +133,20 @@ impl Client {
     /// `GET /hosts`: every host of the user, with live state.
     pub async fn hosts(&self) -> Result<Vec<Host>, ClientError> {
         self.list("/api/v1/hosts", "hosts", &()).await
+    }
+
+    /// `POST /hosts`: registers a machine (an upsert by hostname), as a
+    /// daemon does on its first start.
+    pub async fn register_host(
+        &self,
+        name: &str,
+        hostname: &str,
+        platform: &str,
+        arch: &str,
+    ) -> Result<Host, ClientError> {
+        let body = json!({ "name": name, "hostname": hostname, "platform": platform, "arch": arch });
+        let answer = self.send_json(Method::POST, "/api/v1/hosts", Some(&body)).await?;
+        self.unwrap_one("/api/v1/hosts", "host", answer)
     }
 
     pub async fn host(&self, id: Uuid) -> Result<Host, ClientError> {

@@ -223,3 +223,49 @@ impl OutputFollower {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn follower(from: u64) -> OutputFollower {
+        OutputFollower::new(Client::new("http://127.0.0.1:1", "tth_x", None).unwrap(), "t", from)
+    }
+
+    fn output(offset: u64, data: &'static [u8]) -> Option<Followed> {
+        Some(Followed::Output { offset, data: Bytes::from_static(data) })
+    }
+
+    #[actix_rt::test]
+    async fn snapshots_are_dropped_and_live_bytes_counted() {
+        let mut f = follower(0);
+        assert_eq!(f.output(Bytes::from_static(b"final screen")), None);
+        assert_eq!(f.start_at(0), None);
+        assert_eq!(f.output(Bytes::from_static(b"abc")), output(0, b"abc"));
+        assert_eq!(f.output(Bytes::from_static(b"de")), output(3, b"de"));
+        assert_eq!(f.position(), 5);
+        assert!(f.went_live());
+    }
+
+    #[actix_rt::test]
+    async fn a_later_start_is_a_gap_and_an_earlier_one_is_skipped() {
+        let mut f = follower(0);
+        assert_eq!(f.start_at(100), Some(Followed::Gap { from: 0, to: 100 }));
+        assert_eq!(f.output(Bytes::from_static(b"x")), output(100, b"x"));
+        // A reconnect resumed three bytes early: they were handed out already.
+        f.live = false;
+        assert_eq!(f.start_at(98), None);
+        assert_eq!(f.output(Bytes::from_static(b"yz")), None);
+        assert_eq!(f.output(Bytes::from_static(b"\x01more")), output(101, b"more"));
+        assert_eq!(f.position(), 105);
+    }
+
+    #[actix_rt::test]
+    async fn only_moves_and_drops_reconnect() {
+        let mut f = follower(7);
+        assert_eq!(f.lost(4503, None), None);
+        assert!(!f.done);
+        assert_eq!(f.lost(4404, None), Some(Followed::Closed { code: 4404, reason: "terminal not found".into() }));
+        assert!(f.done);
+    }
+}
