@@ -338,6 +338,37 @@ async fn every_usual_mistake_gets_a_message_that_says_what_to_fix() {
     assert!(line.contains("offline") && line.contains("ago"), "{line}");
 }
 
+/// The two examples of the client library, against the real server.
+#[actix_rt::test]
+async fn the_examples_run_everywhere_and_follow_a_terminal_to_a_file() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let mut person = Person::new();
+    person.set_env("TETHER_SERVER", &e.server.url());
+    person.set_env("TETHER_TOKEN", &e.api.token);
+
+    let everywhere = person.run_example("run_everywhere", &["sh", "-c", "exit 0"]);
+    let line = everywhere.ok().lines().find(|l| l.starts_with(&host.name)).expect("a line for the host").to_owned();
+    assert!(line.contains("succeeded") && line.contains("exit 0"), "{line}");
+    person.run_example("run_everywhere", &["false"]).fails(1, &[]);
+
+    let terminal = client
+        .create_terminal(&NewTerminal {
+            host_id: host.id,
+            argv: vec!["sh".into(), "-c".into(), "sleep 1; echo followed-$((2+3)); exit 4".into()],
+            dir: Some("/tmp".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let file = e.dir.path().join("followed.log");
+    let followed = person.run_example("follow_to_file", &[&short_id(&terminal.id), file.to_str().unwrap()]);
+    followed.ok();
+    assert!(followed.stderr.contains("exited (code Some(4))"), "{followed:#?}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "followed-5\r\n");
+}
+
 #[test]
 fn completions_for_every_shell() {
     let person = Person::new();
