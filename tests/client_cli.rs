@@ -33,16 +33,20 @@ fn logged_in(e: &E2e) -> Person {
     person
 }
 
-async fn wait_terminal_state(client: &Client, id: Uuid, state: &str) {
+/// Polls `check` every 50 ms until it holds; fails naming `what` after CLI_WAIT.
+async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
     let deadline = Instant::now() + CLI_WAIT;
-    loop {
-        let terminal = client.terminal(id).await.expect("terminal");
-        if terminal.state == state {
-            return;
-        }
-        assert!(Instant::now() < deadline, "terminal {id} stayed {} instead of {state}", terminal.state);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+async fn wait_terminal_state(client: &Client, id: Uuid, state: &str) {
+    eventually(&format!("terminal {id} to be {state}"), || async {
+        client.terminal(id).await.expect("terminal").state == state
+    })
+    .await;
 }
 
 #[actix_rt::test]
@@ -217,11 +221,8 @@ async fn json_output_is_the_rest_resources() {
         .await
         .unwrap();
     wait_terminal_state(&client, terminal.id, "running").await;
-    let deadline = Instant::now() + CLI_WAIT;
-    while !client.run(run_id.parse().unwrap()).await.unwrap().is_final() {
-        assert!(Instant::now() < deadline, "the run never finished");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let run_uuid: Uuid = run_id.parse().unwrap();
+    eventually("the run to finish", || async { client.run(run_uuid).await.unwrap().is_final() }).await;
 
     for (args, path) in [
         (vec!["hosts", "--json"], "/api/v1/hosts"),
@@ -249,6 +250,29 @@ async fn json_output_is_the_rest_resources() {
     let single = client.get_json(&format!("/api/v1/runs/{run_id}")).await.unwrap();
     assert_eq!(single["run"]["hostId"], run["run"]["hostId"]);
     assert_eq!(single["run"]["argv"], run["run"]["argv"]);
+
+    // Colours on a terminal only, and never with NO_COLOR.
+    let mut on_a_terminal = person.pty(&["hosts"], (120, 30));
+    assert_eq!(on_a_terminal.wait_exit(), 0);
+    on_a_terminal.wait_for("\x1b[32monline\x1b[0m");
+    let mut plain = Person::new();
+    plain.set_env("NO_COLOR", "1");
+    plain.set_env("TETHER_SERVER", &e.server.url());
+    plain.set_env("TETHER_TOKEN", &e.api.token);
+    let mut no_color = plain.pty(&["hosts"], (120, 30));
+    assert_eq!(no_color.wait_exit(), 0);
+    no_color.wait_for(&host.name);
+    assert!(!no_color.screen().contains("\x1b["), "{:?}", no_color.screen());
+    assert!(!person.run(&["hosts"]).ok().contains('\x1b'), "colours in a pipe");
+
+    // kill by prefix with a signal name; ls shows how it ended.
+    let short = short_id(&terminal.id);
+    person.run(&["kill", &short[..5], "--signal", "KILL"]).ok();
+    wait_terminal_state(&client, terminal.id, "exited").await;
+    assert_eq!(client.terminal(terminal.id).await.unwrap().exit_signal, Some(9));
+    let ls = person.run(&["ls"]);
+    assert!(ls.ok().lines().any(|l| l.starts_with(&short) && l.contains("exited sig9")), "{ls:#?}");
+    person.run(&["kill", &short]).fails(1, &["is exited, not running"]);
 }
 
 #[actix_rt::test]
@@ -323,11 +347,7 @@ async fn every_usual_mistake_gets_a_message_that_says_what_to_fix() {
     }
     // Host offline, with when it was last seen.
     e.daemon.kill();
-    let deadline = Instant::now() + CLI_WAIT;
-    while client.host(host.id).await.unwrap().is_online() {
-        assert!(Instant::now() < deadline, "the host never went offline");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually("the host to go offline", || async { !client.host(host.id).await.unwrap().is_online() }).await;
     let offline = person.run(&["open", &host.name]);
     offline.fails(1, &[&format!("host {} ", host.name), "is offline (last seen", "ago)"]);
     person.run(&["run", &host.name, "--", "true"]).fails(1, &["is offline (last seen"]);
@@ -380,4 +400,62 @@ fn completions_for_every_shell() {
         }
     }
     person.run(&["completions", "tcsh"]).fails(2, &["tcsh"]);
+}
+
+/// The server does not paginate yet; a fake one that does shows the client
+/// follows `nextCursor` with the filters kept, until a page has none.
+#[actix_rt::test]
+async fn lists_follow_next_cursor_to_the_last_page() {
+    use std::sync::Mutex;
+
+    use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+
+    fn terminal(n: u32) -> Value {
+        serde_json::json!({
+            "id": format!("00000000-0000-4000-8000-{n:012}"), "hostId": "11111111-0000-4000-8000-000000000000",
+            "title": null, "dir": null, "argv": [], "state": "running", "pendingReason": null, "exitCode": null,
+            "exitSignal": null, "cols": 80, "rows": 24, "createdAt": "2026-12-01T10:00:00Z",
+            "startedAt": null, "endedAt": null
+        })
+    }
+    async fn page(req: HttpRequest, seen: web::Data<Mutex<Vec<String>>>) -> HttpResponse {
+        let query = req.query_string().to_owned();
+        seen.lock().unwrap().push(query.clone());
+        let body = if query.contains("after=page2") {
+            serde_json::json!({ "terminals": [terminal(3)] })
+        } else if query.contains("after=") {
+            serde_json::json!({ "terminals": [terminal(2)], "nextCursor": "page2" })
+        } else {
+            serde_json::json!({ "terminals": [terminal(0), terminal(1)], "nextCursor": "page1" })
+        };
+        HttpResponse::Ok().json(body)
+    }
+    let seen = web::Data::new(Mutex::new(Vec::<String>::new()));
+    let data = seen.clone();
+    let server =
+        HttpServer::new(move || App::new().app_data(data.clone()).route("/api/v1/terminals", web::get().to(page)))
+            .workers(1)
+            .disable_signals()
+            .bind(("127.0.0.1", 0))
+            .expect("bind");
+    let url = format!("http://{}", server.addrs()[0]);
+    let server = server.run();
+    let handle = server.handle();
+    actix_rt::spawn(server);
+
+    let client = Client::new(&url, "tth_x", None).unwrap();
+    let host_id: Uuid = "11111111-0000-4000-8000-000000000000".parse().unwrap();
+    let filter = TerminalFilter { host_id: Some(host_id), state: Some("running".into()) };
+    let terminals = client.terminals(&filter).await.expect("all pages");
+    let ids: Vec<String> = terminals.iter().map(|t| t.id.to_string()).collect();
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    assert!(ids.iter().enumerate().all(|(n, id)| id.ends_with(&format!("{n:012}"))), "{ids:?}");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    for query in seen.iter() {
+        assert!(query.contains(&format!("hostId={host_id}")) && query.contains("state=running"), "{query}");
+        assert!(query.contains("limit=500"), "{query}");
+    }
+    assert!(!seen[0].contains("after=") && seen[1].contains("after=page1") && seen[2].contains("after=page2"));
+    handle.stop(false).await;
 }
