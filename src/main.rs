@@ -100,10 +100,17 @@ impl Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The client commands talk to people: only warnings unless RUST_LOG asks.
+    let default_filter = match cli.command {
+        Command::Client(_) | Command::Completions { .. } => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()),
+        )
         .init();
     match actix_web::rt::System::new().block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -152,6 +159,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 other => Failure::runtime(other),
             })
         }
+        // Answered above, before any settings were loaded.
         Command::Client(_) | Command::Completions { .. } => Ok(()),
         Command::Migrate => {
             let store = tether::store::open_unmigrated(&settings).await.map_err(Failure::runtime)?;

@@ -173,6 +173,7 @@ impl From<ClientError> for AttachError {
             ClientError::Certificate { url, message } => AttachError::Certificate { url, message },
             ClientError::Rejected { status } => AttachError::Rejected { status },
             other @ (ClientError::Protocol(_)
+            | ClientError::Encode(_)
             | ClientError::Api { .. }
             | ClientError::NotTether { .. }
             | ClientError::Decode { .. }) => AttachError::Protocol(other.to_string()),

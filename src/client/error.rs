@@ -11,6 +11,9 @@ pub enum ClientError {
     InvalidServerUrl(String),
     #[error("invalid id {0:?}")]
     InvalidId(String),
+    /// A request that cannot be encoded (a query or body serializer refused it).
+    #[error("cannot encode the request: {0}")]
+    Encode(String),
     /// The `--ca-file` cannot be used.
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),

@@ -35,7 +35,7 @@ impl Client {
         let url = format!("{}{}", self.server, path);
         let mut request = self.http.request(method, &url).bearer_auth(&self.token);
         if let Some(query) = query {
-            request = request.query(query).map_err(|e| ClientError::InvalidId(e.to_string()))?;
+            request = request.query(query).map_err(|e| ClientError::Encode(e.to_string()))?;
         }
         let sent = match body {
             Some(body) => request.send_json(body).await,
@@ -166,7 +166,7 @@ impl Client {
     /// `POST /terminals`: created and spawned at once when the host is
     /// online, parked `pending` when it is not.
     pub async fn create_terminal(&self, new: &NewTerminal) -> Result<Terminal, ClientError> {
-        let body = serde_json::to_value(new).map_err(|e| ClientError::InvalidId(e.to_string()))?;
+        let body = serde_json::to_value(new).map_err(|e| ClientError::Encode(e.to_string()))?;
         let answer = self.send_json(Method::POST, "/api/v1/terminals", Some(&body)).await?;
         self.unwrap_one("/api/v1/terminals", "terminal", answer)
     }
@@ -192,7 +192,7 @@ impl Client {
 
     /// `POST /runs`: queued; a worker dispatches it as a terminal.
     pub async fn create_run(&self, new: &NewRun) -> Result<Run, ClientError> {
-        let body = serde_json::to_value(new).map_err(|e| ClientError::InvalidId(e.to_string()))?;
+        let body = serde_json::to_value(new).map_err(|e| ClientError::Encode(e.to_string()))?;
         let answer = self.send_json(Method::POST, "/api/v1/runs", Some(&body)).await?;
         self.unwrap_one("/api/v1/runs", "run", answer)
     }
