@@ -201,6 +201,34 @@ async fn run_of_ten_megabytes_streams_all_of_it_in_order() {
     assert!(done.stdout.len() > 10_000_000, "{} bytes", done.stdout.len());
 }
 
+/// `logs --follow` on a run that printed more than the daemon's ring holds
+/// before anyone watched: the server can only replay from later on, the
+/// stretch before comes from the run's log, and nothing is doubled.
+#[actix_rt::test]
+async fn a_late_follower_gets_the_early_output_from_the_log_and_the_rest_live() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let person = logged_in(&e);
+    // 250,000 lines are 1.9 MB with CR LF: four times the 512 KiB ring.
+    let script = "seq 1 250000; sleep 3; echo tail";
+    let detached = person.run(&["run", &host.name, "--detach", "--", "sh", "-c", script]);
+    let run_id: Uuid = detached.ok().trim().parse().expect("run id");
+    eventually("the first lines in the run's log", || async {
+        client.run_log(run_id).await.map(|log| log.len() > 1_800_000).unwrap_or(false)
+    })
+    .await;
+    assert!(!client.run(run_id).await.unwrap().is_final(), "the run ended before the follower came");
+    let followed = person.run(&["logs", "--follow", &short_id(&run_id)]);
+    let mut lines = followed.ok().split_terminator("\r\n");
+    for n in 1..=250_000u32 {
+        assert_eq!(lines.next(), Some(n.to_string().as_str()), "line {n}");
+    }
+    assert_eq!(lines.next(), Some("tail"));
+    assert_eq!(lines.next(), None);
+    assert!(!followed.stderr.contains("missing"), "{}", followed.stderr);
+}
+
 /// `--json` prints the API's resources as they are, `--quiet` their ids.
 #[actix_rt::test]
 async fn json_output_is_the_rest_resources() {
