@@ -30,6 +30,10 @@ use crate::client::{Client, ClientError, Host, NewRun, Run};
 const POLL: Duration = Duration::from_millis(20);
 const MAX_POLL: Duration = Duration::from_secs(1);
 
+/// How long a run whose stream broke off may take to be final before the
+/// command says it is waiting (its log is written every half second).
+const FINISH_GRACE: Duration = Duration::from_secs(2);
+
 /// How long a gap may wait for the log to catch up (it is written every
 /// half second while the run goes on).
 const LOG_CATCH_UP: Duration = Duration::from_secs(15);
@@ -116,6 +120,8 @@ async fn stream(client: &Client, mut run: Run, host: &Host) -> Result<Run, CliEr
         }
         run = client.run(run.id).await.map_err(explain)?;
     };
+    // Why the stream stopped before the exit, when it did.
+    let mut interrupted = None;
     if let Some(terminal_id) = terminal_id {
         let mut follower = OutputFollower::new(client.clone(), terminal_id.to_string(), 0);
         loop {
@@ -124,14 +130,21 @@ async fn stream(client: &Client, mut run: Run, host: &Host) -> Result<Run, CliEr
                 Some(Followed::Gap { from, to }) => fill_gap(client, run.id, &mut out, from, to).await?,
                 Some(Followed::Exit { .. }) | None => break,
                 Some(Followed::Error { message }) => {
-                    eprintln!("tether: {message}; waiting for the run to finish");
+                    interrupted = Some(message);
                     break;
                 }
                 Some(Followed::Closed { reason, .. }) => {
-                    eprintln!("tether: the output stream ended ({reason}); waiting for the run to finish");
+                    interrupted = Some(format!("the output stream ended ({reason})"));
                     break;
                 }
             }
+        }
+    }
+    if let Some(why) = interrupted {
+        // A run that failed to start ends at once and says why itself; one
+        // that goes on (its host left) is worth a word while we wait.
+        if wait_final_within(client, run.id, FINISH_GRACE).await?.is_none() {
+            eprintln!("tether: {why}; waiting for the run to finish");
         }
     }
     let run = wait_final(client, run.id).await?;
@@ -190,11 +203,24 @@ async fn fill_gap(client: &Client, run_id: Uuid, out: &mut Output, from: u64, to
 }
 
 async fn wait_final(client: &Client, id: Uuid) -> Result<Run, CliError> {
+    loop {
+        if let Some(run) = wait_final_within(client, id, Duration::from_secs(3600)).await? {
+            return Ok(run);
+        }
+    }
+}
+
+/// The run once it is final, or `None` if it is not within `limit`.
+async fn wait_final_within(client: &Client, id: Uuid, limit: Duration) -> Result<Option<Run>, CliError> {
+    let deadline = tokio::time::Instant::now() + limit;
     let mut poll = POLL;
     loop {
         let run = client.run(id).await.map_err(|e| explain(e, client.server()))?;
         if run.is_final() {
-            return Ok(run);
+            return Ok(Some(run));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(None);
         }
         tokio::time::sleep(poll).await;
         poll = (poll * 2).min(MAX_POLL);
