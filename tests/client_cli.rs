@@ -165,6 +165,15 @@ async fn run_streams_output_while_running_and_exits_with_the_runs_code() {
     assert_eq!(done.code, Some(7), "{done:#?}");
     assert_eq!(done.stdout, "hi\r\n/tmp\r\n");
 
+    // Ctrl-C goes to the command; a second one would stop watching.
+    let trapping = "trap 'echo got-int; exit 5' INT; echo ready; sleep 30 & wait";
+    let interrupted = person.spawn(&["run", &host.name, "--", "sh", "-c", trapping]);
+    interrupted.wait_for_stdout("ready", CLI_WAIT);
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(interrupted.child.id() as libc::pid_t, libc::SIGINT) };
+    let done = interrupted.wait(CLI_WAIT);
+    assert_eq!((done.code, done.stdout.as_str()), (Some(5), "ready\r\ngot-int\r\n"), "{done:#?}");
+
     // Killed by a signal: 128 + the signal's number.
     let killed = person.run(&["run", &host.name, "--", "sh", "-c", "kill -KILL $$"]);
     killed.fails(137, &["killed by signal 9"]);

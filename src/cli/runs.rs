@@ -30,6 +30,9 @@ use crate::client::{Client, ClientError, Host, NewRun, Run};
 const POLL: Duration = Duration::from_millis(20);
 const MAX_POLL: Duration = Duration::from_secs(1);
 
+/// How long the first polls of a new run stay quick.
+const QUICK_POLLS_FOR: Duration = Duration::from_secs(3);
+
 /// How long a run whose stream broke off may take to be final before the
 /// command says it is waiting (its log is written every half second).
 const FINISH_GRACE: Duration = Duration::from_secs(2);
@@ -102,6 +105,7 @@ async fn stream(client: &Client, mut run: Run, host: &Host) -> Result<Run, CliEr
     let mut out = Output { written: 0 };
     let mut said_waiting = false;
     let mut poll = POLL;
+    let dispatching_since = tokio::time::Instant::now();
     let terminal_id = loop {
         if let Some(id) = run.terminal_id {
             break Some(id);
@@ -114,8 +118,9 @@ async fn stream(client: &Client, mut run: Run, host: &Host) -> Result<Run, CliEr
             said_waiting = true;
         }
         tokio::time::sleep(poll).await;
-        // Quick while it is being dispatched, patient while it waits for its host.
-        if run.state != "queued" || !host.is_online() {
+        // Quick while it is being dispatched, patient once it waits longer
+        // than a dispatch takes (its host left, say).
+        if run.state != "queued" || dispatching_since.elapsed() > QUICK_POLLS_FOR {
             poll = (poll * 2).min(MAX_POLL);
         }
         run = client.run(run.id).await.map_err(explain)?;
@@ -124,8 +129,25 @@ async fn stream(client: &Client, mut run: Run, host: &Host) -> Result<Run, CliEr
     let mut interrupted = None;
     if let Some(terminal_id) = terminal_id {
         let mut follower = OutputFollower::new(client.clone(), terminal_id.to_string(), 0);
+        let mut interrupts = 0;
         loop {
-            match follower.next().await.map_err(explain)? {
+            let next = tokio::select! {
+                next = follower.next() => next,
+                _ = tokio::signal::ctrl_c() => {
+                    // The first Ctrl-C goes to the command, as it would
+                    // locally; the second stops watching (the run goes on).
+                    interrupts += 1;
+                    if interrupts > 1 {
+                        eprintln!("\r\ntether: stopped watching; the run goes on (tether kill {})", short_id(&terminal_id));
+                        return Err(CliError::silent(130));
+                    }
+                    if let Err(e) = client.kill_terminal(terminal_id, Some("INT")).await {
+                        eprintln!("tether: cannot interrupt the command: {e}");
+                    }
+                    continue;
+                }
+            };
+            match next.map_err(explain)? {
                 Some(Followed::Output { data, .. }) => out.write(&data)?,
                 Some(Followed::Gap { from, to }) => fill_gap(client, run.id, &mut out, from, to).await?,
                 Some(Followed::Exit { .. }) | None => break,
@@ -140,17 +162,30 @@ async fn stream(client: &Client, mut run: Run, host: &Host) -> Result<Run, CliEr
             }
         }
     }
+    let finishing = finish(client, run.id, &mut out, interrupted);
+    if terminal_id.is_none() {
+        return finishing.await;
+    }
+    // Ctrl-C is handled from the first one on (above): keep it working.
+    tokio::select! {
+        finished = finishing => finished,
+        _ = tokio::signal::ctrl_c() => Err(CliError::silent(130)),
+    }
+}
+
+/// Waits for the run's end and writes what the stream did not bring.
+async fn finish(client: &Client, id: Uuid, out: &mut Output, interrupted: Option<String>) -> Result<Run, CliError> {
     if let Some(why) = interrupted {
         // A run that failed to start ends at once and says why itself; one
         // that goes on (its host left) is worth a word while we wait.
-        if wait_final_within(client, run.id, FINISH_GRACE).await?.is_none() {
+        if wait_final_within(client, id, FINISH_GRACE).await?.is_none() {
             eprintln!("tether: {why}; waiting for the run to finish");
         }
     }
-    let run = wait_final(client, run.id).await?;
+    let run = wait_final(client, id).await?;
     // Whatever the stream did not bring (the terminal ended before this
     // command attached, or the stream broke off) is in the captured log.
-    let log = client.run_log(run.id).await.map_err(explain)?;
+    let log = client.run_log(run.id).await.map_err(|e| explain(e, client.server()))?;
     if (out.written as usize) < log.len() {
         out.write(&log[out.written as usize..])?;
     }
