@@ -8,6 +8,8 @@
 //! tether ls                                        # pick a terminal
 //! cargo run --example follow_to_file -- 3fa9 session.log [FROM_OFFSET]
 //! ```
+//!
+//! (tests/client_cli.rs compiles this file as a module and calls [`follow`].)
 
 use std::fs::File;
 use std::io::Write;
@@ -27,8 +29,18 @@ async fn main() -> ExitCode {
         },
         _ => return usage(),
     };
-    match follow(terminal, path, from).await {
-        Ok(()) => ExitCode::SUCCESS,
+    let client = match tether::cli::client_from_environment().map_err(|e| e.message.unwrap_or_default()) {
+        Ok(client) => client,
+        Err(message) => {
+            eprintln!("follow_to_file: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    match follow(&client, terminal, path, from).await {
+        Ok(written) => {
+            eprintln!("follow_to_file: {written} bytes written to {path}");
+            ExitCode::SUCCESS
+        }
         Err(message) => {
             eprintln!("follow_to_file: {message}");
             ExitCode::from(1)
@@ -41,12 +53,9 @@ fn usage() -> ExitCode {
     ExitCode::from(2)
 }
 
-async fn follow(query: &str, path: &str, from: u64) -> Result<(), String> {
-    let server = std::env::var("TETHER_SERVER").ok();
-    let token = std::env::var("TETHER_TOKEN").ok();
-    let (server, token) = tether::cli::login_config::effective(server.as_deref(), token.as_deref())
-        .map_err(|e| e.message.unwrap_or_default())?;
-    let client = Client::new(&server, &token, None).map_err(|e| e.to_string())?;
+/// Writes the output stream of the terminal `query` names into `path` from
+/// stream offset `from` until the terminal exits; the bytes written.
+pub async fn follow(client: &Client, query: &str, path: &str, from: u64) -> Result<u64, String> {
     let terminals = client.terminals(&TerminalFilter::default()).await.map_err(|e| e.to_string())?;
     let terminal = resolve::terminal(&terminals, query).map_err(|e| e.to_string())?;
 
@@ -63,6 +72,5 @@ async fn follow(query: &str, path: &str, from: u64) -> Result<(), String> {
             Followed::Closed { code, reason } => return Err(format!("closed {code}: {reason}")),
         }
     }
-    eprintln!("follow_to_file: {} bytes written to {path}", follower.position() - from);
-    Ok(())
+    Ok(follower.position() - from)
 }

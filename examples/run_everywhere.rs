@@ -7,7 +7,8 @@
 //! ```
 //!
 //! The output of each run stays on the server: `tether logs RUN_ID` shows it.
-//! Exits 0 when every run succeeded, 1 otherwise.
+//! Exits 0 when every run succeeded, 1 otherwise. (tests/client_cli.rs
+//! compiles this file as a module and calls [`run_on_every_online_host`].)
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -22,8 +23,22 @@ async fn main() -> ExitCode {
         eprintln!("usage: run_everywhere COMMAND [ARGS...]");
         return ExitCode::from(2);
     }
-    match run_everywhere(argv).await {
-        Ok(all_succeeded) => ExitCode::from(if all_succeeded { 0 } else { 1 }),
+    let client = match tether::cli::client_from_environment() {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("run_everywhere: {}", e.message.unwrap_or_default());
+            return ExitCode::from(2);
+        }
+    };
+    match run_on_every_online_host(&client, argv).await {
+        Ok(runs) => {
+            for (name, run) in &runs {
+                let code = run.exit_code.map_or_else(|| "-".to_owned(), |c| c.to_string());
+                println!("{name:<20} {:<10} exit {code:<4} run {}", run.state, short_id(&run.id));
+            }
+            let all_succeeded = runs.iter().all(|(_, run)| run.state == "succeeded");
+            ExitCode::from(if all_succeeded { 0 } else { 1 })
+        }
         Err(message) => {
             eprintln!("run_everywhere: {message}");
             ExitCode::from(1)
@@ -31,14 +46,9 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run_everywhere(argv: Vec<String>) -> Result<bool, String> {
-    // The same precedence as the `tether` commands: environment, then login.
-    let server = std::env::var("TETHER_SERVER").ok();
-    let token = std::env::var("TETHER_TOKEN").ok();
-    let (server, token) = tether::cli::login_config::effective(server.as_deref(), token.as_deref())
-        .map_err(|e| e.message.unwrap_or_default())?;
-    let client = Client::new(&server, &token, None).map_err(|e| e.to_string())?;
-
+/// Queues `argv` on every online host at once, then waits for all of them;
+/// each host's name with its finished run.
+pub async fn run_on_every_online_host(client: &Client, argv: Vec<String>) -> Result<Vec<(String, Run)>, String> {
     let hosts: Vec<_> =
         client.hosts().await.map_err(|e| e.to_string())?.into_iter().filter(|h| h.is_online()).collect();
     if hosts.is_empty() {
@@ -52,14 +62,12 @@ async fn run_everywhere(argv: Vec<String>) -> Result<bool, String> {
             .map_err(|e| format!("{}: {e}", host.name))?;
         runs.push((host.name.clone(), run));
     }
-    let mut all_succeeded = true;
+    let mut finished_runs = Vec::new();
     for (name, run) in runs {
-        let run = finished(&client, run).await.map_err(|e| format!("{name}: {e}"))?;
-        let code = run.exit_code.map_or_else(|| "-".to_owned(), |c| c.to_string());
-        println!("{name:<20} {:<10} exit {code:<4} run {}", run.state, short_id(&run.id));
-        all_succeeded &= run.state == "succeeded";
+        let run = finished(client, run).await.map_err(|e| format!("{name}: {e}"))?;
+        finished_runs.push((name, run));
     }
-    Ok(all_succeeded)
+    Ok(finished_runs)
 }
 
 /// Polls a run until it succeeded, failed or was lost.

@@ -395,35 +395,44 @@ async fn every_usual_mistake_gets_a_message_that_says_what_to_fix() {
     assert!(line.contains("offline") && line.contains("ago"), "{line}");
 }
 
+// The examples are compiled into this test as modules: a test run builds
+// only the test targets, and this way their code is what is tested.
+#[allow(dead_code)]
+#[path = "../examples/follow_to_file.rs"]
+mod follow_to_file;
+#[allow(dead_code)]
+#[path = "../examples/run_everywhere.rs"]
+mod run_everywhere;
+
 /// The two examples of the client library, against the real server.
 #[actix_rt::test]
 async fn the_examples_run_everywhere_and_follow_a_terminal_to_a_file() {
     let e = e2e::start(false, &[]).await;
     let client = client(&e);
     let host = the_host(&client).await;
-    let mut person = Person::new();
-    person.set_env("TETHER_SERVER", &e.server.url());
-    person.set_env("TETHER_TOKEN", &e.api.token);
 
-    let everywhere = person.run_example("run_everywhere", &["sh", "-c", "exit 0"]);
-    let line = everywhere.ok().lines().find(|l| l.starts_with(&host.name)).expect("a line for the host").to_owned();
-    assert!(line.contains("succeeded") && line.contains("exit 0"), "{line}");
-    person.run_example("run_everywhere", &["false"]).fails(1, &[]);
+    let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let runs = run_everywhere::run_on_every_online_host(&client, argv(&["sh", "-c", "exit 3"])).await.unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(
+        (runs[0].0.as_str(), runs[0].1.state.as_str(), runs[0].1.exit_code),
+        (host.name.as_str(), "failed", Some(3))
+    );
 
     let terminal = client
         .create_terminal(&NewTerminal {
             host_id: host.id,
-            argv: vec!["sh".into(), "-c".into(), "sleep 1; echo followed-$((2+3)); exit 4".into()],
+            argv: argv(&["sh", "-c", "sleep 1; echo followed-$((2+3)); exit 4"]),
             dir: Some("/tmp".into()),
             ..Default::default()
         })
         .await
         .unwrap();
     let file = e.dir.path().join("followed.log");
-    let followed = person.run_example("follow_to_file", &[&short_id(&terminal.id), file.to_str().unwrap()]);
-    followed.ok();
-    assert!(followed.stderr.contains("exited (code Some(4))"), "{followed:#?}");
+    let path = file.to_str().unwrap();
+    let written = follow_to_file::follow(&client, &short_id(&terminal.id), path, 0).await.expect("followed");
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "followed-5\r\n");
+    assert_eq!(written, 12);
 }
 
 #[test]

@@ -199,6 +199,13 @@ pub async fn run(command: ClientCommand) -> Result<(), CliError> {
     }
 }
 
+/// A client the way the commands make one, for programs without flags:
+/// `TETHER_SERVER` / `TETHER_TOKEN`, then the stored login.
+pub fn client_from_environment() -> Result<Client, CliError> {
+    let from_env = |key: &str| std::env::var(key).ok();
+    connect(&Connection { server: from_env("TETHER_SERVER"), token: from_env("TETHER_TOKEN"), ca_file: None })
+}
+
 /// The client for a command: flags and environment first (clap merges
 /// those two), then the stored login.
 fn connect(connection: &Connection) -> Result<Client, CliError> {

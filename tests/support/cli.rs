@@ -88,27 +88,6 @@ impl Person {
         }
     }
 
-    /// Runs one of the crate's examples (`cargo test` builds them next to
-    /// the binary) to the end, with this person's environment.
-    pub fn run_example(&self, name: &str, args: &[&str]) -> Finished {
-        let dir = std::path::Path::new(TETHER).parent().expect("target dir").join("examples");
-        let program = dir.join(name);
-        assert!(program.exists(), "{} is not built: build the examples (cargo test builds them)", program.display());
-        let mut command = std::process::Command::new(&program);
-        for (key, _) in std::env::vars() {
-            if key.starts_with("TETHER_") {
-                command.env_remove(key);
-            }
-        }
-        command.envs(self.env.iter().map(|(k, v)| (k, v))).args(args).stdin(Stdio::null());
-        let out = command.output().unwrap_or_else(|e| panic!("run {}: {e}", program.display()));
-        Finished {
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
-    }
-
     /// Runs `tether args...` with `input` on stdin.
     pub fn run_with_stdin(&self, args: &[&str], input: &str) -> Finished {
         let mut running = self.spawn(args);
