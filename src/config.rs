@@ -278,8 +278,9 @@ impl Default for DirectorSettings {
 }
 
 /// Environment variables that belong to tools around tether, not to settings
-/// (`TETHER_TOKEN` is the daemon's and attach's `--token`).
-const NON_SETTING_ENV: &[&str] = &["TETHER_CONFIG", "TETHER_TOKEN"];
+/// (`TETHER_TOKEN` and `TETHER_SERVER` are the client commands' and the
+/// daemon's `--token` and `--server`, docs/CLI.md).
+const NON_SETTING_ENV: &[&str] = &["TETHER_CONFIG", "TETHER_TOKEN", "TETHER_SERVER"];
 
 impl Settings {
     /// Loads defaults, then `file` (or `TETHER_CONFIG`), then the process

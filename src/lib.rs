@@ -3,11 +3,14 @@
 //! Daemons on people's machines dial in over WebSocket and host real PTY
 //! terminals; viewers attach to those terminals through any instance. See
 //! docs/ARCHITECTURE.md for the layout of this crate, docs/PROTOCOL.md and
-//! docs/REST.md for the contracts, and docs/CLUSTER.md for scale-out.
+//! docs/REST.md for the contracts, docs/CLUSTER.md for scale-out, and
+//! docs/CLI.md for the command line and the client library ([`client`]).
 
 pub mod attach;
 pub mod auth;
 pub mod bus;
+pub mod cli;
+pub mod client;
 pub mod config;
 pub mod crypto;
 pub mod daemon;

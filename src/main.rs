@@ -1,11 +1,12 @@
 //! The `tether` command line: parses arguments, loads settings and calls
-//! into the library. Exit status: 0 success, 2 usage or configuration
-//! error, 1 anything else.
+//! into the library; the everyday client commands live in `tether::cli`
+//! (docs/CLI.md). Exit status: 0 success, 2 usage or configuration error,
+//! 1 anything else (`tether run`: the run's own code).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use tether::config::Settings;
 use tether::http::state::Role;
 
@@ -21,6 +22,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    // The everyday commands first: they are what `tether --help` is read for.
+    #[command(flatten)]
+    Client(tether::cli::ClientCommand),
     /// Run an API/relay instance.
     Serve {
         /// What this instance serves.
@@ -55,26 +59,17 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         ca_file: Option<PathBuf>,
     },
-    /// Attach to a terminal in raw mode (detach with Ctrl-]).
-    Attach {
-        /// The terminal's id.
-        terminal_id: String,
-        /// The server's HTTP base URL, e.g. http://127.0.0.1:8080.
-        #[arg(long, value_name = "URL")]
-        server: String,
-        /// An API token (`tether token create`).
-        #[arg(long, value_name = "TOKEN", env = "TETHER_TOKEN", hide_env_values = true)]
-        token: String,
-        /// PEM CA certificates to trust for an https:// server, besides the system's roots.
-        #[arg(long, value_name = "FILE")]
-        ca_file: Option<PathBuf>,
-    },
     /// Apply database migrations and exit.
     Migrate,
     /// Manage API tokens.
     Token {
         #[command(subcommand)]
         command: TokenCommand,
+    },
+    /// Print a shell completion script (e.g. `tether completions bash`).
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
     },
 }
 
@@ -105,21 +100,43 @@ impl Failure {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The client commands talk to people: only warnings unless RUST_LOG asks.
+    let default_filter = match cli.command {
+        Command::Client(_) | Command::Completions { .. } => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()),
+        )
         .init();
     match actix_web::rt::System::new().block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            eprintln!("tether: {}", failure.message);
+            if !failure.message.is_empty() {
+                eprintln!("tether: {}", failure.message);
+            }
             ExitCode::from(failure.status)
         }
     }
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
+    // Client commands talk to a server; they need none of its settings.
+    let cli = match cli.command {
+        Command::Client(command) => {
+            return tether::cli::run(command)
+                .await
+                .map_err(|e| Failure { status: e.status, message: e.message.unwrap_or_default() })
+        }
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "tether", &mut std::io::stdout());
+            return Ok(());
+        }
+        command => Cli { command, ..cli },
+    };
     // Flags are the top layer of the settings.
     let flags: Vec<(&str, String)> = match &cli.command {
         Command::Serve { listen: Some(listen), .. } => vec![("http.listen", listen.clone())],
@@ -142,19 +159,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 other => Failure::runtime(other),
             })
         }
-        Command::Attach { terminal_id, server, token, ca_file } => {
-            let mut options = tether::attach::AttachOptions::new(server, token, terminal_id);
-            options.ca_file = ca_file;
-            match tether::attach::run(options).await {
-                Ok(outcome) if outcome.exit_status() == 0 => {
-                    eprintln!("{}", tether::attach::describe(&outcome));
-                    Ok(())
-                }
-                Ok(outcome) => Err(Failure::runtime(tether::attach::describe(&outcome))),
-                Err(e @ tether::attach::AttachError::Tls(_)) => Err(Failure::config(e)),
-                Err(e) => Err(Failure::runtime(e)),
-            }
-        }
+        // Answered above, before any settings were loaded.
+        Command::Client(_) | Command::Completions { .. } => Ok(()),
         Command::Migrate => {
             let store = tether::store::open_unmigrated(&settings).await.map_err(Failure::runtime)?;
             let applied = store.migrate().await.map_err(Failure::runtime)?;

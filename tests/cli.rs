@@ -322,13 +322,24 @@ fn assert_status_2(finished: &Finished, what: &str) {
 #[test]
 fn help_of_every_subcommand_exits_0_and_lists_its_flags() {
     let cases: &[(&[&str], &[&str])] = &[
-        (&["--help"], &["--config", "serve", "daemon", "attach", "migrate", "token"]),
+        (&["--help"], &["--config", "serve", "daemon", "attach", "migrate", "token", "login", "open", "run"]),
         (&["serve", "--help"], &["--listen", "--role", "--demo", "--config"]),
         (&["daemon", "--help"], &["--server", "--token", "--name", "--state-dir", "--config"]),
         (&["attach", "--help"], &["--server", "--token", "--config"]),
         (&["migrate", "--help"], &["--config"]),
         (&["token", "--help"], &["create", "--config"]),
         (&["token", "create", "--help"], &["--user", "--config"]),
+        (&["login", "--help"], &["--server", "--token", "0600"]),
+        (&["logout", "--help"], &["--config"]),
+        (&["hosts", "--help"], &["--server", "--token", "--json", "--quiet"]),
+        (&["ls", "--help"], &["[HOST]", "--json", "--quiet"]),
+        (&["open", "--help"], &["<HOST>", "--dir", "[ARGV]..."]),
+        (&["kill", "--help"], &["<ID>", "--signal"]),
+        (&["rm", "--help"], &["<ID>"]),
+        (&["run", "--help"], &["<HOST>", "--dir", "--detach", "<ARGV>...", "128+N"]),
+        (&["runs", "--help"], &["--json", "--quiet"]),
+        (&["logs", "--help"], &["<RUN_ID>", "--follow"]),
+        (&["completions", "--help"], &["bash", "zsh", "fish"]),
     ];
     for (args, flags) in cases {
         let out = tether_cmd(args, &[]);
@@ -733,7 +744,9 @@ fn tether_token_env_is_not_a_config_error() {
         vec!["attach", "00000000-0000-0000-0000-000000000000", "--server", "http://127.0.0.1:1"],
     ] {
         let dir = tempdir();
-        let mut child = Tether::spawn(dir.path(), &args, &[("TETHER_TOKEN", "tth_x")]);
+        // TETHER_SERVER belongs to the client commands just as much.
+        let env = [("TETHER_TOKEN", "tth_x"), ("TETHER_SERVER", "http://127.0.0.1:1")];
+        let mut child = Tether::spawn(dir.path(), &args, &env);
         // The daemon redials forever and attach fails to connect: either way
         // it must not be a configuration error.
         let deadline = Instant::now() + Duration::from_secs(3);

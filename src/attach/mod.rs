@@ -1,8 +1,9 @@
 //! `tether attach`: the raw-mode command-line viewer of one terminal, like
 //! `tmux attach` for a PTY hosted by a `tether daemon` somewhere else.
 //!
-//! It connects to `ws(s)://HOST/ws/v1/terminals/{id}` (docs/PROTOCOL.md,
-//! "Viewer protocol") with the user's token, puts the local terminal in raw mode, shows
+//! It connects to `ws(s)://HOST/ws/v1/terminals/{id}` through
+//! [`crate::client`] (docs/PROTOCOL.md, "Viewer protocol") with the user's
+//! token, puts the local terminal in raw mode, shows
 //! the terminal's bytes as they come (a snapshot repaint first, then live
 //! output), and sends keystrokes back. The detach key (`Ctrl-]` by default)
 //! leaves without touching the remote terminal. When the host disconnects or
@@ -40,10 +41,8 @@
 //! the client refuses ends the session at once with a message naming the
 //! problem: reattaching cannot fix it.
 
-mod fragments;
 mod local;
 mod position;
-mod protocol;
 mod session;
 
 use std::fmt;
@@ -52,6 +51,9 @@ use std::path::PathBuf;
 
 use bytes::Bytes;
 use futures_util::Stream;
+
+use crate::client::viewer::protocol;
+use crate::client::{Client, ClientError};
 
 /// `Ctrl-]`, as in telnet and `docker attach`: rarely needed by programs.
 pub const DEFAULT_DETACH_KEY: u8 = 0x1d;
@@ -162,6 +164,24 @@ pub enum AttachError {
     },
 }
 
+impl From<ClientError> for AttachError {
+    fn from(err: ClientError) -> Self {
+        match err {
+            ClientError::InvalidServerUrl(url) => AttachError::InvalidServerUrl(url),
+            ClientError::InvalidId(id) => AttachError::InvalidTerminalId(id),
+            ClientError::Tls(e) => AttachError::Tls(e),
+            ClientError::Connect { url, message } => AttachError::Connect { url, message },
+            ClientError::Certificate { url, message } => AttachError::Certificate { url, message },
+            ClientError::Rejected { status } => AttachError::Rejected { status },
+            other @ (ClientError::Protocol(_)
+            | ClientError::Encode(_)
+            | ClientError::Api { .. }
+            | ClientError::NotTether { .. }
+            | ClientError::Decode { .. }) => AttachError::Protocol(other.to_string()),
+        }
+    }
+}
+
 impl AttachError {
     /// Errors that a retry cannot fix (a 4xx other than 408/429, bad input),
     /// so a reattach stops at once instead of spending its budget.
@@ -210,7 +230,7 @@ where
     R: Stream<Item = (u16, u16)> + Unpin,
     W: Write,
 {
-    let client = crate::tls::http_client(opts.ca_file.as_deref(), session::CONNECT_TIMEOUT)?;
+    let client = Client::new(&opts.server, &opts.token, opts.ca_file.as_deref())?;
     session::Session::new(opts, io, client).run().await
 }
 

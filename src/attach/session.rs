@@ -11,19 +11,20 @@ use std::future::Future;
 use std::io::Write;
 use std::time::Duration;
 
-use awc::error::{WsClientError, WsProtocolError};
+use awc::error::WsProtocolError;
 use awc::ws::{CloseCode, CloseReason, Frame, Message};
 use bytes::{Bytes, BytesMut};
 use futures_util::{Sink, SinkExt as _, Stream, StreamExt as _};
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::fragments::{Complete, Fragments};
 use super::position::StreamPosition;
-use super::protocol::{
-    describe_close, should_reattach, viewer_url, ClientControl, ServerControl, CLOSE_ABNORMAL, CLOSE_NORMAL,
-    CLOSE_NO_STATUS, SUBPROTOCOL,
-};
 use super::{AttachError, AttachOptions, AttachOutcome, LocalIo};
+use crate::client::viewer::fragments::{Complete, Fragments};
+use crate::client::viewer::protocol::{
+    describe_close, should_reattach, ClientControl, ServerControl, CLOSE_ABNORMAL, CLOSE_NORMAL, CLOSE_NO_STATUS,
+};
+use crate::client::viewer::MAX_FRAME;
+use crate::client::Client;
 
 /// How often a `view` tells the arbiter this viewer is alive and how idle
 /// it is, so a quiet CLI holder is not taken for a vanished one (the arbiter
@@ -37,17 +38,8 @@ const MAX_REATTACH_ATTEMPTS: u32 = 5;
 const REATTACH_BASE_DELAY: Duration = Duration::from_millis(250);
 const REATTACH_MAX_DELAY: Duration = Duration::from_secs(4);
 
-/// Handshake deadline: a server that accepts TCP but never answers must not
-/// hang the CLI.
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// How long to wait for the server's Close reply after we close.
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
-
-/// Largest frame (and reassembled message) accepted from the server. Daemon
-/// frames are capped at 1 MiB (docs/PROTOCOL.md, "The socket"); a snapshot of a large grid with
-/// attributes can exceed awc's 64 KiB default.
-const MAX_FRAME: usize = 4 * 1024 * 1024;
 
 /// Keystrokes typed while disconnected are sent after the reattach, up to
 /// this much; beyond it they are dropped rather than buffered without bound.
@@ -69,7 +61,7 @@ enum Ended {
 
 pub(super) struct Session<I, R, W> {
     opts: AttachOptions,
-    client: awc::Client,
+    client: Client,
     io: LocalIo<I, R, W>,
     input_open: bool,
     resizes_open: bool,
@@ -84,7 +76,7 @@ where
     R: Stream<Item = (u16, u16)> + Unpin,
     W: Write,
 {
-    pub(super) fn new(opts: AttachOptions, io: LocalIo<I, R, W>, client: awc::Client) -> Self {
+    pub(super) fn new(opts: AttachOptions, io: LocalIo<I, R, W>, client: Client) -> Self {
         Self {
             opts,
             client,
@@ -103,8 +95,7 @@ where
         // host that is gone for good ends the session instead of a retry loop.
         let mut attempts = 0u32;
         loop {
-            let url = viewer_url(&self.opts.server, &self.opts.terminal_id, self.position.resume_from())?;
-            let connecting = self.open_socket(&url);
+            let connecting = self.open_socket(self.position.resume_from());
             let Some(connected) = self.watch_input_while(connecting).await else {
                 return Ok(AttachOutcome::Detached);
             };
@@ -139,32 +130,16 @@ where
     /// keystrokes can be watched while it runs.
     fn open_socket(
         &self,
-        url: &str,
+        resume_from: Option<u64>,
     ) -> impl Future<
         Output = Result<
             impl Stream<Item = Result<Frame, WsProtocolError>> + Sink<Message, Error = WsProtocolError> + Unpin,
             AttachError,
         >,
     > + 'static {
-        let request =
-            self.client.ws(url).protocols([SUBPROTOCOL]).bearer_auth(&self.opts.token).max_frame_size(MAX_FRAME);
-        let url = url.to_owned();
-        async move {
-            match request.connect().await {
-                Ok((_response, socket)) => Ok(socket),
-                Err(WsClientError::InvalidResponseStatus(status)) => {
-                    Err(AttachError::Rejected { status: status.as_u16() })
-                }
-                Err(e) => {
-                    let message = crate::tls::explain(&e);
-                    if crate::tls::is_certificate_problem(&message) {
-                        Err(AttachError::Certificate { url, message })
-                    } else {
-                        Err(AttachError::Connect { url, message })
-                    }
-                }
-            }
-        }
+        let client = self.client.clone();
+        let terminal_id = self.opts.terminal_id.clone();
+        async move { client.open_viewer(&terminal_id, resume_from).await.map_err(AttachError::from) }
     }
 
     /// Runs `fut` to completion while still reading keystrokes: the detach

@@ -55,16 +55,6 @@ struct RegisteredHost {
     id: String,
 }
 
-#[derive(Deserialize)]
-struct ErrorBody {
-    error: ErrorDetail,
-}
-
-#[derive(Deserialize)]
-struct ErrorDetail {
-    code: String,
-}
-
 /// Registers this machine and returns its host id.
 pub async fn register(
     client: &awc::Client,
@@ -84,9 +74,10 @@ pub async fn register(
     }
     if !status.is_success() {
         // The error code is enough to act on; the body is not logged whole.
-        let code = match response.json::<ErrorBody>().await {
-            Ok(body) => body.error.code,
-            Err(_) => "no error code".to_owned(),
+        let body = response.body().await.unwrap_or_default();
+        let code = match crate::client::ApiErrorBody::parse(&body) {
+            Some(error) => error.code,
+            None => "no error code".to_owned(),
         };
         return Err(RegisterError::Status { status: status.as_u16(), code });
     }

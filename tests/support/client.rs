@@ -46,6 +46,12 @@ impl Api {
         (res.status().as_u16(), value)
     }
 
+    /// The same user through the library's client (`tether::client`): for
+    /// everything it can ask, so tests do not build those requests by hand.
+    pub fn client(&self) -> tether::client::Client {
+        tether::client::Client::new(&self.base, &self.token, None).expect("a client of the test server")
+    }
+
     pub async fn get(&self, path: &str) -> (u16, Value) {
         self.send(awc::http::Method::GET, path, None).await
     }

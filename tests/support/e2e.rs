@@ -32,21 +32,28 @@ pub async fn start(postgres: bool, env: &[(&str, &str)]) -> E2e {
 
 /// Waits until the user's (single) host is online; returns its id.
 pub async fn wait_online(api: &Api) -> String {
-    let body = api
-        .wait_for("/api/v1/hosts", "host online", |b| {
-            b["hosts"].as_array().is_some_and(|h| h.iter().any(|h| h["state"] == "online"))
-        })
-        .await;
-    body["hosts"].as_array().and_then(|h| h.iter().find(|h| h["state"] == "online")).expect("host")["id"]
-        .as_str()
-        .expect("id")
-        .to_string()
+    let client = api.client();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let hosts = client.hosts().await.unwrap_or_else(|e| panic!("list hosts: {e}"));
+        if let Some(host) = hosts.iter().find(|h| h.is_online()) {
+            return host.id.to_string();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no host came online: {hosts:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
+/// A running terminal of `argv` in /tmp on the e2e host; returns its id.
 pub async fn terminal(e: &E2e, argv: &[&str]) -> String {
-    let (status, body) = e.api.post("/api/v1/terminals", json!({"hostId": e.host, "argv": argv, "dir": "/tmp"})).await;
-    assert_eq!(status, 201, "{body}");
-    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    let new = tether::client::NewTerminal {
+        host_id: e.host.parse().expect("host id"),
+        argv: argv.iter().map(|a| a.to_string()).collect(),
+        dir: Some("/tmp".into()),
+        ..Default::default()
+    };
+    let created = e.api.client().create_terminal(&new).await.unwrap_or_else(|err| panic!("create a terminal: {err}"));
+    let id = created.id.to_string();
     wait_state(&e.api, &id, "running").await;
     id
 }

@@ -6,7 +6,8 @@
 //! - [`redis_url`]: a standalone Redis;
 //! - [`redis_cluster_nodes`] / [`redis_cluster_hosts`]: a three-master Redis Cluster;
 //! - [`unique_prefix`]: a random prefix for keys and channels, so tests can share servers;
-//! - [`TetherServer`] / [`tether_cmd`]: real `tether` processes.
+//! - [`TetherServer`] / [`tether_cmd`]: real `tether` processes;
+//! - [`cli::Person`]: the client commands as a person runs them (own config dir, pipes or a PTY).
 //!
 //! No mocks: the servers are real `postgres` and `redis-server` processes.
 //! When `TETHER_TEST_DATABASE_URL`, `TETHER_TEST_REDIS_URL` or
@@ -20,6 +21,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod balancer;
+pub mod cli;
 pub mod client;
 pub mod daemon;
 pub mod e2e;
@@ -31,7 +33,7 @@ mod tether;
 pub use postgres::{pg_connect, pg_database, url_with_database};
 pub use process::free_port;
 pub use redis::{redis_cluster_hosts, redis_cluster_nodes, redis_url, OwnRedis, OwnRedisCluster};
-pub use tether::{tether_cmd, TetherServer};
+pub use tether::{tether_cmd, tether_command, TetherServer};
 
 /// A short random prefix for the keys and channels of one test, e.g. `t3fa90c1d`.
 pub fn unique_prefix() -> String {

@@ -218,7 +218,7 @@ pub fn tether_cmd(args: &[&str], env: &[(&str, &str)]) -> Output {
 }
 
 /// `tether` with the inherited `TETHER_*` variables removed and `vars` set.
-fn tether_command(vars: &[(String, String)]) -> Command {
+pub fn tether_command(vars: &[(String, String)]) -> Command {
     let mut command = Command::new(TETHER);
     for (key, _) in std::env::vars_os() {
         if key.to_str().is_some_and(|k| k.starts_with("TETHER_")) {

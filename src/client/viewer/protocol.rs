@@ -1,5 +1,5 @@
-//! The viewer protocol as `tether attach` speaks it (docs/PROTOCOL.md,
-//! "Viewer protocol"): the JSON
+//! The viewer protocol as the client speaks it (docs/PROTOCOL.md, "Viewer
+//! protocol"; docs/CLI.md, "What the client speaks"): the JSON
 //! control messages in both directions, what each close code means to a
 //! user, and how the viewer URL is derived from the server's HTTP base URL.
 //!
@@ -7,22 +7,22 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::AttachError;
+use crate::client::ClientError;
 
 /// The subprotocol every viewer socket asks for.
-pub(super) const SUBPROTOCOL: &str = "tether.v1";
+pub const SUBPROTOCOL: &str = "tether.v1";
 
 /// Normal closure: what we send on detach and after `exit`.
-pub(super) const CLOSE_NORMAL: u16 = 1000;
+pub const CLOSE_NORMAL: u16 = 1000;
 
 /// Used when the server's Close frame carried no code (RFC 6455 §7.1.5).
-pub(super) const CLOSE_NO_STATUS: u16 = 1005;
+pub const CLOSE_NO_STATUS: u16 = 1005;
 
 /// Used when the socket ended without any Close frame (RFC 6455 §7.1.5).
-pub(super) const CLOSE_ABNORMAL: u16 = 1006;
+pub const CLOSE_ABNORMAL: u16 = 1006;
 
 /// Host disconnected or moved: the viewer is expected to reattach.
-pub(super) const CLOSE_HOST_MOVED: u16 = 4503;
+pub const CLOSE_HOST_MOVED: u16 = 4503;
 
 /// Grids are clamped to this range by the server; clamping here too keeps a
 /// bogus local size (0x0 from a detached pty) from being sent at all.
@@ -32,7 +32,7 @@ const GRID_MAX: u16 = 1000;
 /// A JSON control message from the server (text frame).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(tag = "type", rename_all = "camelCase")]
-pub(super) enum ServerControl {
+pub enum ServerControl {
     Status {
         state: String,
         host: String,
@@ -70,7 +70,7 @@ pub(super) enum ServerControl {
 }
 
 impl ServerControl {
-    pub(super) fn parse(text: &[u8]) -> Result<Self, serde_json::Error> {
+    pub fn parse(text: &[u8]) -> Result<Self, serde_json::Error> {
         serde_json::from_slice(text)
     }
 }
@@ -78,7 +78,7 @@ impl ServerControl {
 /// A JSON control message to the server (text frame).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "type", rename_all = "camelCase")]
-pub(super) enum ClientControl {
+pub enum ClientControl {
     /// Claims the grid for this viewer.
     Resize { cols: u16, rows: u16 },
     /// This viewer's natural grid and signs of use, for the grid arbiter.
@@ -93,18 +93,18 @@ pub(super) enum ClientControl {
 }
 
 impl ClientControl {
-    pub(super) fn resize((cols, rows): (u16, u16)) -> Self {
+    pub fn resize((cols, rows): (u16, u16)) -> Self {
         let (cols, rows) = clamp_grid(cols, rows);
         Self::Resize { cols, rows }
     }
 
     /// A CLI viewer is always open and visible: it is the user's terminal.
-    pub(super) fn view((cols, rows): (u16, u16), idle_ms: u64) -> Self {
+    pub fn view((cols, rows): (u16, u16), idle_ms: u64) -> Self {
         let (cols, rows) = clamp_grid(cols, rows);
         Self::View { cols, rows, visible: true, idle_ms, open: true }
     }
 
-    pub(super) fn to_json(&self) -> String {
+    pub fn to_json(&self) -> String {
         // Serializing these plain structs cannot fail; fall back to an empty
         // object rather than panic so the protocol path stays panic-free.
         serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"))
@@ -116,7 +116,7 @@ fn clamp_grid(cols: u16, rows: u16) -> (u16, u16) {
 }
 
 /// What a close code means, in words a user can act on.
-pub(super) fn close_reason(code: u16) -> &'static str {
+pub fn close_reason(code: u16) -> &'static str {
     match code {
         1000 => "closed by server",
         1001 => "server going away",
@@ -139,13 +139,13 @@ pub(super) fn close_reason(code: u16) -> &'static str {
 /// protocol's explicit "come back"; 1001/1012 (server going away or
 /// restarting) and 1006 (socket dropped without a close) are what a drained
 /// or crashed instance looks like from here, and another instance can serve us.
-pub(super) fn should_reattach(code: u16) -> bool {
+pub fn should_reattach(code: u16) -> bool {
     matches!(code, CLOSE_HOST_MOVED | 1001 | 1012 | CLOSE_ABNORMAL)
 }
 
 /// The reason shown for a close: our words for the code, plus the server's
 /// own description when it says something more.
-pub(super) fn describe_close(code: u16, description: Option<&str>) -> String {
+pub fn describe_close(code: u16, description: Option<&str>) -> String {
     let ours = close_reason(code);
     match description.map(str::trim) {
         Some(theirs) if !theirs.is_empty() && !theirs.eq_ignore_ascii_case(ours) => {
@@ -156,23 +156,23 @@ pub(super) fn describe_close(code: u16, description: Option<&str>) -> String {
 }
 
 /// `ws(s)://HOST[/prefix]/ws/v1/terminals/{id}[?from=N]` from the HTTP base URL.
-pub(super) fn viewer_url(server: &str, terminal_id: &str, resume_from: Option<u64>) -> Result<String, AttachError> {
+pub fn viewer_url(server: &str, terminal_id: &str, resume_from: Option<u64>) -> Result<String, ClientError> {
     let server = server.trim().trim_end_matches('/');
-    let (scheme, rest) = server.split_once("://").ok_or_else(|| AttachError::InvalidServerUrl(server.to_owned()))?;
+    let (scheme, rest) = server.split_once("://").ok_or_else(|| ClientError::InvalidServerUrl(server.to_owned()))?;
     let ws_scheme = match scheme.to_ascii_lowercase().as_str() {
         "http" | "ws" => "ws",
         "https" | "wss" => "wss",
-        _ => return Err(AttachError::InvalidServerUrl(server.to_owned())),
+        _ => return Err(ClientError::InvalidServerUrl(server.to_owned())),
     };
     if rest.is_empty() || rest.contains(['?', '#']) {
-        return Err(AttachError::InvalidServerUrl(server.to_owned()));
+        return Err(ClientError::InvalidServerUrl(server.to_owned()));
     }
     // Ids are UUIDs; refusing anything that would need escaping keeps a
     // stray `/` or `?` from silently addressing another route.
     let id_ok = !terminal_id.is_empty()
         && terminal_id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~'));
     if !id_ok {
-        return Err(AttachError::InvalidTerminalId(terminal_id.to_owned()));
+        return Err(ClientError::InvalidId(terminal_id.to_owned()));
     }
     let mut url = format!("{ws_scheme}://{rest}/ws/v1/terminals/{terminal_id}");
     if let Some(offset) = resume_from {
@@ -249,11 +249,11 @@ mod tests {
             format!("wss://relay.example.com/tether/ws/v1/terminals/{id}?from=42")
         );
         assert_eq!(viewer_url("WS://h:1", "t1", Some(0)).unwrap(), "ws://h:1/ws/v1/terminals/t1?from=0");
-        assert!(matches!(viewer_url("127.0.0.1:8080", id, None), Err(AttachError::InvalidServerUrl(_))));
-        assert!(matches!(viewer_url("ftp://h", id, None), Err(AttachError::InvalidServerUrl(_))));
-        assert!(matches!(viewer_url("http://h?x=1", id, None), Err(AttachError::InvalidServerUrl(_))));
+        assert!(matches!(viewer_url("127.0.0.1:8080", id, None), Err(ClientError::InvalidServerUrl(_))));
+        assert!(matches!(viewer_url("ftp://h", id, None), Err(ClientError::InvalidServerUrl(_))));
+        assert!(matches!(viewer_url("http://h?x=1", id, None), Err(ClientError::InvalidServerUrl(_))));
         for bad_id in ["", "a/b", "a?from=1", "a b"] {
-            assert!(matches!(viewer_url("http://h", bad_id, None), Err(AttachError::InvalidTerminalId(_))));
+            assert!(matches!(viewer_url("http://h", bad_id, None), Err(ClientError::InvalidId(_))));
         }
     }
 

@@ -7,18 +7,18 @@
 use actix_ws::Item;
 use bytes::{Bytes, BytesMut};
 
-use super::AttachError;
+use crate::client::ClientError;
 
 /// A message reassembled from continuation frames.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Complete {
+pub enum Complete {
     Text(Bytes),
     Binary(Bytes),
 }
 
 /// Reassembles one fragmented message at a time (WebSocket does not
 /// interleave fragments of different messages).
-pub(super) struct Fragments {
+pub struct Fragments {
     /// The message being reassembled: whether it is text, and its bytes.
     partial: Option<(bool, BytesMut)>,
     max_len: usize,
@@ -26,11 +26,11 @@ pub(super) struct Fragments {
 
 impl Fragments {
     /// Reassembled messages are limited to `max_len` bytes, like frames.
-    pub(super) fn new(max_len: usize) -> Self {
+    pub fn new(max_len: usize) -> Self {
         Self { partial: None, max_len }
     }
 
-    pub(super) fn push(&mut self, item: Item) -> Result<Option<Complete>, AttachError> {
+    pub fn push(&mut self, item: Item) -> Result<Option<Complete>, ClientError> {
         let (is_text, last, data) = match item {
             Item::FirstText(data) => (Some(true), false, data),
             Item::FirstBinary(data) => (Some(false), false, data),
@@ -41,10 +41,10 @@ impl Fragments {
             self.partial = Some((is_text, BytesMut::new()));
         }
         let Some((is_text, buf)) = self.partial.as_mut() else {
-            return Err(AttachError::Protocol("continuation frame without a first fragment".into()));
+            return Err(ClientError::Protocol("continuation frame without a first fragment".into()));
         };
         if buf.len() + data.len() > self.max_len {
-            return Err(AttachError::Protocol(format!("fragmented message over {} bytes", self.max_len)));
+            return Err(ClientError::Protocol(format!("fragmented message over {} bytes", self.max_len)));
         }
         buf.extend_from_slice(&data);
         if !last {

@@ -1,0 +1,114 @@
+//! `tether open`, `attach`, `kill` and `rm`: terminals by host name and id prefix.
+
+use uuid::Uuid;
+
+use super::errors::{explain, host_offline, start_refused};
+use super::{CliError, Connection};
+use crate::attach::{self, AttachError, AttachOptions, AttachOutcome};
+use crate::client::resolve::{self, short_id};
+use crate::client::{Client, Host, NewTerminal, Terminal, TerminalFilter};
+
+/// Used when the local window size cannot be read.
+const FALLBACK_SIZE: (u16, u16) = (80, 24);
+
+/// A host by name or id prefix, from the user's hosts.
+pub async fn find_host(client: &Client, query: &str) -> Result<Host, CliError> {
+    let hosts = client.hosts().await.map_err(|e| explain(e, client.server()))?;
+    Ok(resolve::host(&hosts, query)?.clone())
+}
+
+/// A terminal by id or unique id prefix.
+pub async fn find_terminal(client: &Client, query: &str) -> Result<Terminal, CliError> {
+    if let Ok(id) = Uuid::parse_str(query.trim()) {
+        return client.terminal(id).await.map_err(|e| match e {
+            e if e.is_not_found() => CliError::failed(format!("no terminal matches {query:?}")),
+            e => explain(e, client.server()),
+        });
+    }
+    let terminals = client.terminals(&TerminalFilter::default()).await.map_err(|e| explain(e, client.server()))?;
+    Ok(resolve::terminal(&terminals, query)?.clone())
+}
+
+pub async fn open(
+    client: &Client,
+    connection: &Connection,
+    host: &str,
+    dir: Option<String>,
+    title: Option<String>,
+    argv: Vec<String>,
+) -> Result<(), CliError> {
+    let host = find_host(client, host).await?;
+    if !host.is_online() {
+        return Err(host_offline(&host));
+    }
+    let (cols, rows) = match crossterm::terminal::size() {
+        Ok((cols, rows)) if cols > 0 && rows > 0 => (cols, rows),
+        _ => FALLBACK_SIZE,
+    };
+    let new = NewTerminal { host_id: host.id, dir: dir.clone(), argv, cols: Some(cols), rows: Some(rows), title };
+    let terminal =
+        client.create_terminal(&new).await.map_err(|e| start_refused(e, client.server(), &host, dir.as_deref()))?;
+    eprintln!("tether: terminal {} on {}; detach with Ctrl-]", short_id(&terminal.id), host.name);
+    attach_to(client, connection, &terminal.id.to_string()).await
+}
+
+pub async fn attach(client: &Client, connection: &Connection, query: &str) -> Result<(), CliError> {
+    // A whole id goes straight to the socket, which says "terminal not found"
+    // itself; a prefix needs the list.
+    let id = match Uuid::parse_str(query.trim()) {
+        Ok(id) => id,
+        Err(_) => find_terminal(client, query).await?.id,
+    };
+    attach_to(client, connection, &id.to_string()).await
+}
+
+async fn attach_to(client: &Client, connection: &Connection, terminal_id: &str) -> Result<(), CliError> {
+    let mut options = AttachOptions::new(client.server(), client.token(), terminal_id);
+    options.ca_file = connection.ca_file.clone();
+    match attach::run(options).await {
+        Ok(AttachOutcome::Detached) => {
+            let short = terminal_id.get(..8).unwrap_or(terminal_id);
+            eprintln!("[detached] the terminal keeps running; come back with `tether attach {short}`");
+            Ok(())
+        }
+        Ok(outcome) if outcome.exit_status() == 0 => {
+            eprintln!("{}", attach::describe(&outcome));
+            Ok(())
+        }
+        Ok(AttachOutcome::Closed { code: 4401, .. }) | Err(AttachError::Rejected { status: 401 }) => {
+            Err(explain(crate::client::ClientError::Rejected { status: 401 }, client.server()))
+        }
+        Ok(outcome) => Err(CliError::failed(attach::describe(&outcome))),
+        Err(e @ AttachError::Tls(_)) => Err(CliError::config(e.to_string())),
+        Err(AttachError::Connect { message, url }) => {
+            Err(explain(crate::client::ClientError::Connect { url, message }, client.server()))
+        }
+        Err(e) => Err(CliError::failed(e.to_string())),
+    }
+}
+
+pub async fn kill(client: &Client, query: &str, signal: Option<&str>) -> Result<(), CliError> {
+    let terminal = find_terminal(client, query).await?;
+    client.kill_terminal(terminal.id, signal).await.map_err(|e| match e.code() {
+        Some("terminal_not_running") => {
+            CliError::failed(format!("terminal {} is {}, not running", short_id(&terminal.id), terminal.state))
+        }
+        _ => explain(e, client.server()),
+    })?;
+    eprintln!("tether: sent {} to terminal {}", signal.unwrap_or("TERM"), short_id(&terminal.id));
+    Ok(())
+}
+
+pub async fn rm(client: &Client, query: &str) -> Result<(), CliError> {
+    let terminal = find_terminal(client, query).await?;
+    let short = short_id(&terminal.id);
+    client.delete_terminal(terminal.id).await.map_err(|e| match e.code() {
+        Some("terminal_live") => CliError::failed(format!(
+            "terminal {short} is still {}; stop it first with `tether kill {short}`",
+            terminal.state
+        )),
+        _ => explain(e, client.server()),
+    })?;
+    eprintln!("tether: removed terminal {short}");
+    Ok(())
+}

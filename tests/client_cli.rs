@@ -1,0 +1,508 @@
+//! The everyday command line (docs/CLI.md) against a real `tether serve`
+//! and a real `tether daemon` with real PTYs: `login` and where commands
+//! get their server and token, `open` driven through a pseudo-terminal,
+//! `run` streaming as it happens and exiting with the run's code, `--json`
+//! against the REST resources, id prefixes, and the messages of the usual
+//! mistakes. Every request a test makes itself goes through `tether::client`.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::cli::{Person, CLI_WAIT};
+use support::e2e::{self, E2e};
+use tether::client::resolve::short_id;
+use tether::client::{Client, Host, NewTerminal, TerminalFilter};
+use uuid::Uuid;
+
+/// The user's client, through the library.
+fn client(e: &E2e) -> Client {
+    Client::new(&e.server.url(), &e.api.token, None).expect("client")
+}
+
+async fn the_host(client: &Client) -> Host {
+    let hosts = client.hosts().await.expect("hosts");
+    hosts.into_iter().find(Host::is_online).expect("an online host")
+}
+
+/// A person logged in to the e2e server.
+fn logged_in(e: &E2e) -> Person {
+    let person = Person::new();
+    person.run(&["login", "--server", &e.server.url(), "--token", &e.api.token]).ok();
+    person
+}
+
+/// Polls `check` every 50 ms until it holds; fails naming `what` after CLI_WAIT.
+async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+    let deadline = Instant::now() + CLI_WAIT;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_terminal_state(client: &Client, id: Uuid, state: &str) {
+    eventually(&format!("terminal {id} to be {state}"), || async {
+        client.terminal(id).await.expect("terminal").state == state
+    })
+    .await;
+}
+
+#[actix_rt::test]
+async fn login_stores_a_private_config_that_later_commands_use_and_flags_beat_it() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let e = e2e::start(false, &[]).await;
+    let host = the_host(&client(&e)).await;
+    let mut person = Person::new();
+
+    // Without a login there is nothing to talk to: a configuration error.
+    person.run(&["hosts"]).fails(2, &["no server", "tether login --server URL"]);
+
+    // The token is read from stdin when it is not given.
+    let login = person.run_with_stdin(&["login", "--server", &e.server.url()], &format!("{}\n", e.api.token));
+    login.ok();
+    assert!(login.stderr.contains("logged in to"), "{login:#?}");
+    let file = person.login_file();
+    let mode = std::fs::metadata(&file).expect("login file").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "login file mode {mode:o}");
+    let dir_mode = std::fs::metadata(file.parent().unwrap()).unwrap().permissions().mode() & 0o777;
+    assert_eq!(dir_mode, 0o700, "config dir mode {dir_mode:o}");
+    let stored: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(stored["server"], e.server.url());
+    assert_eq!(stored["token"], e.api.token);
+
+    // A later command uses the stored login: no flags, no environment.
+    let hosts = person.run(&["hosts"]);
+    let table = hosts.ok();
+    assert!(table.starts_with("NAME"), "{table}");
+    assert!(table.contains(&host.name) && table.contains("online"), "{table}");
+
+    // TETHER_TOKEN beats the stored token; --token beats TETHER_TOKEN.
+    person.set_env("TETHER_TOKEN", "tth_not_a_real_token");
+    person.run(&["hosts"]).fails(1, &["refused the token"]);
+    assert!(person.run(&["hosts", "--token", &e.api.token]).ok().contains(&host.name));
+    person.remove_env("TETHER_TOKEN");
+
+    // TETHER_SERVER beats the stored server, and the stored token is never
+    // sent to another server.
+    person.set_env("TETHER_SERVER", "http://127.0.0.1:9");
+    person.run(&["hosts"]).fails(2, &["no token for http://127.0.0.1:9"]);
+    person.run(&["hosts", "--token", "tth_x"]).fails(1, &["cannot reach the tether server at http://127.0.0.1:9"]);
+    // ... and --server beats TETHER_SERVER.
+    assert!(person.run(&["hosts", "--server", &e.server.url()]).ok().contains(&host.name));
+    person.remove_env("TETHER_SERVER");
+
+    // A bad token is refused at login and nothing is stored over the good one.
+    person.run(&["login", "--server", &e.server.url(), "--token", "tth_wrong"]).fails(1, &["refused the token"]);
+    assert!(person.run(&["hosts"]).ok().contains(&host.name));
+
+    person.run(&["logout"]).ok();
+    assert!(!file.exists());
+    person.run(&["hosts"]).fails(2, &["no server"]);
+}
+
+#[actix_rt::test]
+async fn open_by_host_name_gives_a_shell_that_keeps_running_after_detach() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let person = logged_in(&e);
+
+    let mut open = person.pty(&["open", &host.name, "--dir", "/tmp"], (100, 30));
+    // The arithmetic proves a shell ran it: the typed line alone does not contain 42.
+    open.type_keys(b"echo round-$((6*7)) in $(pwd)\r");
+    open.wait_for("round-42 in /tmp");
+    open.type_keys(&[0x1d]); // Ctrl-]: detach
+    assert_eq!(open.wait_exit(), 0, "{}", open.screen());
+    // Its last words may still be on their way through the pty.
+    open.wait_for("[detached]");
+
+    // It is still running, sized to the window it was opened in.
+    let terminals = client.terminals(&TerminalFilter::default()).await.unwrap();
+    assert_eq!(terminals.len(), 1, "{terminals:?}");
+    let terminal = &terminals[0];
+    assert_eq!((terminal.state.as_str(), terminal.cols, terminal.rows), ("running", 100, 30));
+    let short = short_id(&terminal.id);
+    let ls = person.run(&["ls"]);
+    let line = ls.ok().lines().find(|l| l.starts_with(&short)).unwrap_or_else(|| panic!("{ls:#?}")).to_owned();
+    for column in [host.name.as_str(), "running", "100x30", "(shell)"] {
+        assert!(line.contains(column), "ls line {line:?} lacks {column:?}");
+    }
+    assert!(person.run(&["ls", &host.name]).ok().contains(&short));
+
+    // A running terminal cannot be removed.
+    person.run(&["rm", &short[..6]]).fails(1, &["still running", &format!("tether kill {short}")]);
+
+    // Back in by a prefix of its id: the shell is the same one.
+    let mut attach = person.pty(&["attach", &short[..6]], (100, 30));
+    attach.type_keys(b"echo again-$((40+2)); exit 3\r");
+    attach.wait_for("again-42");
+    assert_eq!(attach.wait_exit(), 1, "{}", attach.screen());
+    attach.wait_for("[terminal exited with code 3]");
+
+    wait_terminal_state(&client, terminal.id, "exited").await;
+    assert!(person.run(&["ls"]).ok().contains("exited 3"));
+    person.run(&["rm", &short]).ok();
+    assert!(client.terminals(&TerminalFilter::default()).await.unwrap().is_empty());
+}
+
+#[actix_rt::test]
+async fn run_streams_output_while_running_and_exits_with_the_runs_code() {
+    let e = e2e::start(false, &[]).await;
+    let host = the_host(&client(&e)).await;
+    let person = logged_in(&e);
+
+    let plain = person.run(&["run", &host.name, "--", "sh", "-c", "echo hi; exit 7"]);
+    assert_eq!(plain.code, Some(7), "{plain:#?}");
+    assert_eq!(plain.stdout, "hi\r\n", "{plain:#?}");
+
+    // `hi` shows while the command still runs, not after it ended.
+    let mut live =
+        person.spawn(&["run", &host.name, "--dir", "/tmp", "--", "sh", "-c", "echo hi; sleep 3; pwd; exit 7"]);
+    live.wait_for_stdout("hi", CLI_WAIT);
+    assert!(!live.exited(), "tether run ended before the command did");
+    let done = live.wait(CLI_WAIT);
+    assert_eq!(done.code, Some(7), "{done:#?}");
+    assert_eq!(done.stdout, "hi\r\n/tmp\r\n");
+
+    // Ctrl-C goes to the command; a second one would stop watching.
+    let trapping = "trap 'echo got-int; exit 5' INT; echo ready; sleep 30 & wait";
+    let interrupted = person.spawn(&["run", &host.name, "--", "sh", "-c", trapping]);
+    interrupted.wait_for_stdout("ready", CLI_WAIT);
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(interrupted.child.id() as libc::pid_t, libc::SIGINT) };
+    let done = interrupted.wait(CLI_WAIT);
+    assert_eq!((done.code, done.stdout.as_str()), (Some(5), "ready\r\ngot-int\r\n"), "{done:#?}");
+
+    // Killed by a signal: 128 + the signal's number.
+    let killed = person.run(&["run", &host.name, "--", "sh", "-c", "kill -KILL $$"]);
+    killed.fails(137, &["killed by signal 9"]);
+
+    // --detach prints the id at once; logs shows the output; runs lists it.
+    let detached = person.run(&["run", &host.name, "--detach", "--", "sh", "-c", "echo detached-output"]);
+    let run_id = detached.ok().trim().to_owned();
+    let run_id = Uuid::parse_str(&run_id).unwrap_or_else(|_| panic!("{detached:#?}"));
+    let followed = person.run(&["logs", "--follow", &short_id(&run_id)]);
+    assert_eq!(followed.ok(), "detached-output\r\n");
+    assert_eq!(person.run(&["logs", &run_id.to_string()]).ok(), "detached-output\r\n");
+    let runs = person.run(&["runs"]);
+    let line = runs.ok().lines().find(|l| l.starts_with(&short_id(&run_id))).expect("run listed").to_owned();
+    assert!(line.contains("succeeded") && line.contains("sh -c echo detached-output"), "{line}");
+}
+
+#[actix_rt::test]
+async fn run_of_ten_megabytes_streams_all_of_it_in_order() {
+    let e = e2e::start(false, &[]).await;
+    let host = the_host(&client(&e)).await;
+    let person = logged_in(&e);
+    // 1..=1_300_000, one a line: 9.9 MB, 11.2 MB with the PTY's CR LF.
+    let last = 1_300_000u32;
+    let running = person.spawn(&["run", &host.name, "--", "seq", "1", &last.to_string()]);
+    let done = running.wait(Duration::from_secs(180));
+    assert_eq!(done.code, Some(0), "stderr: {}", done.stderr);
+    assert!(!done.stderr.contains("missing"), "stderr: {}", done.stderr);
+    let mut expected = 1u32;
+    for line in done.stdout.split_terminator("\r\n") {
+        assert_eq!(line, expected.to_string(), "line {expected} of the output is out of order or missing");
+        expected += 1;
+    }
+    assert_eq!(expected, last + 1, "the output stopped after {} lines", expected - 1);
+    assert!(done.stdout.len() > 10_000_000, "{} bytes", done.stdout.len());
+}
+
+/// `logs --follow` on a run that printed more than the daemon's ring holds
+/// before anyone watched: the server can only replay from later on, the
+/// stretch before comes from the run's log, and nothing is doubled.
+#[actix_rt::test]
+async fn a_late_follower_gets_the_early_output_from_the_log_and_the_rest_live() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let person = logged_in(&e);
+    // 250,000 lines are 1.9 MB with CR LF: four times the 512 KiB ring.
+    let script = "seq 1 250000; sleep 3; echo tail";
+    let detached = person.run(&["run", &host.name, "--detach", "--", "sh", "-c", script]);
+    let run_id: Uuid = detached.ok().trim().parse().expect("run id");
+    eventually("the first lines in the run's log", || async {
+        client.run_log(run_id).await.map(|log| log.len() > 1_800_000).unwrap_or(false)
+    })
+    .await;
+    assert!(!client.run(run_id).await.unwrap().is_final(), "the run ended before the follower came");
+    let followed = person.run(&["logs", "--follow", &short_id(&run_id)]);
+    let mut lines = followed.ok().split_terminator("\r\n");
+    for n in 1..=250_000u32 {
+        assert_eq!(lines.next(), Some(n.to_string().as_str()), "line {n}");
+    }
+    assert_eq!(lines.next(), Some("tail"));
+    assert_eq!(lines.next(), None);
+    assert!(!followed.stderr.contains("missing"), "{}", followed.stderr);
+}
+
+/// `--json` prints the API's resources as they are, `--quiet` their ids.
+#[actix_rt::test]
+async fn json_output_is_the_rest_resources() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let person = logged_in(&e);
+    let run = person.run(&["run", &host.name, "--detach", "--json", "--", "true"]);
+    let run: Value = serde_json::from_str(run.ok()).expect("run --detach --json");
+    let run_id = run["run"]["id"].as_str().expect("run id").to_owned();
+    let terminal = client
+        .create_terminal(&NewTerminal {
+            host_id: host.id,
+            argv: vec!["sleep".into(), "60".into()],
+            dir: Some("/tmp".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    wait_terminal_state(&client, terminal.id, "running").await;
+    let run_uuid: Uuid = run_id.parse().unwrap();
+    eventually("the run to finish", || async { client.run(run_uuid).await.unwrap().is_final() }).await;
+
+    for (args, path) in [
+        (vec!["hosts", "--json"], "/api/v1/hosts"),
+        (vec!["ls", "--json"], "/api/v1/terminals"),
+        (vec!["runs", "--json"], "/api/v1/runs"),
+    ] {
+        // A host's lastSeenAt may move between the two reads: try again then.
+        let mut attempts = 0;
+        loop {
+            let printed: Value = serde_json::from_str(person.run(&args).ok()).expect("valid JSON");
+            let rest = client.get_json(path).await.unwrap();
+            if printed == rest || attempts == 3 {
+                assert_eq!(printed, rest, "tether {args:?} differs from GET {path}");
+                break;
+            }
+            attempts += 1;
+        }
+    }
+    // The run's terminal is a terminal too.
+    let all: String =
+        client.terminals(&TerminalFilter::default()).await.unwrap().iter().map(|t| format!("{}\n", t.id)).collect();
+    assert!(all.contains(&terminal.id.to_string()));
+    assert_eq!(person.run(&["ls", "-q"]).ok(), all);
+    assert_eq!(person.run(&["hosts", "--quiet"]).ok(), format!("{}\n", host.id));
+    let single = client.get_json(&format!("/api/v1/runs/{run_id}")).await.unwrap();
+    assert_eq!(single["run"]["hostId"], run["run"]["hostId"]);
+    assert_eq!(single["run"]["argv"], run["run"]["argv"]);
+
+    // Colours on a terminal only, and never with NO_COLOR.
+    let mut on_a_terminal = person.pty(&["hosts"], (120, 30));
+    assert_eq!(on_a_terminal.wait_exit(), 0);
+    on_a_terminal.wait_for("\x1b[32monline\x1b[0m");
+    let mut plain = Person::new();
+    plain.set_env("NO_COLOR", "1");
+    plain.set_env("TETHER_SERVER", &e.server.url());
+    plain.set_env("TETHER_TOKEN", &e.api.token);
+    let mut no_color = plain.pty(&["hosts"], (120, 30));
+    assert_eq!(no_color.wait_exit(), 0);
+    no_color.wait_for(&host.name);
+    assert!(!no_color.screen().contains("\x1b["), "{:?}", no_color.screen());
+    assert!(!person.run(&["hosts"]).ok().contains('\x1b'), "colours in a pipe");
+
+    // kill by prefix with a signal name; ls shows how it ended.
+    let short = short_id(&terminal.id);
+    person.run(&["kill", &short[..5], "--signal", "KILL"]).ok();
+    wait_terminal_state(&client, terminal.id, "exited").await;
+    assert_eq!(client.terminal(terminal.id).await.unwrap().exit_signal, Some(9));
+    let ls = person.run(&["ls"]);
+    assert!(ls.ok().lines().any(|l| l.starts_with(&short) && l.contains("exited sig9")), "{ls:#?}");
+    person.run(&["kill", &short]).fails(1, &["is exited, not running"]);
+}
+
+#[actix_rt::test]
+async fn unknown_and_ambiguous_names_and_prefixes_are_explained() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let person = logged_in(&e);
+
+    // Two hosts with one name, never online: their terminals stay pending.
+    let twin_a = client.register_host("twin", "twin-a", "linux", "x86_64").await.unwrap();
+    let twin_b = client.register_host("twin", "twin-b", "linux", "x86_64").await.unwrap();
+    let ambiguous = person.run(&["ls", "twin"]);
+    ambiguous.fails(1, &["\"twin\" matches 2 hosts", &short_id(&twin_a.id), &short_id(&twin_b.id)]);
+    person.run(&["ls", "nosuchhost"]).fails(1, &["no host matches \"nosuchhost\"", &host.name, "twin"]);
+    // An id prefix picks one of them.
+    assert!(person.run(&["ls", &short_id(&twin_a.id)]).ok().starts_with("ID"));
+
+    // Seventeen ids: two of them share a first hex digit.
+    let mut ids = Vec::new();
+    for _ in 0..17 {
+        let new = NewTerminal { host_id: twin_a.id, ..Default::default() };
+        ids.push(client.create_terminal(&new).await.unwrap().id);
+    }
+    let digit = (0..16u32)
+        .map(|d| char::from_digit(d, 16).unwrap())
+        .find(|d| ids.iter().filter(|id| short_id(id).starts_with(*d)).count() >= 2)
+        .expect("pigeonhole");
+    let sharing: Vec<String> = ids.iter().map(short_id).filter(|s| s.starts_with(digit)).collect();
+    let ambiguous = person.run(&["attach", &digit.to_string()]);
+    let needles: Vec<&str> = sharing.iter().map(String::as_str).collect();
+    ambiguous.fails(1, &[&format!("matches {} terminals", sharing.len())]);
+    ambiguous.fails(1, &needles);
+    person.run(&["kill", "ffffffff0"]).fails(1, &["no terminal matches \"ffffffff0\""]);
+    person.run(&["rm", "not-hex"]).fails(1, &["no terminal matches \"not-hex\""]);
+    person.run(&["logs", "0000"]).fails(1, &["no run matches \"0000\""]);
+    // The short id from `ls` works as well as the whole id.
+    person.run(&["rm", &short_id(&ids[0])]).ok();
+}
+
+#[actix_rt::test]
+async fn every_usual_mistake_gets_a_message_that_says_what_to_fix() {
+    let mut e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let person = Person::new();
+    let url = e.server.url();
+    let token = e.api.token.clone();
+
+    // Wrong server URL: nothing listening, or not a tether server.
+    let nothing = format!("http://127.0.0.1:{}", support::free_port());
+    person
+        .run(&["hosts", "--server", &nothing, "--token", &token])
+        .fails(1, &["cannot reach the tether server at", &nothing]);
+    let wrong_path = format!("{url}/not-tether");
+    person
+        .run(&["hosts", "--server", &wrong_path, "--token", &token])
+        .fails(1, &["does not look like a tether server", "HTTP 404"]);
+    person.run(&["hosts", "--server", "localhost:8080", "--token", &token]).fails(2, &["invalid server URL"]);
+    // Bad token.
+    person.run(&["hosts", "--server", &url, "--token", "tth_bad"]).fails(1, &["refused the token", "401"]);
+    person.run(&["login", "--server", &url, "--token", "tth_bad"]).fails(1, &["refused the token"]);
+    let person = logged_in(&e);
+    // Usage: run needs a command.
+    person.run(&["run", &host.name]).fails(2, &["ARGV"]);
+    // Directory not allowed, with the allowed list.
+    for args in [
+        vec!["open", host.name.as_str(), "--dir", "/etc"],
+        vec!["run", host.name.as_str(), "--dir", "/etc", "--", "true"],
+    ] {
+        person.run(&args).fails(1, &["directory /etc is not allowed on host", "allowed: /tmp"]);
+    }
+    // Host offline, with when it was last seen.
+    e.daemon.kill();
+    eventually("the host to go offline", || async { !client.host(host.id).await.unwrap().is_online() }).await;
+    let offline = person.run(&["open", &host.name]);
+    offline.fails(1, &[&format!("host {} ", host.name), "is offline (last seen", "ago)"]);
+    person.run(&["run", &host.name, "--", "true"]).fails(1, &["is offline (last seen"]);
+    let queued = person.run(&["run", &host.name, "--detach", "--", "true"]);
+    assert!(queued.ok().trim().parse::<Uuid>().is_ok() && queued.stderr.contains("queued until it returns"));
+    let table = person.run(&["hosts"]);
+    let line = table.ok().lines().find(|l| l.starts_with(&host.name)).expect("host listed").to_owned();
+    assert!(line.contains("offline") && line.contains("ago"), "{line}");
+}
+
+// The examples are compiled into this test as modules: a test run builds
+// only the test targets, and this way their code is what is tested.
+#[allow(dead_code)]
+#[path = "../examples/follow_to_file.rs"]
+mod follow_to_file;
+#[allow(dead_code)]
+#[path = "../examples/run_everywhere.rs"]
+mod run_everywhere;
+
+/// The two examples of the client library, against the real server.
+#[actix_rt::test]
+async fn the_examples_run_everywhere_and_follow_a_terminal_to_a_file() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+
+    let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let runs = run_everywhere::run_on_every_online_host(&client, argv(&["sh", "-c", "exit 3"])).await.unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(
+        (runs[0].0.as_str(), runs[0].1.state.as_str(), runs[0].1.exit_code),
+        (host.name.as_str(), "failed", Some(3))
+    );
+
+    let terminal = client
+        .create_terminal(&NewTerminal {
+            host_id: host.id,
+            argv: argv(&["sh", "-c", "sleep 1; echo followed-$((2+3)); exit 4"]),
+            dir: Some("/tmp".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let file = e.dir.path().join("followed.log");
+    let path = file.to_str().unwrap();
+    let written = follow_to_file::follow(&client, &short_id(&terminal.id), path, 0).await.expect("followed");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "followed-5\r\n");
+    assert_eq!(written, 12);
+}
+
+#[test]
+fn completions_for_every_shell() {
+    let person = Person::new();
+    for shell in ["bash", "zsh", "fish"] {
+        let out = person.run(&["completions", shell]);
+        let script = out.ok();
+        for word in ["open", "attach", "logs", "server", "token"] {
+            assert!(script.contains(word), "{shell} completions lack {word}");
+        }
+    }
+    person.run(&["completions", "tcsh"]).fails(2, &["tcsh"]);
+}
+
+/// The server does not paginate yet; a fake one that does shows the client
+/// follows `nextCursor` with the filters kept, until a page has none.
+#[actix_rt::test]
+async fn lists_follow_next_cursor_to_the_last_page() {
+    use std::sync::Mutex;
+
+    use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+
+    fn terminal(n: u32) -> Value {
+        serde_json::json!({
+            "id": format!("00000000-0000-4000-8000-{n:012}"), "hostId": "11111111-0000-4000-8000-000000000000",
+            "title": null, "dir": null, "argv": [], "state": "running", "pendingReason": null, "exitCode": null,
+            "exitSignal": null, "cols": 80, "rows": 24, "createdAt": "2026-12-01T10:00:00Z",
+            "startedAt": null, "endedAt": null
+        })
+    }
+    async fn page(req: HttpRequest, seen: web::Data<Mutex<Vec<String>>>) -> HttpResponse {
+        let query = req.query_string().to_owned();
+        seen.lock().unwrap().push(query.clone());
+        let body = if query.contains("after=page2") {
+            serde_json::json!({ "terminals": [terminal(3)] })
+        } else if query.contains("after=") {
+            serde_json::json!({ "terminals": [terminal(2)], "nextCursor": "page2" })
+        } else {
+            serde_json::json!({ "terminals": [terminal(0), terminal(1)], "nextCursor": "page1" })
+        };
+        HttpResponse::Ok().json(body)
+    }
+    let seen = web::Data::new(Mutex::new(Vec::<String>::new()));
+    let data = seen.clone();
+    let server =
+        HttpServer::new(move || App::new().app_data(data.clone()).route("/api/v1/terminals", web::get().to(page)))
+            .workers(1)
+            .disable_signals()
+            .bind(("127.0.0.1", 0))
+            .expect("bind");
+    let url = format!("http://{}", server.addrs()[0]);
+    let server = server.run();
+    let handle = server.handle();
+    actix_rt::spawn(server);
+
+    let client = Client::new(&url, "tth_x", None).unwrap();
+    let host_id: Uuid = "11111111-0000-4000-8000-000000000000".parse().unwrap();
+    let filter = TerminalFilter { host_id: Some(host_id), state: Some("running".into()) };
+    let terminals = client.terminals(&filter).await.expect("all pages");
+    let ids: Vec<String> = terminals.iter().map(|t| t.id.to_string()).collect();
+    assert_eq!(ids.len(), 4, "{ids:?}");
+    assert!(ids.iter().enumerate().all(|(n, id)| id.ends_with(&format!("{n:012}"))), "{ids:?}");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    for query in seen.iter() {
+        assert!(query.contains(&format!("hostId={host_id}")) && query.contains("state=running"), "{query}");
+        assert!(query.contains("limit=500"), "{query}");
+    }
+    assert!(!seen[0].contains("after=") && seen[1].contains("after=page1") && seen[2].contains("after=page2"));
+    handle.stop(false).await;
+}
