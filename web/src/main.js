@@ -168,51 +168,45 @@ function hostItem(h) {
   );
 }
 
-function terminalTable(terminals, names) {
-  if (!terminals.length) return el("p", { className: "empty" }, "No terminals yet.");
-  const rows = terminals
+/** A table of resources, newest first; `cells(item)` gives a row's cells. */
+function newestFirstTable(items, empty, headers, rowProps, cells) {
+  if (!items.length) return el("p", { className: "empty" }, empty);
+  const rows = items
     .slice()
     .sort((a, b) => Date.parse(b.createdAt) - Date.parse(a.createdAt))
-    .map((t) =>
-      el(
-        "tr",
-        { className: `terminal ${t.state}`, "data-terminal": t.id },
-        el("td", {}, el("a", { href: `#/t/${t.id}` }, t.title || (t.argv.length ? t.argv.join(" ") : "login shell"))),
-        el("td", {}, names.get(t.hostId) || "?"),
-        el("td", { className: "state" }, t.state === "exited" && t.exitCode !== null ? `exited (${t.exitCode})` : t.state),
-        el("td", {}, `${t.cols}×${t.rows}`),
-        el("td", {}, ago(t.lastInteractedAt)),
-      ),
-    );
-  return el(
-    "table",
-    {},
-    el("thead", {}, el("tr", {}, ...["Terminal", "Host", "State", "Size", "Last typed"].map((h) => el("th", {}, h)))),
-    el("tbody", {}, rows),
+    .map((item) => el("tr", rowProps(item), ...cells(item).map((cell) => (cell instanceof Node && cell.tagName === "TD" ? cell : el("td", {}, cell)))));
+  return el("table", {}, el("thead", {}, el("tr", {}, ...headers.map((h) => el("th", {}, h)))), el("tbody", {}, rows));
+}
+
+function terminalTable(terminals, names) {
+  return newestFirstTable(
+    terminals,
+    "No terminals yet.",
+    ["Terminal", "Host", "State", "Size", "Last typed"],
+    (t) => ({ className: `terminal ${t.state}`, "data-terminal": t.id }),
+    (t) => [
+      el("a", { href: `#/t/${t.id}` }, t.title || (t.argv.length ? t.argv.join(" ") : "login shell")),
+      names.get(t.hostId) || "?",
+      el("td", { className: "state" }, t.state === "exited" && t.exitCode !== null ? `exited (${t.exitCode})` : t.state),
+      `${t.cols}×${t.rows}`,
+      ago(t.lastInteractedAt),
+    ],
   );
 }
 
 function runTable(runs, names) {
-  if (!runs.length) return el("p", { className: "empty" }, "No runs yet (POST /api/v1/runs, or tether run).");
-  const rows = runs
-    .slice()
-    .sort((a, b) => Date.parse(b.createdAt) - Date.parse(a.createdAt))
-    .map((r) =>
-      el(
-        "tr",
-        { className: `run ${r.state}`, "data-run": r.id },
-        el("td", {}, el("a", { href: `#/r/${r.id}` }, r.argv.join(" "))),
-        el("td", {}, names.get(r.hostId) || "?"),
-        el("td", { className: "state" }, r.state),
-        el("td", {}, r.exitCode ?? ""),
-        el("td", {}, ago(r.createdAt)),
-      ),
-    );
-  return el(
-    "table",
-    {},
-    el("thead", {}, el("tr", {}, ...["Command", "Host", "State", "Exit", "Queued"].map((h) => el("th", {}, h)))),
-    el("tbody", {}, rows),
+  return newestFirstTable(
+    runs,
+    "No runs yet (POST /api/v1/runs, or tether run).",
+    ["Command", "Host", "State", "Exit", "Queued"],
+    (r) => ({ className: `run ${r.state}`, "data-run": r.id }),
+    (r) => [
+      el("a", { href: `#/r/${r.id}` }, r.argv.join(" ")),
+      names.get(r.hostId) || "?",
+      el("td", { className: "state" }, r.state),
+      r.exitCode ?? "",
+      ago(r.createdAt),
+    ],
   );
 }
 

@@ -13,6 +13,7 @@ import { keyRow, Modifiers } from "./keys.js";
 import { el } from "./dom.js";
 
 const FONT_KEY = "tether.fontSize";
+const RENDERER_KEY = "tether.renderer";
 const FONT_MIN = 8;
 const FONT_MAX = 32;
 /** How often a `view` goes out with nothing else to say, so idleMs stays fresh. */
@@ -28,6 +29,7 @@ export function defaultFontSize() {
 export class TerminalView {
   constructor({ terminalId, token, title, onBack, phone }) {
     this.terminalId = terminalId;
+    this.phone = phone;
     this.lastKeyAt = Date.now();
     this.holder = null; // true: ours, false: another viewer's, null: not told yet
     this.ptySize = null;
@@ -93,17 +95,12 @@ export class TerminalView {
     parent.replaceChildren(this.element);
     this.term.open(this.screen);
     this.renderer = "dom";
-    try {
-      const webgl = new WebglAddon();
-      webgl.onContextLoss(() => {
-        webgl.dispose();
-        this.renderer = "dom";
-      });
-      this.term.loadAddon(webgl);
-      this.renderer = "webgl";
-    } catch (_) {
-      // No WebGL here: xterm.js keeps its DOM renderer.
-    }
+    // WebGL on desktops; phones keep xterm.js's DOM renderer, which is fast
+    // enough for a phone's grid and the only one whose output the browser
+    // tests could see under touch emulation (docs/WEB.md, "Renderer").
+    // `localStorage["tether.renderer"]` = "webgl" or "dom" overrides.
+    const choice = localStorage.getItem(RENDERER_KEY) || (this.phone ? "dom" : "webgl");
+    if (choice === "webgl") this.loadWebgl();
     this.screen.addEventListener("click", () => this.term.focus());
     this.fitNow();
     this.onResize = debounce(() => this.windowResized(), 80);
@@ -116,6 +113,20 @@ export class TerminalView {
     this.viewTimer = setInterval(() => this.sendView(), VIEW_EVERY_MS);
     this.socket.connect();
     this.term.focus();
+  }
+
+  loadWebgl() {
+    try {
+      const webgl = new WebglAddon();
+      webgl.onContextLoss(() => {
+        webgl.dispose();
+        this.renderer = "dom";
+      });
+      this.term.loadAddon(webgl);
+      this.renderer = "webgl";
+    } catch (_) {
+      // No WebGL here: xterm.js keeps its DOM renderer.
+    }
   }
 
   dispose() {
@@ -141,16 +152,21 @@ export class TerminalView {
     if (this.holder !== false && (cols !== this.term.cols || rows !== this.term.rows)) this.term.resize(cols, rows);
   }
 
+  /**
+   * The screen changed size (window, phone keyboard, font, a bar). The
+   * holder claims the new grid with `resize`; anyone else only tells its
+   * natural grid in a `view` ("take over" is the explicit claim).
+   */
   windowResized() {
     if (this.disposed) return;
-    if (this.holder === false) {
-      // Someone else holds the grid: say our natural size, claim nothing.
-      this.sendView();
+    if (this.holder === true) {
+      this.fitNow();
+      const { cols, rows } = this.naturalGrid();
+      this.socket.send({ type: "resize", cols, rows });
       return;
     }
-    this.fitNow();
-    const { cols, rows } = this.naturalGrid();
-    this.socket.send({ type: "resize", cols, rows });
+    if (this.holder === null) this.fitNow();
+    this.sendView();
   }
 
   claimGrid() {

@@ -50,7 +50,11 @@ export async function newPage(browser, options = DESKTOP, base = env.url) {
     if (m.type() === "error" && !/WebSocket|Failed to load resource/.test(m.text())) page.problems.push(`console: ${m.text()}`);
     if (/Content Security Policy/i.test(m.text())) page.problems.push(`CSP: ${m.text()}`);
   });
+  page.on("websocket", (ws) => {
+    if (env.token && ws.url().includes(env.token)) page.problems.push(`token in a WebSocket URL: ${ws.url()}`);
+  });
   page.on("request", (r) => {
+    if (env.token && r.url().includes(env.token)) page.problems.push(`token in a URL: ${r.url()}`);
     const url = new URL(r.url());
     if (!["data:", "blob:"].includes(url.protocol) && url.origin !== origin && url.origin.replace(/^ws/, "http") !== origin) {
       page.problems.push(`third-party request: ${r.url()}`);
@@ -94,8 +98,10 @@ export async function startTerminal(page, command = "") {
   await page.fill("#start-command", command);
   await page.click("form.start button[type=submit]");
   await page.waitForFunction(() => /^#\/t\//.test(location.hash));
-  const id = await page.evaluate(() => location.hash.slice(3));
+  const id = await page.evaluate(() => location.hash.slice("#/t/".length));
   await waitLive(page);
+  // The shell's prompt, so what the case types is not echoed ahead of it.
+  await waitForLine(page, /[$#>]\s*$/);
   return id;
 }
 
@@ -106,7 +112,13 @@ export async function openTerminal(page, id, base = env.url) {
 }
 
 export async function waitLive(page) {
-  await page.waitForFunction(() => window.tether?.screen()?.state === "live", null, { timeout: WAIT_MS });
+  try {
+    await page.waitForFunction(() => window.tether?.screen()?.state === "live", null, { timeout: WAIT_MS });
+  } catch (e) {
+    const s = await page.evaluate(() => window.tether?.screen() ?? null);
+    const notice = await page.evaluate(() => document.querySelector(".notice")?.textContent ?? "");
+    throw new Error(`not live: ${JSON.stringify(s && { ...s, lines: undefined })} notice ${JSON.stringify(notice)}; ${page.url()}`);
+  }
 }
 
 export async function screen(page) {
