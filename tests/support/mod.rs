@@ -20,6 +20,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod balancer;
+pub mod browser;
 pub mod client;
 pub mod daemon;
 pub mod e2e;
