@@ -50,6 +50,7 @@ browser_cases!(
     sign_in_echo_and_exit,
     resize_window_changes_stty_size,
     second_viewer_sees_held_bar_and_takes_over,
+    hidden_holder_yields_the_grid,
     phone_ctrl_c_interrupts_sleep,
     bad_token_and_sign_out,
 );

@@ -230,6 +230,13 @@ export async function bad_token_and_sign_out(browser) {
   check((await page.evaluate(() => localStorage.getItem("tether.token"))) === null, "a refused token is not kept");
   await signInAndSeeHost(page);
   check((await page.evaluate(() => localStorage.getItem("tether.token"))) === env.token, "the token is kept");
+  // A terminal that does not exist: 4404, a message, and no retry.
+  await page.goto(`${env.url}/#/t/00000000-0000-4000-8000-000000000000`);
+  await page.waitForFunction(() => document.querySelector(".notice")?.textContent === "There is no such terminal.");
+  await new Promise((r) => setTimeout(r, 2000));
+  const s = await screen(page);
+  check(s.state === "ended" && s.socket.connects === 1, `no retry after 4404: ${JSON.stringify(s.socket)}`);
+  await page.goto(`${env.url}/`);
   await page.click(".sign-out");
   await page.waitForSelector("form.signin");
   check((await page.evaluate(() => localStorage.getItem("tether.token"))) === null, "sign out forgets the token");
@@ -250,4 +257,35 @@ export async function runs_list_and_log(browser) {
   await waitForLine(page, /^run-output-25/);
   noProblems(page);
   report({});
+}
+
+/** A holder whose tab is hidden is not in use: a newcomer's view takes the grid without "take over". */
+export async function hidden_holder_yields_the_grid(browser) {
+  const first = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(first);
+  const id = await startTerminal(first, "sh");
+  await typeLine(first, "echo typed");
+  await waitForLine(first, /^typed/);
+  check((await screen(first)).holder === true, "the first viewer holds the grid");
+  // What the Page Visibility API reports when the user switches tabs.
+  await first.evaluate(() => {
+    Object.defineProperty(document, "visibilityState", { configurable: true, get: () => "hidden" });
+    Object.defineProperty(document, "hidden", { configurable: true, get: () => true });
+    document.dispatchEvent(new Event("visibilitychange"));
+  });
+  const second = await newPage(browser, { viewport: { width: 760, height: 480 } });
+  await signIn(second);
+  await second.waitForSelector(".home");
+  await openTerminal(second, id);
+  const b = await waitFor("the second viewer to get the grid", async () => {
+    const s = await screen(second);
+    return s.holder === true ? s : null;
+  });
+  check(await second.locator(".held-bar").isHidden(), "no held bar for the new holder");
+  await first.waitForSelector(".held-bar:not([hidden])");
+  await typeLine(second, "stty size");
+  await waitForLine(second, new RegExp(`^${b.rows} ${b.cols}\\s*$`));
+  noProblems(first);
+  noProblems(second);
+  report({ second: `${b.cols}x${b.rows}` });
 }
