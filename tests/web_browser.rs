@@ -10,9 +10,10 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use support::balancer::Balancer;
 use support::browser::{run_case, run_unit_tests, screenshot_dir};
-use support::client::viewer_url;
-use support::e2e::{start, terminal, E2e};
-use support::TetherServer;
+use support::client::{create_token, viewer_url, Api};
+use support::daemon::DaemonProcess;
+use support::e2e::{start, terminal, wait_online, E2e};
+use support::{pg_database, redis_url, unique_prefix, TetherServer};
 
 /// The bound on the page's JS heap while `seq 1 2000000` runs (docs/WEB.md,
 /// "Large output"): xterm.js keeps 5000 lines of scrollback (about 5 MiB at
@@ -74,6 +75,38 @@ async fn dropped_socket_resumes_without_duplicates() {
     // network drop would, and the redial reaches the same server.
     let cut = || balancer.switch(&backend);
     run_case("dropped_socket_resumes_without_duplicates", env, &[("cut", &cut)]).await;
+}
+
+/// Two instances on PostgreSQL and Redis; the daemon dials A through a
+/// balancer, the page uses B. Moving the daemon to B closes the page's
+/// socket 4503 (host moved); the page redials at once and continues.
+#[actix_rt::test]
+async fn host_moved_redials_at_once() {
+    let database = pg_database().await;
+    let redis = redis_url();
+    let prefix = unique_prefix();
+    let env = [
+        ("TETHER_DATABASE__URL", database.as_str()),
+        ("TETHER_REDIS__URL", redis.as_str()),
+        ("TETHER_BUS__PREFIX", prefix.as_str()),
+        ("TETHER_LEASE__RENEW_MS", "1000"),
+        ("TETHER_LEASE__TTL_MS", "3000"),
+    ];
+    let a = TetherServer::start(&env, &[]).await;
+    let b = TetherServer::start(&env, &[]).await;
+    let api = Api::new(b.url(), create_token(&a, "ann"));
+    let balancer = Balancer::start(a.listen_addr()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let _daemon = DaemonProcess::start_url(&balancer.url(), &api.token, &dir.path().join("state"));
+    let host = wait_online(&api).await;
+    let env = json!({
+        "url": b.url(),
+        "token": api.token,
+        "hostId": host,
+        "screenshots": screenshot_dir(),
+    });
+    let move_to_b = || balancer.switch(b.listen_addr());
+    run_case("host_moved_redials_at_once", env, &[("move", &move_to_b)]).await;
 }
 
 #[actix_rt::test]

@@ -37,7 +37,7 @@ export class ViewerSocket {
     this.ended = false;
     this.ws = null;
     this.timer = null;
-    this.stats = { connects: 0, resumes: 0, replays: 0, urls: [] };
+    this.stats = { connects: 0, resumes: 0, replays: 0, urls: [], closes: [] };
     this.onOnline = () => this.retryNow();
     window.addEventListener("online", this.onOnline);
   }
@@ -97,6 +97,7 @@ export class ViewerSocket {
   }
 
   onClose(code, reason) {
+    this.stats.closes.push(code);
     if (this.ended) return;
     if (FINAL_CLOSES[code]) {
       this.end(FINAL_CLOSES[code], code);

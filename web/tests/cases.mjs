@@ -289,3 +289,28 @@ export async function hidden_holder_yields_the_grid(browser) {
   noProblems(second);
   report({ second: `${b.cols}x${b.rows}` });
 }
+
+/** The host moves to another instance: the viewer is closed 4503, redials at once and continues. */
+export async function host_moved_redials_at_once(browser) {
+  const page = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(page);
+  await startTerminal(page, "sh");
+  await typeLine(page, "echo before-$((2+3))");
+  await waitForLine(page, /^before-5/);
+  const before = await screen(page);
+  await askHarness("move");
+  const after = await waitFor("a redial after 4503", async () => {
+    const s = await screen(page);
+    return s.socket.closes.includes(4503) && s.socket.connects >= 2 && s.state === "live" ? s : null;
+  }, 30000);
+  await typeLine(page, "echo after-$((3+4))");
+  await waitForLine(page, /^after-7/);
+  const lines = (await screen(page)).lines.map((l) => l.trimEnd());
+  for (const want of ["before-5", "after-7"]) {
+    const n = lines.filter((l) => l === want).length;
+    check(n === 1, `"${want}" is on the screen ${n} times:\n${lines.join("\n").trimEnd()}`);
+  }
+  check(after.socket.urls[1].includes(`?from=${before.offset}`), `redialed ${after.socket.urls[1]}`);
+  noProblems(page);
+  report({ socket: after.socket });
+}
