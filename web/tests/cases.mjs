@@ -2,7 +2,7 @@
 // runs every one as its own test (`node tests/run.mjs NAME`).
 
 import {
-  askHarness, check, DESKTOP, env, newPage, noProblems, openTerminal, PHONE, report, screen, screenText,
+  askHarness, check, DESKTOP, env, expectEachOnce, newPage, noProblems, openTerminal, PHONE, report, screen, screenText,
   signIn, signInAndSeeHost, startTerminal, typeLine, waitFor, waitForLine,
 } from "./lib.mjs";
 
@@ -113,11 +113,7 @@ export async function dropped_socket_resumes_without_duplicates(browser) {
   );
   await typeLine(page, "echo after-$((40+2))");
   await waitForLine(page, /^after-42/);
-  const lines = (await screen(page)).lines.map((l) => l.trimEnd());
-  for (const want of ["line-1", "line-2", "line-3", "after-42"]) {
-    const n = lines.filter((l) => l === want).length;
-    check(n === 1, `"${want}" is on the screen ${n} times:\n${lines.join("\n").trimEnd()}`);
-  }
+  await expectEachOnce(page, ["line-1", "line-2", "line-3", "after-42"]);
   noProblems(page);
   report({ urls: after.socket.urls });
 }
@@ -305,11 +301,7 @@ export async function host_moved_redials_at_once(browser) {
   }, 30000);
   await typeLine(page, "echo after-$((3+4))");
   await waitForLine(page, /^after-7/);
-  const lines = (await screen(page)).lines.map((l) => l.trimEnd());
-  for (const want of ["before-5", "after-7"]) {
-    const n = lines.filter((l) => l === want).length;
-    check(n === 1, `"${want}" is on the screen ${n} times:\n${lines.join("\n").trimEnd()}`);
-  }
+  await expectEachOnce(page, ["before-5", "after-7"]);
   check(after.socket.urls[1].includes(`?from=${before.offset}`), `redialed ${after.socket.urls[1]}`);
   noProblems(page);
   report({ socket: after.socket });

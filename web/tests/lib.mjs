@@ -143,6 +143,15 @@ export async function waitForLine(page, pattern, timeout = WAIT_MS) {
   });
 }
 
+/** Each of `lines` is exactly one line of the buffer: nothing lost, nothing doubled. */
+export async function expectEachOnce(page, lines) {
+  const have = (await screen(page)).lines.map((l) => l.trimEnd());
+  for (const want of lines) {
+    const n = have.filter((l) => l === want).length;
+    check(n === 1, `"${want}" is on the screen ${n} times:\n${have.join("\n").trimEnd()}`);
+  }
+}
+
 export async function typeLine(page, text) {
   await page.click(".screen");
   await page.keyboard.type(text);
