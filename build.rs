@@ -22,7 +22,11 @@ fn embed_web_page() -> Result<(), Box<dyn std::error::Error>> {
     let mut files = Vec::new();
     collect(&root, &root, &mut files)?;
     if !files.iter().any(|(name, _)| name == "index.html") {
-        return Err(format!("{} has no index.html: build the page with `npm ci && npm run build` in web/", root.display()).into());
+        return Err(format!(
+            "{} has no index.html: build the page with `npm ci && npm run build` in web/",
+            root.display()
+        )
+        .into());
     }
     files.sort();
     let mut out = String::from("/// The built page, from web/dist.\npub static WEB_ASSETS: &[(&str, &[u8])] = &[\n");

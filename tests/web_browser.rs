@@ -160,7 +160,10 @@ async fn page_is_served_with_types_cache_and_csp() {
     for part in ["default-src 'none'", "script-src 'self'", "connect-src 'self'", "frame-ancestors 'none'"] {
         assert!(csp.contains(part), "CSP {csp:?} lacks {part:?}");
     }
-    assert!(!csp.contains("unsafe-eval") && !csp.split(';').any(|d| d.contains("script-src") && d.contains("unsafe-inline")));
+    assert!(
+        !csp.contains("unsafe-eval")
+            && !csp.split(';').any(|d| d.contains("script-src") && d.contains("unsafe-inline"))
+    );
     let html = String::from_utf8(body).expect("utf8");
     assert!(!html.contains("<script>") && !html.contains(" on"), "no inline script or handler:\n{html}");
 
@@ -172,7 +175,9 @@ async fn page_is_served_with_types_cache_and_csp() {
 
     // Hashed assets: immutable, the right types, compressed when asked.
     let assets: Vec<&str> = html.split('"').filter(|part| part.starts_with("/assets/")).collect();
-    let asset = |ext: &str| assets.iter().find(|a| a.ends_with(ext)).unwrap_or_else(|| panic!("no {ext} in {html}")).to_string();
+    let asset = |ext: &str| {
+        assets.iter().find(|a| a.ends_with(ext)).unwrap_or_else(|| panic!("no {ext} in {html}")).to_string()
+    };
     for (ext, ty) in [(".js", "text/javascript; charset=utf-8"), (".css", "text/css; charset=utf-8")] {
         let path = asset(ext);
         let (status, headers, body) = get(&format!("{base}{path}"), &[("Accept-Encoding", "gzip")]).await;

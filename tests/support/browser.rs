@@ -92,10 +92,9 @@ pub async fn run_case(name: &str, env: Value, actions: &[(&str, &dyn Fn())]) -> 
             Ok(None) => break,
             Ok(Some(line)) => {
                 if let Some(what) = line.strip_prefix('@') {
-                    let (_, action) = actions
-                        .iter()
-                        .find(|(w, _)| *w == what)
-                        .unwrap_or_else(|| panic!("browser case {name} asked for `{what}`, which this test does not do"));
+                    let (_, action) = actions.iter().find(|(w, _)| *w == what).unwrap_or_else(|| {
+                        panic!("browser case {name} asked for `{what}`, which this test does not do")
+                    });
                     action();
                     writeln!(stdin, "done {what}").expect("answer the case");
                 } else if let Some(json) = line.strip_prefix("result ") {
