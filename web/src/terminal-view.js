@@ -35,6 +35,7 @@ export class TerminalView {
     this.ptySize = null;
     this.exited = false;
     this.disposed = false;
+    this.stateLog = []; // the last states shown, for debugState
 
     this.term = new Terminal({
       fontSize: defaultFontSize(),
@@ -252,6 +253,8 @@ export class TerminalView {
 
   onState(name, detail) {
     this.state = name;
+    if (this.stateLog.at(-1) !== name) this.stateLog.push(name);
+    if (this.stateLog.length > 50) this.stateLog.shift();
     this.status.dataset.state = name;
     switch (name) {
       case "connecting":
@@ -296,6 +299,7 @@ export class TerminalView {
       cols: this.term.cols,
       rows: this.term.rows,
       state: this.state,
+      states: this.stateLog,
       holder: this.holder,
       offset: this.socket.offset,
       socket: this.socket.stats,

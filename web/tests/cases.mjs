@@ -105,6 +105,11 @@ export async function dropped_socket_resumes_without_duplicates(browser) {
     const s = await screen(page);
     return s.socket.connects >= 2 && s.state === "live" ? s : null;
   });
+  check(after.states.join(" ").includes("live reconnecting live"), `the page showed ${after.states.join(" → ")}`);
+  check(
+    (await page.locator(".status").textContent()) === "live" && (await page.locator(".notice").isHidden()),
+    "the reconnecting notice goes away once live",
+  );
   const url = after.socket.urls[after.socket.urls.length - 1];
   check(new RegExp(`\\?from=${before.offset}$`).test(url), `redialed ${url}, not ?from=${before.offset}`);
   check(
