@@ -32,7 +32,7 @@ fn refuse(session: Session, stream: AggregatedMessageStream, code: u16, reason: 
 
 /// Why an upgrade did not happen: a foreign origin (403) or a bad handshake.
 enum Refused {
-    Origin(HttpResponse),
+    Origin,
     Handshake(actix_web::Error),
 }
 
@@ -45,7 +45,12 @@ impl From<actix_web::Error> for Refused {
 /// The answer to an upgrade that did not happen.
 fn refused(r: Refused) -> Result<HttpResponse, actix_web::Error> {
     match r {
-        Refused::Origin(res) => Ok(res),
+        Refused::Origin => Ok(ApiError::new(
+            actix_web::http::StatusCode::FORBIDDEN,
+            "origin_not_allowed",
+            "WebSockets are accepted from this server's own pages and http.allowed_origins only",
+        )
+        .error_response()),
         Refused::Handshake(e) => Err(e),
     }
 }
@@ -59,14 +64,7 @@ fn upgrade(
     if !super::origin::allowed(req, &state.settings.http.allowed_origins) {
         let origin = req.headers().get(actix_web::http::header::ORIGIN).and_then(|o| o.to_str().ok()).unwrap_or("?");
         tracing::info!(origin, path = req.path(), "tether_ws_origin_refused");
-        return Err(Refused::Origin(
-            ApiError::new(
-                actix_web::http::StatusCode::FORBIDDEN,
-                "origin_not_allowed",
-                "WebSockets are accepted from this server's own pages and http.allowed_origins only",
-            )
-            .error_response(),
-        ));
+        return Err(Refused::Origin);
     }
     let (res, session, stream) = actix_ws::handle_with_protocols(req, body, &[protocol])?;
     let stream =
