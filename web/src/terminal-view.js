@@ -301,6 +301,7 @@ export class TerminalView {
       state: this.state,
       states: this.stateLog,
       holder: this.holder,
+      pty: this.ptySize,
       offset: this.socket.offset,
       socket: this.socket.stats,
       renderer: this.renderer,

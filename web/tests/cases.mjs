@@ -8,6 +8,14 @@ import {
 
 const shot = (name) => `${env.screenshots}/${name}`;
 
+/** Waits until `page` holds the grid and the PTY has its grid; returns the state. */
+async function holdsTheGrid(page) {
+  return waitFor("this viewer to hold the grid at its size", async () => {
+    const s = await screen(page);
+    return s.holder === true && s.pty?.cols === s.cols && s.pty?.rows === s.rows ? s : null;
+  });
+}
+
 /** Sign in, see the host online, start a shell, `echo $((6*7))` shows 42; exit shows its code. */
 export async function sign_in_echo_and_exit(browser) {
   const page = await newPage(browser, DESKTOP);
@@ -77,10 +85,7 @@ export async function second_viewer_sees_held_bar_and_takes_over(browser) {
 
   await second.click(".take-over");
   await second.waitForSelector(".held-bar", { state: "hidden" });
-  const b = await waitFor("the second viewer to hold the grid", async () => {
-    const s = await screen(second);
-    return s.holder === true ? s : null;
-  });
+  const b = await holdsTheGrid(second);
   check(b.cols !== a.cols, "the grids differ, so the move is visible");
   await first.waitForSelector(".held-bar:not([hidden])");
   await typeLine(second, "stty size");
@@ -278,10 +283,7 @@ export async function hidden_holder_yields_the_grid(browser) {
   await signIn(second);
   await second.waitForSelector(".home");
   await openTerminal(second, id);
-  const b = await waitFor("the second viewer to get the grid", async () => {
-    const s = await screen(second);
-    return s.holder === true ? s : null;
-  });
+  const b = await holdsTheGrid(second);
   check(await second.locator(".held-bar").isHidden(), "no held bar for the new holder");
   await first.waitForSelector(".held-bar:not([hidden])");
   await typeLine(second, "stty size");
