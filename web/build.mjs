@@ -27,6 +27,9 @@ async function buildInto(out) {
   mkdirSync(join(out, "assets"), { recursive: true });
   mkdirSync(join(out, "icons"), { recursive: true });
   const result = await build({
+    // Module paths inside the bundle are relative to this dir, so the
+    // output is the same from whatever dir the build is started.
+    absWorkingDir: here,
     entryPoints: [join(src, "main.js")],
     bundle: true,
     minify: true,
