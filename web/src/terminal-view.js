@@ -18,6 +18,8 @@ const FONT_MIN = 8;
 const FONT_MAX = 32;
 /** How often a `view` goes out with nothing else to say, so idleMs stays fresh. */
 const VIEW_EVERY_MS = 15000;
+/** How long a size that is not ours must last before the held bar shows. */
+const HELD_BAR_DELAY_MS = 700;
 const encoder = new TextEncoder();
 
 export function defaultFontSize() {
@@ -135,6 +137,7 @@ export class TerminalView {
     this.sendView({ open: false });
     this.socket.close();
     clearInterval(this.viewTimer);
+    clearTimeout(this.heldBarTimer);
     this.resizeObserver?.disconnect();
     document.removeEventListener("visibilitychange", this.onVisibility);
     window.removeEventListener("pagehide", this.onPageHide);
@@ -245,10 +248,23 @@ export class TerminalView {
     }
   }
 
+  /**
+   * The "held by another viewer" bar. Every attach starts with a size that
+   * is not ours (the server has not seen our first view yet), so the bar
+   * shows only when that lasts past HELD_BAR_DELAY_MS.
+   */
   renderHolder() {
+    clearTimeout(this.heldBarTimer);
     const held = this.holder === false && !this.exited;
-    this.heldBar.hidden = !held;
-    if (held) this.holderText.textContent = `viewing at ${this.ptySize.cols}×${this.ptySize.rows}, held by another viewer`;
+    if (!held) {
+      this.heldBar.hidden = true;
+      return;
+    }
+    this.holderText.textContent = `viewing at ${this.ptySize.cols}×${this.ptySize.rows}, held by another viewer`;
+    if (!this.heldBar.hidden) return;
+    this.heldBarTimer = setTimeout(() => {
+      if (this.holder === false && !this.exited) this.heldBar.hidden = false;
+    }, HELD_BAR_DELAY_MS);
   }
 
   onState(name, detail) {

@@ -42,14 +42,14 @@ export async function resize_window_changes_stty_size(browser) {
   await signInAndSeeHost(page);
   await startTerminal(page, "sh");
   const seen = [];
+  let before = await holdsTheGrid(page);
   for (const viewport of [{ width: 900, height: 560 }, { width: 640, height: 420 }]) {
-    const before = await screen(page);
     await page.setViewportSize(viewport);
     const after = await waitFor("the grid to follow the window", async () => {
-      const s = await screen(page);
+      const s = await holdsTheGrid(page);
       return s.cols !== before.cols && s.rows !== before.rows ? s : null;
     });
-    // The PTY follows once the server has the holder's new size.
+    // The PTY has the holder's new size: the shell sees it.
     const want = `${after.rows} ${after.cols}`;
     let ok = false;
     for (let i = 0; i < 20 && !ok; i++) {
@@ -58,6 +58,7 @@ export async function resize_window_changes_stty_size(browser) {
       ok = (await screen(page)).lines.some((l) => l.trim() === want);
     }
     check(ok, `stty size never said ${want}:\n${(await screenText(page)).trimEnd()}`);
+    before = after;
     seen.push(`${after.cols}x${after.rows}`);
   }
   noProblems(page);
