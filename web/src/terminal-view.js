@@ -89,8 +89,34 @@ export class TerminalView {
       state: (name, detail) => this.onState(name, detail),
     });
 
+    this.answerOnlyAsHolder();
     this.term.onData((data) => this.sendInput(this.modifiers.apply(data)));
     this.term.onBinary((data) => this.sendBytes(Uint8Array.from(data, (c) => c.charCodeAt(0) & 0xff)));
+  }
+
+  /**
+   * Programs ask the terminal questions (device attributes, cursor
+   * position, mode and colour reports) and read the answers as input.
+   * Every viewer's xterm.js would answer, so with two viewers the program
+   * reads two answers and the second shows up as garbage. Only the grid
+   * holder (or a viewer not told otherwise) answers; the others swallow
+   * the question. A handler that returns true stops xterm.js's own.
+   */
+  answerOnlyAsHolder() {
+    const notMine = () => this.holder === false;
+    const questions = [
+      { final: "c" }, // DA1
+      { prefix: ">", final: "c" }, // DA2
+      { prefix: "=", final: "c" }, // DA3
+      { final: "n" }, // DSR, cursor position
+      { prefix: "?", final: "n" }, // DEC DSR
+      { intermediates: "$", final: "p" }, // DECRQM
+      { prefix: "?", intermediates: "$", final: "p" },
+    ];
+    for (const id of questions) this.term.parser.registerCsiHandler(id, notMine);
+    for (const osc of [4, 10, 11, 12]) {
+      this.term.parser.registerOscHandler(osc, (data) => notMine() && data.includes("?"));
+    }
   }
 
   /** Puts the terminal on the page and attaches. */

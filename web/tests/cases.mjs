@@ -92,6 +92,15 @@ export async function second_viewer_sees_held_bar_and_takes_over(browser) {
   await typeLine(second, "stty size");
   await waitForLine(second, new RegExp(`^${b.rows} ${b.cols}\\s*$`));
   await first.screenshot({ path: shot("desktop-held-bar.png") });
+
+  // Asked for the cursor position, the program gets one answer, not one per viewer.
+  await typeLine(
+    second,
+    "stty -echo -icanon min 0 time 10; printf '\\033[6n'; sleep 1; " +
+      "dd bs=1 count=200 2>/dev/null | od -An -c | tr -d ' \\n' | sed 's/^/answers:/'; echo; stty sane",
+  );
+  const answers = (await waitForLine(second, /^answers:/)).lines.find((l) => l.startsWith("answers:")).trim();
+  check((answers.match(/R/g) || []).length === 1, `one cursor-position answer, got ${answers}`);
   noProblems(first);
   noProblems(second);
   report({ first: `${a.cols}x${a.rows}`, second: `${b.cols}x${b.rows}` });
