@@ -59,6 +59,29 @@ pub struct HttpSettings {
     pub tls_cert_path: Option<PathBuf>,
     /// PEM private key of `tls_cert_path`.
     pub tls_key_path: Option<PathBuf>,
+    /// Serve the web page from this directory (a built web/dist) instead
+    /// of the copy embedded in the binary; for developing the page.
+    pub web_dir: Option<PathBuf>,
+    /// Origins besides this instance's own whose pages may open WebSockets
+    /// (`https://host[:port]`); empty = same origin only. A TOML list or a
+    /// comma-separated string.
+    #[serde(deserialize_with = "list_or_commas")]
+    pub allowed_origins: Vec<String>,
+}
+
+/// A list of strings given as a TOML array or as one comma-separated string
+/// (the form environment variables take).
+fn list_or_commas<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum ListOrString {
+        List(Vec<String>),
+        String(String),
+    }
+    Ok(match ListOrString::deserialize(deserializer)? {
+        ListOrString::List(list) => list,
+        ListOrString::String(s) => s.split(',').map(str::trim).filter(|p| !p.is_empty()).map(String::from).collect(),
+    })
 }
 
 impl Default for HttpSettings {
@@ -69,6 +92,8 @@ impl Default for HttpSettings {
             ws_per_address: 256,
             tls_cert_path: None,
             tls_key_path: None,
+            web_dir: None,
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -346,6 +371,17 @@ impl Settings {
             (None, Some(_)) => return Err(invalid("http.tls_cert_path", "is required with http.tls_key_path")),
             _ => {}
         }
+        if let Some(dir) = &self.http.web_dir {
+            crate::http::page::check_web_dir(dir).map_err(|e| invalid("http.web_dir", e))?;
+        }
+        for origin in &self.http.allowed_origins {
+            if crate::http::origin::normalize(origin).is_none() {
+                return Err(invalid(
+                    "http.allowed_origins",
+                    format!("`{origin}` is not an origin like https://host[:port] (no path)"),
+                ));
+            }
+        }
         if self.http.max_body_bytes == 0 {
             return Err(invalid("http.max_body_bytes", "must be positive"));
         }
@@ -552,6 +588,26 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.http.tls_key_path, Some(PathBuf::from("/k.pem")));
+    }
+
+    #[test]
+    fn allowed_origins_from_a_list_or_commas() {
+        let s = Settings::load_from(
+            None,
+            &env(&[("TETHER_HTTP__ALLOWED_ORIGINS", "https://a.example, http://b.example:8080")]),
+        )
+        .unwrap();
+        assert_eq!(s.http.allowed_origins, vec!["https://a.example", "http://b.example:8080"]);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.toml");
+        std::fs::write(&path, "[http]\nallowed_origins = [\"https://c.example\"]\n").unwrap();
+        let s = Settings::load_from(Some(&path), &env(&[])).unwrap();
+        assert_eq!(s.http.allowed_origins, vec!["https://c.example"]);
+        let err =
+            Settings::load_from(None, &env(&[("TETHER_HTTP__ALLOWED_ORIGINS", "https://a.example/path")])).unwrap_err();
+        assert!(err.to_string().contains("http.allowed_origins"), "{err}");
+        let err = Settings::load_from(None, &env(&[("TETHER_HTTP__WEB_DIR", "/nonexistent")])).unwrap_err();
+        assert!(err.to_string().contains("http.web_dir"), "{err}");
     }
 
     #[test]

@@ -31,7 +31,7 @@ impl Demo {
     /// The lines printed for the person running the demo.
     pub fn instructions(&self) -> String {
         format!(
-            "tether demo ready\n  token:    {token}\n  terminal: {id}\n  attach:   tether attach {id} --server {base} --token {token}\n  (with cargo: cargo run --release -- attach {id} --server {base} --token {token})",
+            "tether demo ready\n  page:     {base}/ (open it and sign in with the token)\n  token:    {token}\n  terminal: {id}\n  attach:   tether attach {id} --server {base} --token {token}\n  (with cargo: cargo run --release -- attach {id} --server {base} --token {token})",
             token = self.token,
             id = self.terminal_id,
             base = self.base_url,

@@ -36,6 +36,10 @@ enum Command {
         /// Also run a daemon in this process, with a demo user, token and shell terminal.
         #[arg(long)]
         demo: bool,
+        /// Serve the web page from this directory (a built web/dist) instead of
+        /// the embedded copy (setting `http.web_dir`); for developing the page.
+        #[arg(long, value_name = "DIR")]
+        web_dir: Option<PathBuf>,
     },
     /// Run the host daemon: host PTY terminals for the server.
     Daemon {
@@ -138,10 +142,15 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         command => Cli { command, ..cli },
     };
     // Flags are the top layer of the settings.
-    let flags: Vec<(&str, String)> = match &cli.command {
-        Command::Serve { listen: Some(listen), .. } => vec![("http.listen", listen.clone())],
-        _ => Vec::new(),
-    };
+    let mut flags: Vec<(&str, String)> = Vec::new();
+    if let Command::Serve { listen, web_dir, .. } = &cli.command {
+        if let Some(listen) = listen {
+            flags.push(("http.listen", listen.clone()));
+        }
+        if let Some(dir) = web_dir {
+            flags.push(("http.web_dir", dir.display().to_string()));
+        }
+    }
     let settings = Settings::load_with(cli.config.as_deref(), &flags).map_err(Failure::config)?;
     match cli.command {
         Command::Serve { role, demo, .. } => serve(settings, role, demo).await,
@@ -201,7 +210,7 @@ async fn serve(settings: Settings, role: Role, demo: bool) -> Result<(), Failure
         other => Failure::runtime(other),
     })?;
     for addr in &bound.addrs {
-        println!("tether: listening on {scheme}://{addr} ({backend})");
+        println!("tether: listening on {scheme}://{addr} ({backend}); the web page is at {scheme}://{addr}/");
     }
     if demo {
         let base = bound.addrs.first().map(|a| format!("{scheme}://{a}")).unwrap_or_default();

@@ -1,8 +1,10 @@
-//! The actix-web application: REST routes, operations endpoints, JSON error
-//! mapping and per-request metrics.
+//! The actix-web application: REST routes, operations endpoints, the web
+//! page, JSON error mapping and per-request metrics.
 
 pub mod error;
 pub mod ops;
+pub mod origin;
+pub mod page;
 pub mod rest;
 pub mod state;
 pub mod views;
@@ -25,6 +27,7 @@ pub fn configure(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
     .route("/ws/v1/daemon", web::get().to(ws::daemon))
     .route("/ws/v1/terminals/{id}", web::get().to(ws::terminal))
     .configure(rest::configure)
+    .configure(page::configure)
     .default_service(web::to(|| async { Err::<actix_web::HttpResponse, _>(error::ApiError::not_found("route")) }));
 }
 

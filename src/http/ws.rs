@@ -3,13 +3,16 @@
 //!
 //! Every refusal happens after the upgrade, as a close code the client can
 //! read (browsers cannot see an HTTP status of a failed upgrade): 4401 bad
-//! token, 4403 foreign, 4404 unknown terminal, 4429 per-address cap.
+//! token, 4403 foreign, 4404 unknown terminal, 4429 per-address cap. The
+//! one exception is a browser page of a foreign origin (`super::origin`):
+//! it gets 403 and no socket at all, before any token is looked at.
 
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use actix_ws::{AggregatedMessageStream, Session};
 use serde::Deserialize;
 use uuid::Uuid;
 
+use super::error::ApiError;
 use super::state::{user_for_token, AppState};
 use crate::auth;
 use crate::relay::outbox::close_reason;
@@ -27,11 +30,42 @@ fn refuse(session: Session, stream: AggregatedMessageStream, code: u16, reason: 
     });
 }
 
+/// Why an upgrade did not happen: a foreign origin (403) or a bad handshake.
+enum Refused {
+    Origin,
+    Handshake(actix_web::Error),
+}
+
+impl From<actix_web::Error> for Refused {
+    fn from(e: actix_web::Error) -> Self {
+        Refused::Handshake(e)
+    }
+}
+
+/// The answer to an upgrade that did not happen.
+fn refused(r: Refused) -> Result<HttpResponse, actix_web::Error> {
+    match r {
+        Refused::Origin => Ok(ApiError::new(
+            actix_web::http::StatusCode::FORBIDDEN,
+            "origin_not_allowed",
+            "WebSockets are accepted from this server's own pages and http.allowed_origins only",
+        )
+        .error_response()),
+        Refused::Handshake(e) => Err(e),
+    }
+}
+
 fn upgrade(
     req: &HttpRequest,
     body: web::Payload,
     protocol: &str,
-) -> Result<(HttpResponse, Session, AggregatedMessageStream), actix_web::Error> {
+    state: &AppState,
+) -> Result<(HttpResponse, Session, AggregatedMessageStream), Refused> {
+    if !super::origin::allowed(req, &state.settings.http.allowed_origins) {
+        let origin = req.headers().get(actix_web::http::header::ORIGIN).and_then(|o| o.to_str().ok()).unwrap_or("?");
+        tracing::info!(origin, path = req.path(), "tether_ws_origin_refused");
+        return Err(Refused::Origin);
+    }
     let (res, session, stream) = actix_ws::handle_with_protocols(req, body, &[protocol])?;
     let stream =
         stream.max_frame_size(MAX_FRAME_BYTES).aggregate_continuations().max_continuation_size(MAX_FRAME_BYTES);
@@ -43,7 +77,10 @@ pub async fn daemon(
     body: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let (res, session, stream) = upgrade(&req, body, DAEMON_PROTOCOL)?;
+    let (res, session, stream) = match upgrade(&req, body, DAEMON_PROTOCOL, &state) {
+        Ok(upgraded) => upgraded,
+        Err(r) => return refused(r),
+    };
     let peer = req.peer_addr().map(|a| a.ip());
     let Some(guard) = state.limiter.acquire(peer, state.settings.http.ws_per_address) else {
         refuse(session, stream, close::TOO_MANY, "too many connections from this address");
@@ -73,7 +110,10 @@ pub async fn terminal(
     query: web::Query<ViewerQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let (res, session, stream) = upgrade(&req, body, VIEWER_PROTOCOL)?;
+    let (res, session, stream) = match upgrade(&req, body, VIEWER_PROTOCOL, &state) {
+        Ok(upgraded) => upgraded,
+        Err(r) => return refused(r),
+    };
     let peer = req.peer_addr().map(|a| a.ip());
     let Some(guard) = state.limiter.acquire(peer, state.settings.http.ws_per_address) else {
         refuse(session, stream, close::TOO_MANY, "too many connections from this address");

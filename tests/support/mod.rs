@@ -21,6 +21,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod balancer;
+pub mod browser;
 pub mod cli;
 pub mod client;
 pub mod daemon;

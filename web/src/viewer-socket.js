@@ -1,0 +1,149 @@
+// One terminal's viewer socket (docs/WEB.md, "Viewer protocol"), kept
+// alive: it dials `/ws/v1/terminals/{id}` with the token in the
+// subprotocol list (never in the URL), tracks the stream offset of the
+// bytes it has passed on, and after a drop dials again with `?from=` that
+// offset, backing off between tries. Close codes that no retry can fix
+// (4401, 4403, 4404) and the terminal's exit end it for good.
+
+export const FINAL_CLOSES = {
+  4401: "The token is no longer accepted: sign in again.",
+  4403: "This terminal belongs to someone else.",
+  4404: "There is no such terminal.",
+};
+const HOST_MOVED = 4503;
+
+export const BACKOFF = { firstMs: 500, maxMs: 15000, jitter: 0.25 };
+
+/** The delay before retry number `attempt` (1-based) after an ordinary drop. */
+export function backoffDelay(attempt, random = Math.random) {
+  const base = Math.min(BACKOFF.maxMs, BACKOFF.firstMs * 2 ** (attempt - 1));
+  return Math.round(base * (1 + BACKOFF.jitter * random()));
+}
+
+export class ViewerSocket {
+  /**
+   * handlers: control(msg) for JSON messages, bytes(Uint8Array, {live}) for
+   * binary frames (live = stream bytes, counted in the offset; otherwise a
+   * replay snapshot), state(name, detail) on every change of
+   * connecting | live | reconnecting | ended.
+   */
+  constructor(terminalId, token, handlers) {
+    this.terminalId = terminalId;
+    this.token = token;
+    this.handlers = handlers;
+    this.offset = null; // stream offset after the last live byte handed on
+    this.inStream = false; // between live/resume and the close
+    this.attempt = 0;
+    this.ended = false;
+    this.ws = null;
+    this.timer = null;
+    this.stats = { connects: 0, resumes: 0, replays: 0, urls: [], closes: [] };
+    this.onOnline = () => this.retryNow();
+    window.addEventListener("online", this.onOnline);
+  }
+
+  connect({ fresh = false } = {}) {
+    clearTimeout(this.timer);
+    this.timer = null;
+    if (this.ended) return;
+    if (fresh) this.offset = null;
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    const query = this.offset === null ? "" : `?from=${this.offset}`;
+    const url = `${scheme}://${location.host}/ws/v1/terminals/${encodeURIComponent(this.terminalId)}${query}`;
+    this.stats.connects += 1;
+    this.stats.urls.push(url.replace(/^wss?:\/\/[^/]+/, ""));
+    const ws = new WebSocket(url, ["tether.v1", `tether.auth.${this.token}`]);
+    ws.binaryType = "arraybuffer";
+    this.ws = ws;
+    this.inStream = false;
+    this.handlers.state(this.attempt === 0 ? "connecting" : "reconnecting", { attempt: this.attempt });
+    ws.onmessage = (ev) => {
+      if (ws !== this.ws) return;
+      if (typeof ev.data === "string") this.onControl(JSON.parse(ev.data));
+      else this.onBytes(new Uint8Array(ev.data));
+    };
+    ws.onclose = (ev) => {
+      if (ws !== this.ws) return;
+      this.ws = null;
+      this.onClose(ev.code, ev.reason);
+    };
+  }
+
+  onControl(msg) {
+    switch (msg.type) {
+      case "replay":
+        this.stats.replays += 1;
+        this.inStream = false;
+        break;
+      case "live":
+      case "resume":
+        if (msg.type === "resume") this.stats.resumes += 1;
+        this.offset = msg.offset;
+        this.inStream = true;
+        this.attempt = 0;
+        this.handlers.state("live", {});
+        break;
+      case "exit":
+        this.ended = true;
+        break;
+    }
+    this.handlers.control(msg);
+    if (this.ended) this.close();
+  }
+
+  onBytes(bytes) {
+    if (this.inStream) this.offset += bytes.byteLength;
+    this.handlers.bytes(bytes, { live: this.inStream });
+  }
+
+  onClose(code, reason) {
+    this.stats.closes.push(code);
+    if (this.ended) return;
+    if (FINAL_CLOSES[code]) {
+      this.end(FINAL_CLOSES[code], code);
+      return;
+    }
+    this.attempt += 1;
+    // 4503: the host moved or the instance is draining; the terminal is
+    // elsewhere now, so the first redial goes at once.
+    const delay = code === HOST_MOVED && this.attempt === 1 ? 0 : backoffDelay(this.attempt);
+    this.handlers.state("reconnecting", { attempt: this.attempt, delayMs: delay, code, reason });
+    this.timer = setTimeout(() => this.connect(), delay);
+  }
+
+  /** Skips the wait of a pending retry (the network came back). */
+  retryNow() {
+    if (!this.ended && this.ws === null && this.timer !== null) this.connect();
+  }
+
+  /** Drops the socket and attaches again for a fresh snapshot. */
+  resync() {
+    const ws = this.ws;
+    this.ws = null;
+    if (ws) ws.close(1000, "resync");
+    this.connect({ fresh: true });
+  }
+
+  send(message) {
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) {
+      this.ws.send(typeof message === "string" || message instanceof Uint8Array ? message : JSON.stringify(message));
+      return true;
+    }
+    return false;
+  }
+
+  end(message, code) {
+    this.ended = true;
+    this.handlers.state("ended", { message, code });
+    this.close();
+  }
+
+  close() {
+    clearTimeout(this.timer);
+    this.timer = null;
+    window.removeEventListener("online", this.onOnline);
+    const ws = this.ws;
+    this.ws = null;
+    if (ws) ws.close(1000, "bye");
+  }
+}

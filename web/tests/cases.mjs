@@ -1,0 +1,325 @@
+// The browser cases of issue 8, one function each; tests/web_browser.rs
+// runs every one as its own test (`node tests/run.mjs NAME`).
+
+import {
+  askHarness, check, DESKTOP, env, expectEachOnce, newPage, noProblems, openTerminal, PHONE, report, screen, screenText,
+  signIn, signInAndSeeHost, startTerminal, typeLine, waitFor, waitForLine,
+} from "./lib.mjs";
+
+const shot = (name) => `${env.screenshots}/${name}`;
+
+/** Waits until `page` holds the grid and the PTY has its grid; returns the state. */
+async function holdsTheGrid(page) {
+  return waitFor("this viewer to hold the grid at its size", async () => {
+    const s = await screen(page);
+    return s.holder === true && s.pty?.cols === s.cols && s.pty?.rows === s.rows ? s : null;
+  });
+}
+
+/** Sign in, see the host online, start a shell, `echo $((6*7))` shows 42; exit shows its code. */
+export async function sign_in_echo_and_exit(browser) {
+  const page = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(page);
+  check(await page.locator(`.host[data-host="${env.hostId}"] .state`).textContent() === "online", "host shown online");
+  await page.screenshot({ path: shot("desktop-lists.png") });
+  await startTerminal(page, "");
+  await typeLine(page, "echo $((6*7))");
+  await waitForLine(page, /^42\s*$/);
+  const s = await screen(page);
+  check(s.holder === true, `the only viewer holds the grid (${s.holder})`);
+  check(s.renderer === "webgl", `desktops draw with WebGL (${s.renderer})`);
+  await page.screenshot({ path: shot("desktop.png") });
+  await typeLine(page, "exit 3");
+  await page.waitForFunction(() => document.querySelector(".status")?.textContent === "exited with code 3");
+  check((await screenText(page)).includes("42"), "the final screen is kept after the exit");
+  noProblems(page);
+  report({ renderer: s.renderer, grid: `${s.cols}x${s.rows}` });
+}
+
+/** Resizing the window resizes the PTY: `stty size` shows the new grid. */
+export async function resize_window_changes_stty_size(browser) {
+  const page = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(page);
+  await startTerminal(page, "sh");
+  const seen = [];
+  let before = await holdsTheGrid(page);
+  for (const viewport of [{ width: 900, height: 560 }, { width: 640, height: 420 }]) {
+    await page.setViewportSize(viewport);
+    const after = await waitFor("the grid to follow the window", async () => {
+      const s = await holdsTheGrid(page);
+      return s.cols !== before.cols && s.rows !== before.rows ? s : null;
+    });
+    // The PTY has the holder's new size: the shell sees it.
+    const want = `${after.rows} ${after.cols}`;
+    let ok = false;
+    for (let i = 0; i < 20 && !ok; i++) {
+      await typeLine(page, "stty size");
+      await new Promise((r) => setTimeout(r, 500));
+      ok = (await screen(page)).lines.some((l) => l.trim() === want);
+    }
+    check(ok, `stty size never said ${want}:\n${(await screenText(page)).trimEnd()}`);
+    before = after;
+    seen.push(`${after.cols}x${after.rows}`);
+  }
+  noProblems(page);
+  report({ grids: seen });
+}
+
+/** A second viewer sees "held by another viewer"; "take over" moves the grid to it. */
+export async function second_viewer_sees_held_bar_and_takes_over(browser) {
+  const first = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(first);
+  const id = await startTerminal(first, "sh");
+  await typeLine(first, "echo first-here");
+  await waitForLine(first, /^first-here/);
+  const a = await screen(first);
+  check(a.holder === true, "the first viewer holds the grid");
+
+  const second = await newPage(browser, { viewport: { width: 760, height: 480 } });
+  await signIn(second);
+  await second.waitForSelector(".home");
+  await openTerminal(second, id);
+  await second.waitForSelector(".held-bar:not([hidden])");
+  const bar = await second.locator(".held-bar").textContent();
+  check(bar.includes(`viewing at ${a.cols}×${a.rows}, held by another viewer`), `the bar says ${bar}`);
+  check((await screen(second)).cols === a.cols, "the second viewer shows the holder's grid");
+
+  await second.click(".take-over");
+  await second.waitForSelector(".held-bar", { state: "hidden" });
+  const b = await holdsTheGrid(second);
+  check(b.cols !== a.cols, "the grids differ, so the move is visible");
+  await first.waitForSelector(".held-bar:not([hidden])");
+  await typeLine(second, "stty size");
+  await waitForLine(second, new RegExp(`^${b.rows} ${b.cols}\\s*$`));
+  await first.screenshot({ path: shot("desktop-held-bar.png") });
+
+  // Asked for the cursor position, the program gets one answer, not one per viewer.
+  await typeLine(
+    second,
+    "stty -echo -icanon min 0 time 10; printf '\\033[6n'; sleep 1; " +
+      "dd bs=1 count=200 2>/dev/null | od -An -c | tr -d ' \\n' | sed 's/^/answers:/'; echo; stty sane",
+  );
+  const answers = (await waitForLine(second, /^answers:/)).lines.find((l) => l.startsWith("answers:")).trim();
+  check((answers.match(/R/g) || []).length === 1, `one cursor-position answer, got ${answers}`);
+  noProblems(first);
+  noProblems(second);
+  report({ first: `${a.cols}x${a.rows}`, second: `${b.cols}x${b.rows}` });
+}
+
+/** The connection drops: the page dials again with ?from=, gets `resume`, and no line is doubled. */
+export async function dropped_socket_resumes_without_duplicates(browser) {
+  const base = env.balancerUrl;
+  const page = await newPage(browser, DESKTOP, base);
+  await signInAndSeeHost(page, base);
+  await startTerminal(page, "sh");
+  await typeLine(page, "for i in 1 2 3; do echo line-$i; done");
+  await waitForLine(page, /^line-3/);
+  const before = await screen(page);
+  await askHarness("cut");
+  const after = await waitFor("a reconnect", async () => {
+    const s = await screen(page);
+    return s.socket.connects >= 2 && s.state === "live" ? s : null;
+  });
+  check(after.states.join(" ").includes("live reconnecting live"), `the page showed ${after.states.join(" → ")}`);
+  check(
+    (await page.locator(".status").textContent()) === "live" && (await page.locator(".notice").isHidden()),
+    "the reconnecting notice goes away once live",
+  );
+  const url = after.socket.urls[after.socket.urls.length - 1];
+  check(new RegExp(`\\?from=${before.offset}$`).test(url), `redialed ${url}, not ?from=${before.offset}`);
+  check(
+    after.socket.resumes === 1 && after.socket.replays === before.socket.replays,
+    `resumed without a repaint: ${JSON.stringify(after.socket)}`,
+  );
+  await typeLine(page, "echo after-$((40+2))");
+  await waitForLine(page, /^after-42/);
+  await expectEachOnce(page, ["line-1", "line-2", "line-3", "after-42"]);
+  noProblems(page);
+  report({ urls: after.socket.urls });
+}
+
+/** The phone layout: the key row's Ctrl, then c, interrupts `sleep 100`. */
+export async function phone_ctrl_c_interrupts_sleep(browser) {
+  const page = await newPage(browser, PHONE);
+  await signInAndSeeHost(page);
+  const width = await page.evaluate(() => document.documentElement.scrollWidth);
+  check(width <= 390, `the lists fit the phone's width (${width}px)`);
+  await page.screenshot({ path: shot("phone-lists.png") });
+  await startTerminal(page, "sh");
+  check(await page.locator(".key-row").isVisible(), "the key row is shown on a phone");
+  for (const key of ["Esc", "Tab", "Ctrl", "Alt", "←", "↑", "→", "↓", "|", "~", "/"]) {
+    check((await page.locator(`.key-row button[data-key="${key}"]`).count()) === 1, `key ${key} is in the row`);
+  }
+  const full = await screen(page);
+  await page.tap(".screen");
+  await page.keyboard.type("sleep 100");
+  await page.keyboard.press("Enter");
+  await waitForLine(page, /sleep 100/);
+  await new Promise((r) => setTimeout(r, 300));
+  await page.tap('.key-row button[data-key="Ctrl"]');
+  check((await page.locator('.key-row button[data-key="Ctrl"]').getAttribute("aria-pressed")) === "true", "Ctrl latches");
+  await page.keyboard.type("c");
+  check((await page.locator('.key-row button[data-key="Ctrl"]').getAttribute("aria-pressed")) === "false", "the latch lets go");
+  await page.keyboard.type("echo back-$((2+3))");
+  await page.keyboard.press("Enter");
+  // Within 30 s, so well before the sleep would have ended by itself.
+  await waitForLine(page, /^back-5/, 30000);
+  check((await screen(page)).lines.some((l) => l.startsWith("^C")), "the terminal echoed ^C");
+  await page.screenshot({ path: shot("phone.png") });
+  check((await screen(page)).renderer === "dom", "phones use the DOM renderer");
+
+  // The soft keyboard takes the lower part of the screen: the grid follows.
+  await page.setViewportSize({ width: 390, height: 480 });
+  const small = await waitFor("fewer rows", async () => {
+    const s = await screen(page);
+    return s.rows < full.rows ? s : null;
+  });
+  // Font size control.
+  const cols = small.cols;
+  await page.tap(".font-up");
+  await page.tap(".font-up");
+  await waitFor("fewer columns at a larger font", async () => (await screen(page)).cols < cols);
+  const manifest = await page.evaluate(async () => {
+    const href = document.querySelector('link[rel="manifest"]').href;
+    const m = await (await fetch(href)).json();
+    const icons = await Promise.all(m.icons.map(async (i) => (await fetch(i.src)).status));
+    return { display: m.display, icons };
+  });
+  check(manifest.display === "fullscreen" && manifest.icons.every((s) => s === 200), `manifest ${JSON.stringify(manifest)}`);
+  noProblems(page);
+  report({ grid: `${full.cols}x${full.rows}`, keyboardOpen: `${small.cols}x${small.rows}` });
+}
+
+/** `seq 1 2000000`: the last line shows up, the tab stays responsive, the heap stays bounded. */
+export async function seq_two_million_bounded(browser) {
+  const HEAP_BOUND = env.heapBoundBytes;
+  const page = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(page);
+  await startTerminal(page, "sh");
+  const cdp = await page.context().newCDPSession(page);
+  await cdp.send("HeapProfiler.enable");
+  await cdp.send("HeapProfiler.collectGarbage");
+  const baseline = (await cdp.send("Runtime.getHeapUsage")).usedSize;
+  await typeLine(page, "seq 1 2000000; echo seq-done-$((3*3))");
+  let peak = 0;
+  let slowest = 0;
+  const started = Date.now();
+  let done = null;
+  while (!done) {
+    check(Date.now() - started < 180000, "seq did not finish within 180 s");
+    const t0 = Date.now();
+    const s = await page.evaluate(() => {
+      const v = window.tether.view.debugState();
+      return { tail: v.lines.slice(-40), heldBytes: v.heldBytes, overflows: v.overflows, peak: v.peakHeldBytes };
+    });
+    slowest = Math.max(slowest, Date.now() - t0);
+    peak = Math.max(peak, (await cdp.send("Runtime.getHeapUsage")).usedSize);
+    if (s.tail.some((l) => /^seq-done-9/.test(l))) done = s;
+    else await new Promise((r) => setTimeout(r, 200));
+  }
+  const tail = done.tail.map((l) => l.trimEnd());
+  const last = tail.lastIndexOf("2000000");
+  check(last >= 1 && tail[last - 1] === "1999999", `the last lines are right:\n${tail.join("\n")}`);
+  await cdp.send("HeapProfiler.collectGarbage");
+  const settled = (await cdp.send("Runtime.getHeapUsage")).usedSize;
+  check(peak < HEAP_BOUND, `JS heap peaked at ${peak} bytes, over the bound ${HEAP_BOUND}`);
+  check(done.peak <= env.pageBufferBoundBytes, `the page held ${done.peak} bytes of output at once`);
+  check(slowest < 5000, `the tab answered a script call only after ${slowest} ms`);
+  noProblems(page);
+  report({
+    seconds: (Date.now() - started) / 1000,
+    heapBaseline: baseline,
+    heapPeak: peak,
+    heapAfterGc: settled,
+    heapBound: HEAP_BOUND,
+    pageBufferPeakBytes: done.peak,
+    skippedAhead: done.overflows,
+    slowestEvaluateMs: slowest,
+  });
+}
+
+/** A wrong token gets a clear message and is not kept; sign out forgets the right one. */
+export async function bad_token_and_sign_out(browser) {
+  const page = await newPage(browser, DESKTOP);
+  await signIn(page, "tth_" + "x".repeat(43));
+  await page.waitForFunction(() => /not accepted/.test(document.querySelector(".signin-message")?.textContent || ""));
+  check((await page.evaluate(() => localStorage.getItem("tether.token"))) === null, "a refused token is not kept");
+  await signInAndSeeHost(page);
+  check((await page.evaluate(() => localStorage.getItem("tether.token"))) === env.token, "the token is kept");
+  // A terminal that does not exist: 4404, a message, and no retry.
+  await page.goto(`${env.url}/#/t/00000000-0000-4000-8000-000000000000`);
+  await page.waitForFunction(() => document.querySelector(".notice")?.textContent === "There is no such terminal.");
+  await new Promise((r) => setTimeout(r, 2000));
+  const s = await screen(page);
+  check(s.state === "ended" && s.socket.connects === 1, `no retry after 4404: ${JSON.stringify(s.socket)}`);
+  await page.goto(`${env.url}/`);
+  await page.click(".sign-out");
+  await page.waitForSelector("form.signin");
+  check((await page.evaluate(() => localStorage.getItem("tether.token"))) === null, "sign out forgets the token");
+  noProblems(page);
+  report({});
+}
+
+/** Runs: the list with state and exit code, and the log. */
+export async function runs_list_and_log(browser) {
+  const page = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(page);
+  const row = page.locator(`tr.run[data-run="${env.runId}"]`);
+  await row.waitFor();
+  await waitFor("the run to finish", async () => (await row.locator(".state").textContent()) === "failed");
+  check((await row.locator("td").nth(3).textContent()) === "4", "the exit code is listed");
+  await row.locator("a").click();
+  await page.waitForFunction(() => /exit code 4/.test(document.querySelector(".run-summary")?.textContent || ""));
+  await waitForLine(page, /^run-output-25/);
+  noProblems(page);
+  report({});
+}
+
+/** A holder whose tab is hidden is not in use: a newcomer's view takes the grid without "take over". */
+export async function hidden_holder_yields_the_grid(browser) {
+  const first = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(first);
+  const id = await startTerminal(first, "sh");
+  await typeLine(first, "echo typed");
+  await waitForLine(first, /^typed/);
+  check((await screen(first)).holder === true, "the first viewer holds the grid");
+  // What the Page Visibility API reports when the user switches tabs.
+  await first.evaluate(() => {
+    Object.defineProperty(document, "visibilityState", { configurable: true, get: () => "hidden" });
+    Object.defineProperty(document, "hidden", { configurable: true, get: () => true });
+    document.dispatchEvent(new Event("visibilitychange"));
+  });
+  const second = await newPage(browser, { viewport: { width: 760, height: 480 } });
+  await signIn(second);
+  await second.waitForSelector(".home");
+  await openTerminal(second, id);
+  const b = await holdsTheGrid(second);
+  check(await second.locator(".held-bar").isHidden(), "no held bar for the new holder");
+  await first.waitForSelector(".held-bar:not([hidden])");
+  await typeLine(second, "stty size");
+  await waitForLine(second, new RegExp(`^${b.rows} ${b.cols}\\s*$`));
+  noProblems(first);
+  noProblems(second);
+  report({ second: `${b.cols}x${b.rows}` });
+}
+
+/** The host moves to another instance: the viewer is closed 4503, redials at once and continues. */
+export async function host_moved_redials_at_once(browser) {
+  const page = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(page);
+  await startTerminal(page, "sh");
+  await typeLine(page, "echo before-$((2+3))");
+  await waitForLine(page, /^before-5/);
+  const before = await screen(page);
+  await askHarness("move");
+  const after = await waitFor("a redial after 4503", async () => {
+    const s = await screen(page);
+    return s.socket.closes.includes(4503) && s.socket.connects >= 2 && s.state === "live" ? s : null;
+  }, 30000);
+  await typeLine(page, "echo after-$((3+4))");
+  await waitForLine(page, /^after-7/);
+  await expectEachOnce(page, ["before-5", "after-7"]);
+  check(after.socket.urls[1].includes(`?from=${before.offset}`), `redialed ${after.socket.urls[1]}`);
+  noProblems(page);
+  report({ socket: after.socket });
+}
