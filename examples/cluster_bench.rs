@@ -139,17 +139,25 @@ async fn start_instance(name: &'static str, env: &[(String, String)], dir: &Path
     Instance { name, listen, child: Some(child) }
 }
 
+/// When the balancer forwarded a connection to a backend other than the
+/// first (the daemon's redial after A died).
+type Redials = Rc<std::cell::RefCell<Vec<Instant>>>;
+
 /// A plain TCP balancer: each connection goes to the first backend that
 /// accepts it (A while it lives, then B).
-async fn start_balancer(backends: Vec<String>) -> String {
+async fn start_balancer(backends: Vec<String>, redials: Redials) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind balancer");
     let addr = listener.local_addr().expect("balancer addr").to_string();
     actix_rt::spawn(async move {
         while let Ok((mut client, _)) = listener.accept().await {
             let backends = backends.clone();
+            let redials = redials.clone();
             actix_rt::spawn(async move {
-                for backend in &backends {
+                for (n, backend) in backends.iter().enumerate() {
                     if let Ok(mut server) = tokio::net::TcpStream::connect(backend).await {
+                        if n > 0 {
+                            redials.borrow_mut().push(Instant::now());
+                        }
                         let _ = server.set_nodelay(true);
                         let _ = client.set_nodelay(true);
                         let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
@@ -268,6 +276,35 @@ async fn echo_block(framed: &mut Framed, rounds: usize) -> Vec<Duration> {
     }
     let _ = framed.send(ws::Message::Binary(vec![0x15].into())).await;
     echoes
+}
+
+/// Echo on the owner, one key every 20 ms for 12 s (more than one renew
+/// tick), with the fake daemons connected.
+async fn echo_paced(inst: &Instance, token: &str, id: &str, label: &str) {
+    let mut framed = viewer(&inst.ws(), token, id, "").await.expect("echo viewer");
+    let Start::At(_) = until_live(&mut framed).await else { panic!("echo viewer not live") };
+    drain(&mut framed).await;
+    let mut echoes = Vec::new();
+    let began = Instant::now();
+    while began.elapsed() < Duration::from_secs(12) {
+        echoes.extend(echo_block(&mut framed, 1).await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drain_now(&mut framed);
+    }
+    echoes.sort();
+    println!(
+        "  keystroke echo on A with {label}, one key per ~20 ms for 12 s, {} rounds: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+        echoes.len(),
+        ms(percentile(&echoes, 0.5)),
+        ms(percentile(&echoes, 0.99)),
+        ms(percentile(&echoes, 1.0))
+    );
+}
+
+/// Drops what is already buffered, without waiting.
+fn drain_now(framed: &mut Framed) {
+    use futures_util::FutureExt;
+    while let Some(Some(Ok(_))) = framed.next().now_or_never() {}
 }
 
 /// Drops whatever arrives within 20 ms.
@@ -707,7 +744,8 @@ async fn main() {
     assert!(out.status.success(), "token create: {}", String::from_utf8_lossy(&out.stderr));
     let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
 
-    let balancer = start_balancer(vec![a.listen.clone(), b.listen.clone()]).await;
+    let redials: Redials = Rc::default();
+    let balancer = start_balancer(vec![a.listen.clone(), b.listen.clone()], redials.clone()).await;
     let mut daemon_cmd = tether_command(&[], dir.as_path());
     daemon_cmd
         .args(["daemon", "--server", &format!("http://{balancer}"), "--token", &token, "--allow-dir", "/tmp"])
@@ -806,6 +844,7 @@ async fn main() {
         );
         count_statements(&format!("{n} fake daemons + 1 real on A"), &[&a, &b, &c], &admin, &db, window, &mut fleet)
             .await;
+        echo_paced(&a, &token, &cat, &format!("{n} fake daemons idle on A")).await;
     }
     let leases = metric(&a.base(), "tether_leases_held").await;
     println!("A holds {leases} leases (gauge at its last renew)");
@@ -883,10 +922,12 @@ async fn main() {
             }
         }
     };
+    let redial = redials.borrow().first().map(|t| t.saturating_duration_since(killed));
+    let redial = redial.map_or("no redial seen".to_string(), |d| format!("daemon redialed (reached B) after {:.0} ms", ms(d)));
     let told = told.map_or("never closed".to_string(), |(d, code)| format!("closed {code:?} after {:.0} ms", ms(d)));
     println!(
-        "failover: SIGKILL of A -> viewer on C {told}, streaming again (a line printed after the kill) after {:.0} ms, \
-         {attempts} attach attempts",
+        "failover: SIGKILL of A -> {redial}; viewer on C {told}; streaming again (a line printed after the kill) \
+         after {:.0} ms, {attempts} attach attempts",
         ms(streaming)
     );
     let hosts = api("GET", &format!("{}/api/v1/terminals/{clock}", b.base()), &token, None).await;
