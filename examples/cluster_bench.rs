@@ -751,6 +751,7 @@ async fn main() {
         .args(["daemon", "--server", &format!("http://{balancer}"), "--token", &token, "--allow-dir", "/tmp"])
         .arg("--state-dir")
         .arg(dir.as_path().join("state"))
+        .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.as_path().join("daemon.log")).expect("daemon log"));
@@ -871,6 +872,7 @@ async fn main() {
     }
     assert!(received > 0, "the clock terminal streams to C before the kill");
     let killed_at_ms = now_ms();
+    let killed_at_utc = chrono::Utc::now().format("%H:%M:%S%.3f");
     let killed = Instant::now();
     drop(a.child.take()); // SIGKILL
     let mut told = None;
@@ -930,6 +932,11 @@ async fn main() {
          after {:.0} ms, {attempts} attach attempts",
         ms(streaming)
     );
+    println!("  the kill was at {killed_at_utc} UTC; the daemon's log around it:");
+    let daemon_log = std::fs::read_to_string(dir.as_path().join("daemon.log")).unwrap_or_default();
+    for line in daemon_log.lines().filter(|l| l.contains("reconnect_scheduled") || l.contains("dial_failed") || l.contains("connected")).rev().take(4).collect::<Vec<_>>().into_iter().rev() {
+        println!("    {}", &line[..line.len().min(220)]);
+    }
     let hosts = api("GET", &format!("{}/api/v1/terminals/{clock}", b.base()), &token, None).await;
     println!("clock terminal after the failover (through B): {}", hosts["terminal"]["state"]);
     drop(c);
