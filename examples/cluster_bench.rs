@@ -345,7 +345,8 @@ async fn flood(ws_base: &str, token: &str, id: &str, mib: u64) -> Result<(f64, D
     let elapsed = began.elapsed();
     let _ = framed.send(ws::Message::Close(None)).await;
     // Wait for the flood's tail to be read, so the next run starts clean.
-    let _ = tokio::time::timeout(Duration::from_secs(2), async { while let Some(Ok(_)) = framed.next().await {} }).await;
+    let _ =
+        tokio::time::timeout(Duration::from_secs(2), async { while let Some(Ok(_)) = framed.next().await {} }).await;
     let expected = mib << 20;
     if bytes < expected {
         return Err(format!("only {bytes} of {expected} bytes"));
@@ -409,7 +410,8 @@ async fn sample(instances: &[&Instance], admin: &tokio_postgres::Client, db: &st
         renews.insert(i.name, metric(&i.base(), "tether_lease_renew_seconds_count").await);
         cpu.insert(i.name, cpu_ticks(i.pid()));
     }
-    let row = admin.query_one("SELECT xact_commit FROM pg_stat_database WHERE datname = $1", &[&db]).await.expect("stat");
+    let row =
+        admin.query_one("SELECT xact_commit FROM pg_stat_database WHERE datname = $1", &[&db]).await.expect("stat");
     Sample { renews, xact_commit: row.get(0), cpu_ticks: cpu }
 }
 
@@ -447,8 +449,10 @@ async fn count_statements(
         .map(|i| format!("{} {}", i.name, after.renews[i.name].saturating_sub(before.renews[i.name])))
         .collect();
     let total: i64 = rows.iter().map(|r| r.get::<_, i64>(0)).sum();
-    let is_renew_tick = |q: &str| q.starts_with("UPDATE leases l SET expires_at") || q.starts_with("UPDATE hosts SET last_seen_at");
-    let tick_statements: i64 = rows.iter().filter(|r| is_renew_tick(r.get::<_, &str>(2))).map(|r| r.get::<_, i64>(0)).sum();
+    let is_renew_tick =
+        |q: &str| q.starts_with("UPDATE leases l SET expires_at") || q.starts_with("UPDATE hosts SET last_seen_at");
+    let tick_statements: i64 =
+        rows.iter().filter(|r| is_renew_tick(r.get::<_, &str>(2))).map(|r| r.get::<_, i64>(0)).sum();
     println!(
         "statements, {label}: window {:.1?}, renew ticks {ticks} ({}), daemons lost in window {}",
         elapsed,
@@ -494,7 +498,13 @@ fn encode(frame: daemon_frame::Frame) -> bytes::Bytes {
 }
 
 /// Registers, says hello, waits for HelloAck; then idles with pings.
-async fn fake_daemon(client: &awc::Client, base: &str, token: &str, i: usize, lost: Rc<AtomicU64>) -> Result<(), String> {
+async fn fake_daemon(
+    client: &awc::Client,
+    base: &str,
+    token: &str,
+    i: usize,
+    lost: Rc<AtomicU64>,
+) -> Result<(), String> {
     let hostname = format!("bench-fake-{i:05}");
     let body = json!({"name": hostname, "hostname": hostname, "platform": "linux", "arch": "x86_64"});
     let mut res = client
@@ -542,7 +552,8 @@ async fn fake_daemon(client: &awc::Client, base: &str, token: &str, i: usize, lo
         }
     }
     actix_rt::spawn(async move {
-        let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + Duration::from_secs(30), Duration::from_secs(30));
+        let mut ping =
+            tokio::time::interval_at(tokio::time::Instant::now() + Duration::from_secs(30), Duration::from_secs(30));
         loop {
             tokio::select! {
                 frame = framed.next() => match frame {
@@ -634,7 +645,14 @@ impl FakeFleet {
 
     /// Starts daemons `first..first+count` in processes of PER_PROCESS and
     /// waits until every process reported `done`; answers (ok, failed).
-    async fn grow(&mut self, tx: &tokio::sync::mpsc::UnboundedSender<String>, base: &str, token: &str, first: usize, count: usize) -> (u64, u64) {
+    async fn grow(
+        &mut self,
+        tx: &tokio::sync::mpsc::UnboundedSender<String>,
+        base: &str,
+        token: &str,
+        first: usize,
+        count: usize,
+    ) -> (u64, u64) {
         let mut pending = 0;
         let mut start = first;
         while start < first + count {
@@ -714,8 +732,10 @@ async fn main() {
     let mib: u64 = arg(&args, "--mib", 100);
     let echo_rounds: usize = arg(&args, "--echo", 200);
     let window = Duration::from_secs(arg(&args, "--window", 31));
-    let server_url = std::env::var("TETHER_BENCH_DATABASE_URL").expect("TETHER_BENCH_DATABASE_URL (see scripts/cluster-bench)");
-    let redis_url = std::env::var("TETHER_BENCH_REDIS_URL").expect("TETHER_BENCH_REDIS_URL (see scripts/cluster-bench)");
+    let server_url =
+        std::env::var("TETHER_BENCH_DATABASE_URL").expect("TETHER_BENCH_DATABASE_URL (see scripts/cluster-bench)");
+    let redis_url =
+        std::env::var("TETHER_BENCH_REDIS_URL").expect("TETHER_BENCH_REDIS_URL (see scripts/cluster-bench)");
 
     // Kept afterwards: the instances' and the daemon's logs are in it.
     let dir = tempfile::Builder::new().prefix("cluster-bench-").tempdir().expect("temp dir").keep();
@@ -792,7 +812,9 @@ async fn main() {
         into.extend(e);
     }
     drop((on_a, on_b));
-    for (label, e) in [("same instance (viewer on A, the owner)", &mut same), ("cross instance (viewer on B)", &mut cross)] {
+    for (label, e) in
+        [("same instance (viewer on A, the owner)", &mut same), ("cross instance (viewer on B)", &mut cross)]
+    {
         e.sort();
         println!(
             "keystroke echo, {label}, {} rounds: p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
@@ -812,7 +834,11 @@ async fn main() {
         let (inst, into) = if run % 2 == 0 { (&a, &mut same_rates) } else { (&b, &mut cross_rates) };
         match flood(&inst.ws(), &token, &flood_term, mib).await {
             Ok((rate, took)) => {
-                println!("throughput run {} (viewer on {}): {mib} MiB in {took:.2?} = {rate:.1} MiB/s", run + 1, inst.name);
+                println!(
+                    "throughput run {} (viewer on {}): {mib} MiB in {took:.2?} = {rate:.1} MiB/s",
+                    run + 1,
+                    inst.name
+                );
                 into.push(rate);
             }
             Err(e) => println!("throughput run {} (viewer on {}): FAILED: {e}", run + 1, inst.name),
@@ -866,7 +892,8 @@ async fn main() {
     let mut received = 0u64;
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
-        if let Ok(Some(Ok(ws::Frame::Binary(b)))) = tokio::time::timeout(Duration::from_millis(100), on_c.next()).await {
+        if let Ok(Some(Ok(ws::Frame::Binary(b)))) = tokio::time::timeout(Duration::from_millis(100), on_c.next()).await
+        {
             received += b.len() as u64;
         }
     }
@@ -925,7 +952,8 @@ async fn main() {
         }
     };
     let redial = redials.borrow().first().map(|t| t.saturating_duration_since(killed));
-    let redial = redial.map_or("no redial seen".to_string(), |d| format!("daemon redialed (reached B) after {:.0} ms", ms(d)));
+    let redial =
+        redial.map_or("no redial seen".to_string(), |d| format!("daemon redialed (reached B) after {:.0} ms", ms(d)));
     let told = told.map_or("never closed".to_string(), |(d, code)| format!("closed {code:?} after {:.0} ms", ms(d)));
     println!(
         "failover: SIGKILL of A -> {redial}; viewer on C {told}; streaming again (a line printed after the kill) \
@@ -934,7 +962,15 @@ async fn main() {
     );
     println!("  the kill was at {killed_at_utc} UTC; the daemon's log around it:");
     let daemon_log = std::fs::read_to_string(dir.as_path().join("daemon.log")).unwrap_or_default();
-    for line in daemon_log.lines().filter(|l| l.contains("reconnect_scheduled") || l.contains("dial_failed") || l.contains("connected")).rev().take(4).collect::<Vec<_>>().into_iter().rev() {
+    for line in daemon_log
+        .lines()
+        .filter(|l| l.contains("reconnect_scheduled") || l.contains("dial_failed") || l.contains("connected"))
+        .rev()
+        .take(4)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+    {
         println!("    {}", &line[..line.len().min(220)]);
     }
     let hosts = api("GET", &format!("{}/api/v1/terminals/{clock}", b.base()), &token, None).await;
