@@ -291,6 +291,15 @@ async fn echo_paced(inst: &Instance, token: &str, id: &str, label: &str) {
         tokio::time::sleep(Duration::from_millis(20)).await;
         drain_now(&mut framed);
     }
+    let mut at = Duration::ZERO;
+    let slow: Vec<String> = echoes
+        .iter()
+        .filter_map(|e| {
+            at += *e + Duration::from_millis(20);
+            (*e >= Duration::from_millis(50)).then(|| format!("{:.0} ms at {:.1} s", ms(*e), at.as_secs_f64()))
+        })
+        .collect();
+    println!("  echoes >= 50 ms (at about this far into the 12 s): {}", if slow.is_empty() { "none".into() } else { slow.join(", ") });
     echoes.sort();
     println!(
         "  keystroke echo on A with {label}, one key per ~20 ms for 12 s, {} rounds: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
@@ -752,6 +761,15 @@ async fn main() {
         ("TETHER_REDIS__URL".into(), redis_url.clone()),
         ("TETHER_BUS__PREFIX".into(), format!("bench{:06x}", rand::random::<u32>() & 0xff_ffff)),
     ];
+    // Extra settings for the three instances, e.g.
+    // TETHER_BENCH_SERVE_ENV="TETHER_LEASE__RENEW_MS=3000" (space-separated).
+    let mut env = env;
+    for pair in std::env::var("TETHER_BENCH_SERVE_ENV").unwrap_or_default().split_whitespace() {
+        if let Some((k, v)) = pair.split_once('=') {
+            println!("cluster_bench: instances get {k}={v}");
+            env.push((k.to_string(), v.to_string()));
+        }
+    }
     println!("cluster_bench: PostgreSQL database {db}, Redis {redis_url}, logs in {}", dir.as_path().display());
 
     // A first (it applies the migrations), then B and C.
