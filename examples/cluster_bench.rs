@@ -15,7 +15,8 @@
 //!   database, utility statements such as BEGIN/COMMIT included) over a
 //!   window; ticks are the instances' `tether_lease_renew_seconds_count`
 //!   deltas from `/metrics`; `pg_stat_database.xact_commit` is printed as a
-//!   cross-check;
+//!   cross-check; after each window, a paced echo on A (one key per 20 ms
+//!   for 12 s) with the daemons still connected, naming the slow echoes;
 //! - failover: SIGKILL of A while a viewer on C streams a terminal that
 //!   prints its clock every 20 ms, until that viewer (reattached with
 //!   `?from=`) receives a line printed after the kill.
@@ -27,7 +28,10 @@
 //!
 //! Needs `TETHER_BENCH_DATABASE_URL` (a PostgreSQL server URL whose server
 //! preloads pg_stat_statements) and `TETHER_BENCH_REDIS_URL`;
-//! `scripts/cluster-bench` starts both, builds and runs this:
+//! `TETHER_BENCH_SERVE_ENV` (optional, `KEY=VALUE` pairs separated by
+//! spaces) adds settings to the three instances, e.g.
+//! `TETHER_LEASE__RENEW_MS=3000`. `scripts/cluster-bench` starts both
+//! servers, builds and runs this:
 //!
 //! ```sh
 //! scripts/cluster-bench [--daemons 1000,10000] [--mib 100] [--echo 200] [--window 31]
