@@ -58,6 +58,7 @@ conformance!(
     lease_release_only_own,
     lease_seize_replaces_any_holder,
     lease_expiry,
+    renewing_a_host_lease_marks_the_host_seen,
     runs_queue_and_finish,
     run_claims_never_overlap,
     run_log_is_capped,
@@ -337,6 +338,30 @@ async fn lease_seize_replaces_any_holder(store: &Arc<dyn Store>) {
     );
     assert!(store.renew_leases(&[("host:1".into(), "a#1".into())], TTL).await.expect("renew").is_empty());
     assert_eq!(store.lease_holder("host:1").await.expect("holder").as_deref(), Some("b#7"));
+}
+
+/// The renewal also records that the hosts of the renewed host leases were
+/// seen (one statement per tick for both); hosts whose lease was not
+/// renewed keep their last-seen.
+async fn renewing_a_host_lease_marks_the_host_seen(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let mine = host(store, &ann, "mine").await;
+    let theirs = host(store, &ann, "theirs").await;
+    for h in [&mine, &theirs] {
+        store.host_connected(h.id, &Capabilities::default(), &[]).await.expect("connected");
+        store.claim_lease(&host_lease_key(h.id), "a#1", TTL).await.expect("lease");
+    }
+    let seen = |h: Host| h.last_seen_at.expect("seen");
+    let read = |id: Uuid| async move { store.host_by_id(id).await.expect("read").expect("host") };
+    let before = (seen(read(mine.id).await), seen(read(theirs.id).await));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    store.seize_lease(&host_lease_key(theirs.id), "b#1", TTL).await.expect("seize");
+    let pairs = [(host_lease_key(mine.id), "a#1".to_string()), (host_lease_key(theirs.id), "a#1".to_string())];
+    let renewed = store.renew_leases(&pairs, TTL).await.expect("renew");
+    assert_eq!(renewed, vec![host_lease_key(mine.id)]);
+    let (after_mine, after_theirs) = (seen(read(mine.id).await), seen(read(theirs.id).await));
+    assert!(after_mine > before.0, "the renewed host was seen: {after_mine} vs {}", before.0);
+    assert_eq!(after_theirs, before.1, "the host whose lease was not renewed keeps its last-seen");
 }
 
 async fn lease_expiry(store: &Arc<dyn Store>) {

@@ -86,17 +86,12 @@ impl HostRegistry {
         let store = self.store.clone();
         let ttl = self.lease_ttl;
         let pairs: Vec<(String, String)> = leases.iter().map(|(k, h, _, _)| (k.clone(), h.clone())).collect();
-        let host_ids: Vec<Uuid> = leases.iter().map(|(_, _, h, _)| *h).collect();
         async move {
             let started = std::time::Instant::now();
+            // One statement: the leases, and the hosts' last-seen with them.
             let renewed = store.renew_leases(&pairs, ttl).await;
             metrics::histogram!("tether_lease_renew_seconds").record(started.elapsed().as_secs_f64());
-            if renewed.is_ok() {
-                if let Err(e) = store.touch_hosts(&host_ids).await {
-                    tracing::warn!(error = %e, "tether_host_touch_failed");
-                }
-            }
-            renewed
+            renewed.map(|keys| keys.into_iter().collect::<std::collections::HashSet<String>>())
         }
         .into_actor(self)
         .map(move |renewed, act, _ctx| {

@@ -87,7 +87,6 @@ pub trait Store: Send + Sync + 'static {
     async fn set_host_dirs(&self, host_id: Uuid, dirs: &[String]) -> StoreResult<()>;
     /// Records the last-known state (for alerts; liveness comes from the lease).
     async fn set_host_state(&self, host_id: Uuid, state: HostState) -> StoreResult<()>;
-    async fn touch_hosts(&self, host_ids: &[Uuid]) -> StoreResult<()>;
 
     // ---- terminals
     async fn insert_terminal(&self, new: &NewTerminal) -> StoreResult<Terminal>;
@@ -155,8 +154,9 @@ pub trait Store: Send + Sync + 'static {
     async fn claim_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<bool>;
     /// Takes `key` whoever holds it; returns the previous live holder.
     async fn seize_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<Option<String>>;
-    /// Extends every (key, holder) lease still held by that holder, in one
-    /// statement; returns the keys renewed.
+    /// Extends every (key, holder) lease still held by that holder and
+    /// marks the hosts of the renewed `host:` leases seen now, in one
+    /// statement on PostgreSQL; returns the keys renewed.
     async fn renew_leases(&self, leases: &[(String, String)], ttl: Duration) -> StoreResult<Vec<String>>;
     /// Releases `key` only if `holder` holds it.
     async fn release_lease(&self, key: &str, holder: &str) -> StoreResult<bool>;

@@ -319,14 +319,6 @@ impl Store for PgStore {
         Ok(())
     }
 
-    async fn touch_hosts(&self, host_ids: &[Uuid]) -> StoreResult<()> {
-        if host_ids.is_empty() {
-            return Ok(());
-        }
-        self.execute("UPDATE hosts SET last_seen_at = now() WHERE id = ANY($1)", &[&host_ids]).await?;
-        Ok(())
-    }
-
     async fn insert_terminal(&self, new: &NewTerminal) -> StoreResult<Terminal> {
         let row = self
             .query_opt(
@@ -746,9 +738,15 @@ impl Store for PgStore {
         let holders: Vec<&str> = leases.iter().map(|(_, h)| h.as_str()).collect();
         Ok(self
             .query(
-                "UPDATE leases l SET expires_at = now() + make_interval(secs => $3::float8) \
-                 FROM unnest($1::text[], $2::text[]) AS mine(key, holder) \
-                 WHERE l.key = mine.key AND l.holder = mine.holder RETURNING l.key",
+                "WITH renewed AS ( \
+                   UPDATE leases l SET expires_at = now() + make_interval(secs => $3::float8) \
+                   FROM unnest($1::text[], $2::text[]) AS mine(key, holder) \
+                   WHERE l.key = mine.key AND l.holder = mine.holder RETURNING l.key), \
+                 touched AS ( \
+                   UPDATE hosts SET last_seen_at = now() \
+                   WHERE id IN (SELECT substr(key, 6)::uuid FROM renewed \
+                                WHERE key ~ '^host:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$')) \
+                 SELECT key FROM renewed",
                 &[&keys, &holders, &secs(ttl)],
             )
             .await?

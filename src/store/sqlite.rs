@@ -437,22 +437,6 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn touch_hosts(&self, host_ids: &[Uuid]) -> StoreResult<()> {
-        if host_ids.is_empty() {
-            return Ok(());
-        }
-        let ids: Vec<String> = host_ids.iter().map(Uuid::to_string).collect();
-        self.call(move |c| {
-            let json = to_json(&ids);
-            c.execute(
-                "UPDATE hosts SET last_seen_at = ?2 WHERE id IN (SELECT value FROM json_each(?1))",
-                params![json, now_ms()],
-            )?;
-            Ok(())
-        })
-        .await
-    }
-
     async fn insert_terminal(&self, new: &NewTerminal) -> StoreResult<Terminal> {
         let new = new.clone();
         self.call(move |c| {
@@ -941,8 +925,18 @@ impl Store for SqliteStore {
                    WHERE json_extract(p.value, '$[0]') = leases.key AND json_extract(p.value, '$[1]') = leases.holder) \
                  RETURNING key",
             )?;
-            let keys = stmt.query_map(params![pairs, now_ms() + ttl_ms(ttl)], |r| r.get(0))?;
-            Ok(keys.collect::<Result<_, _>>()?)
+            let keys: Vec<String> =
+                stmt.query_map(params![pairs, now_ms() + ttl_ms(ttl)], |r| r.get(0))?.collect::<Result<_, _>>()?;
+            // The hosts of the renewed host leases were seen now (in the
+            // same call: an embedded database has no round trips to save).
+            let hosts: Vec<&str> = keys.iter().filter_map(|k| k.strip_prefix("host:")).collect();
+            if !hosts.is_empty() {
+                c.execute(
+                    "UPDATE hosts SET last_seen_at = ?2 WHERE id IN (SELECT value FROM json_each(?1))",
+                    params![to_json(&hosts), now_ms()],
+                )?;
+            }
+            Ok(keys)
         })
         .await
     }
