@@ -54,8 +54,8 @@ impl ServerMessage {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
-        serde_json::from_str(text)
+    pub fn parse(text: impl AsRef<[u8]>) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(text.as_ref())
     }
 
     pub fn error(message: impl Into<String>) -> Self {
@@ -123,6 +123,58 @@ impl ClientMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_every_server_control_message() {
+        let cases: &[(&str, ServerMessage)] = &[
+            (
+                r#"{"type":"status","state":"running","host":"online"}"#,
+                ServerMessage::Status { state: "running".into(), host: "online".into() },
+            ),
+            (
+                r#"{"type":"replay","cols":80,"rows":24,"offset":12345}"#,
+                ServerMessage::Replay { cols: 80, rows: 24, offset: 12345 },
+            ),
+            (r#"{"type":"live","offset":7}"#, ServerMessage::Live { offset: 7 }),
+            (r#"{"type":"resume","offset":9}"#, ServerMessage::Resume { offset: 9 }),
+            (
+                r#"{"type":"size","cols":100,"rows":30,"yours":false}"#,
+                ServerMessage::Size { cols: 100, rows: 30, yours: false },
+            ),
+            (r#"{"type":"exit","exitCode":3}"#, ServerMessage::Exit { exit_code: Some(3) }),
+            (r#"{"type":"exit","exitCode":null}"#, ServerMessage::Exit { exit_code: None }),
+            (r#"{"type":"exit"}"#, ServerMessage::Exit { exit_code: None }),
+            (r#"{"type":"error","message":"host offline"}"#, ServerMessage::Error { message: "host offline".into() }),
+            (r#"{"type":"somethingNew","x":1}"#, ServerMessage::Unknown),
+        ];
+        for (json, expected) in cases {
+            assert_eq!(&ServerMessage::parse(json.as_bytes()).unwrap(), expected, "{json}");
+        }
+    }
+
+    #[test]
+    fn rejects_malformed_control_messages() {
+        for bad in [
+            &b"not json"[..],
+            br#"{"state":"running"}"#,
+            br#"{"type":"live"}"#,
+            br#"{"type":"live","offset":-1}"#,
+            br#"{"type":"replay","cols":80,"rows":24,"offset":"x"}"#,
+        ] {
+            assert!(ServerMessage::parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn client_messages_match_the_spec_shapes() {
+        let view: serde_json::Value = serde_json::from_str(&ClientMessage::view(120, 40, true, 1500, true).to_json()).unwrap();
+        assert_eq!(
+            view,
+            serde_json::json!({"type":"view","cols":120,"rows":40,"visible":true,"idleMs":1500,"open":true})
+        );
+        let resize: serde_json::Value = serde_json::from_str(&ClientMessage::resize(0, 5000).to_json()).unwrap();
+        assert_eq!(resize, serde_json::json!({"type":"resize","cols":1,"rows":1000}));
+    }
 
     #[test]
     fn server_messages_have_the_documented_shape() {

@@ -21,7 +21,7 @@ use super::position::StreamPosition;
 use super::{AttachError, AttachOptions, AttachOutcome, LocalIo};
 use crate::client::viewer::fragments::{Complete, Fragments};
 use crate::client::viewer::protocol::{
-    describe_close, should_reattach, ClientControl, ServerControl, CLOSE_ABNORMAL, CLOSE_NORMAL, CLOSE_NO_STATUS,
+    describe_close, should_reattach, ClientMessage, ServerMessage, CLOSE_ABNORMAL, CLOSE_NORMAL, CLOSE_NO_STATUS,
 };
 use crate::client::viewer::MAX_FRAME;
 use crate::client::Client;
@@ -174,7 +174,7 @@ where
         // terminal. A reattach is an arrival like any other, so a viewer that
         // took the grid while we were away keeps it.
         if !reattaching {
-            let claim = ClientControl::resize(self.io.size);
+            let claim = ClientMessage::resize(self.io.size.0, self.io.size.1);
             self.send_control(socket, &claim).await;
         }
         if !self.held_input.is_empty() {
@@ -253,7 +253,7 @@ where
     where
         S: Stream<Item = Result<Frame, WsProtocolError>> + Sink<Message, Error = WsProtocolError> + Unpin,
     {
-        let control = match ServerControl::parse(text) {
+        let control = match ServerMessage::parse(text) {
             Ok(control) => control,
             Err(e) => {
                 // One malformed message is not worth losing the session over.
@@ -262,27 +262,27 @@ where
             }
         };
         match control {
-            ServerControl::Status { state, host } => {
+            ServerMessage::Status { state, host } => {
                 tracing::debug!(%state, %host, "tether_attach_status");
             }
-            ServerControl::Replay { cols, rows, offset } => {
+            ServerMessage::Replay { cols, rows, offset } => {
                 tracing::debug!(cols, rows, offset, "tether_attach_replay");
                 self.position.on_replay();
             }
-            ServerControl::Live { offset } => self.position.on_live(offset),
-            ServerControl::Resume { offset } => {
+            ServerMessage::Live { offset } => self.position.on_live(offset),
+            ServerMessage::Resume { offset } => {
                 if let Some(expected) = self.position.on_resume(offset) {
                     tracing::warn!(expected, offset, "tether_attach_resume_offset_mismatch");
                 }
             }
-            ServerControl::Size { cols, rows, yours } => {
+            ServerMessage::Size { cols, rows, yours } => {
                 tracing::debug!(cols, rows, yours, "tether_attach_size");
             }
-            ServerControl::Exit { exit_code } => {
+            ServerMessage::Exit { exit_code } => {
                 close_gracefully(socket).await;
                 return Some(Ended::Finished(AttachOutcome::Exited { code: exit_code }));
             }
-            ServerControl::Error { message } => {
+            ServerMessage::Error { message } => {
                 close_gracefully(socket).await;
                 let outcome = AttachOutcome::Closed { code: CLOSE_NORMAL, reason: message };
                 // While reattaching, "host offline" is expected for a moment:
@@ -293,7 +293,7 @@ where
                 }
                 return Some(Ended::Finished(outcome));
             }
-            ServerControl::Unknown => {
+            ServerMessage::Unknown => {
                 tracing::debug!("tether_attach_unknown_control_message");
             }
         }
@@ -341,12 +341,13 @@ where
         self.held_input.extend_from_slice(&keys[..keys.len().min(room)]);
     }
 
-    fn view(&self) -> ClientControl {
+    /// A CLI viewer is always open and visible: it is the user's terminal.
+    fn view(&self) -> ClientMessage {
         let idle = self.last_keystroke.elapsed().as_millis();
-        ClientControl::view(self.io.size, u64::try_from(idle).unwrap_or(u64::MAX))
+        ClientMessage::view(self.io.size.0, self.io.size.1, true, u64::try_from(idle).unwrap_or(u64::MAX), true)
     }
 
-    async fn send_control<S>(&self, socket: &mut S, control: &ClientControl)
+    async fn send_control<S>(&self, socket: &mut S, control: &ClientMessage)
     where
         S: Sink<Message, Error = WsProtocolError> + Unpin,
     {

@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 use super::client::{create_token, viewer_url, Api, Event, Socket, WAIT};
 use super::daemon::DaemonProcess;
 use super::{pg_database, TetherServer};
+use tether::viewer_protocol::{ClientMessage, ServerMessage};
 
 /// A server, a user's API client, a daemon and its host id.
 pub struct E2e {
@@ -95,13 +96,10 @@ impl Viewer {
         let mut sock = Socket::connect(&url, Some(token), &["tether.v1"]).await;
         let start = loop {
             match sock.next().await {
-                Event::Text(t) => {
-                    let v: Value = serde_json::from_str(&t).expect("json");
-                    match v["type"].as_str() {
-                        Some("live") | Some("resume") => break v["offset"].as_u64().expect("offset"),
-                        _ => {}
-                    }
-                }
+                Event::Text(t) => match ServerMessage::parse(&t).expect("a viewer control message") {
+                    ServerMessage::Live { offset } | ServerMessage::Resume { offset } => break offset,
+                    _ => {}
+                },
                 Event::Close(code) => return Err(code),
                 _ => {}
             }
@@ -152,7 +150,8 @@ impl Viewer {
     }
 
     pub async fn type_line(&mut self, line: &str) {
-        self.sock.send_json(json!({"type": "input", "data": format!("{line}\n")})).await;
+        let input = ClientMessage::Input { data: format!("{line}\n") };
+        self.sock.send_json(serde_json::to_value(input).expect("json")).await;
     }
 }
 

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use futures_util::{SinkExt as _, StreamExt as _};
 
 use super::fragments::{Complete, Fragments};
-use super::protocol::{describe_close, should_reattach, ServerControl, CLOSE_ABNORMAL, CLOSE_NO_STATUS};
+use super::protocol::{describe_close, should_reattach, ServerMessage, CLOSE_ABNORMAL, CLOSE_NO_STATUS};
 use super::{ViewerSocket, MAX_FRAME};
 use crate::client::{Client, ClientError};
 
@@ -193,25 +193,25 @@ impl OutputFollower {
     }
 
     async fn control(&mut self, text: &[u8]) -> Option<Followed> {
-        let Ok(control) = ServerControl::parse(text) else {
+        let Ok(control) = ServerMessage::parse(text) else {
             tracing::debug!("tether_follow_bad_control_message");
             return None;
         };
         match control {
-            ServerControl::Replay { .. } => {
+            ServerMessage::Replay { .. } => {
                 self.live = false;
                 None
             }
-            ServerControl::Live { offset } | ServerControl::Resume { offset } => self.start_at(offset),
-            ServerControl::Exit { exit_code } => {
+            ServerMessage::Live { offset } | ServerMessage::Resume { offset } => self.start_at(offset),
+            ServerMessage::Exit { exit_code } => {
                 self.finish().await;
                 Some(Followed::Exit { code: exit_code })
             }
-            ServerControl::Error { message } => {
+            ServerMessage::Error { message } => {
                 self.finish().await;
                 Some(Followed::Error { message })
             }
-            ServerControl::Status { .. } | ServerControl::Size { .. } | ServerControl::Unknown => None,
+            ServerMessage::Status { .. } | ServerMessage::Size { .. } | ServerMessage::Unknown => None,
         }
     }
 

@@ -1,16 +1,13 @@
 //! The viewer protocol as the client speaks it (docs/PROTOCOL.md, "Viewer
-//! protocol"; docs/CLI.md, "What the client speaks"): the JSON
-//! control messages in both directions, what each close code means to a
-//! user, and how the viewer URL is derived from the server's HTTP base URL.
+//! protocol"; docs/CLI.md, "What the client speaks"): the JSON control
+//! messages are the server's own types (`crate::viewer_protocol`); here is
+//! what each close code means to a user, and how the viewer URL is derived
+//! from the server's HTTP base URL.
 //!
 //! Kept free of I/O so every rule here is unit-tested on its own.
 
-use serde::{Deserialize, Serialize};
-
 use crate::client::ClientError;
-
-/// The subprotocol every viewer socket asks for.
-pub const SUBPROTOCOL: &str = "tether.v1";
+pub use crate::viewer_protocol::{ClientMessage, ServerMessage, SUBPROTOCOL};
 
 /// Normal closure: what we send on detach and after `exit`.
 pub const CLOSE_NORMAL: u16 = 1000;
@@ -23,97 +20,6 @@ pub const CLOSE_ABNORMAL: u16 = 1006;
 
 /// Host disconnected or moved: the viewer is expected to reattach.
 pub const CLOSE_HOST_MOVED: u16 = 4503;
-
-/// Grids are clamped to this range by the server; clamping here too keeps a
-/// bogus local size (0x0 from a detached pty) from being sent at all.
-const GRID_MIN: u16 = 1;
-const GRID_MAX: u16 = 1000;
-
-/// A JSON control message from the server (text frame).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(tag = "type", rename_all = "camelCase")]
-pub enum ServerControl {
-    Status {
-        state: String,
-        host: String,
-    },
-    /// A screen snapshot taken at `offset` follows as binary frames.
-    Replay {
-        cols: u16,
-        rows: u16,
-        offset: u64,
-    },
-    /// Live bytes from `offset` follow, after a replay.
-    Live {
-        offset: u64,
-    },
-    /// Live bytes from `offset` follow with no repaint (answer to `?from=`).
-    Resume {
-        offset: u64,
-    },
-    Size {
-        cols: u16,
-        rows: u16,
-        yours: bool,
-    },
-    Exit {
-        #[serde(rename = "exitCode")]
-        exit_code: Option<i32>,
-    },
-    Error {
-        message: String,
-    },
-    /// A message type this client does not know: newer servers may add
-    /// some, and an old CLI should keep working rather than fail.
-    #[serde(other)]
-    Unknown,
-}
-
-impl ServerControl {
-    pub fn parse(text: &[u8]) -> Result<Self, serde_json::Error> {
-        serde_json::from_slice(text)
-    }
-}
-
-/// A JSON control message to the server (text frame).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "type", rename_all = "camelCase")]
-pub enum ClientControl {
-    /// Claims the grid for this viewer.
-    Resize { cols: u16, rows: u16 },
-    /// This viewer's natural grid and signs of use, for the grid arbiter.
-    View {
-        cols: u16,
-        rows: u16,
-        visible: bool,
-        #[serde(rename = "idleMs")]
-        idle_ms: u64,
-        open: bool,
-    },
-}
-
-impl ClientControl {
-    pub fn resize((cols, rows): (u16, u16)) -> Self {
-        let (cols, rows) = clamp_grid(cols, rows);
-        Self::Resize { cols, rows }
-    }
-
-    /// A CLI viewer is always open and visible: it is the user's terminal.
-    pub fn view((cols, rows): (u16, u16), idle_ms: u64) -> Self {
-        let (cols, rows) = clamp_grid(cols, rows);
-        Self::View { cols, rows, visible: true, idle_ms, open: true }
-    }
-
-    pub fn to_json(&self) -> String {
-        // Serializing these plain structs cannot fail; fall back to an empty
-        // object rather than panic so the protocol path stays panic-free.
-        serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"))
-    }
-}
-
-fn clamp_grid(cols: u16, rows: u16) -> (u16, u16) {
-    (cols.clamp(GRID_MIN, GRID_MAX), rows.clamp(GRID_MIN, GRID_MAX))
-}
 
 /// What a close code means, in words a user can act on.
 pub fn close_reason(code: u16) -> &'static str {
@@ -184,58 +90,6 @@ pub fn viewer_url(server: &str, terminal_id: &str, resume_from: Option<u64>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_every_server_control_message() {
-        let cases: &[(&str, ServerControl)] = &[
-            (
-                r#"{"type":"status","state":"running","host":"online"}"#,
-                ServerControl::Status { state: "running".into(), host: "online".into() },
-            ),
-            (
-                r#"{"type":"replay","cols":80,"rows":24,"offset":12345}"#,
-                ServerControl::Replay { cols: 80, rows: 24, offset: 12345 },
-            ),
-            (r#"{"type":"live","offset":7}"#, ServerControl::Live { offset: 7 }),
-            (r#"{"type":"resume","offset":9}"#, ServerControl::Resume { offset: 9 }),
-            (
-                r#"{"type":"size","cols":100,"rows":30,"yours":false}"#,
-                ServerControl::Size { cols: 100, rows: 30, yours: false },
-            ),
-            (r#"{"type":"exit","exitCode":3}"#, ServerControl::Exit { exit_code: Some(3) }),
-            (r#"{"type":"exit","exitCode":null}"#, ServerControl::Exit { exit_code: None }),
-            (r#"{"type":"exit"}"#, ServerControl::Exit { exit_code: None }),
-            (r#"{"type":"error","message":"host offline"}"#, ServerControl::Error { message: "host offline".into() }),
-            (r#"{"type":"somethingNew","x":1}"#, ServerControl::Unknown),
-        ];
-        for (json, expected) in cases {
-            assert_eq!(&ServerControl::parse(json.as_bytes()).unwrap(), expected, "{json}");
-        }
-    }
-
-    #[test]
-    fn rejects_malformed_control_messages() {
-        for bad in [
-            &b"not json"[..],
-            br#"{"state":"running"}"#,
-            br#"{"type":"live"}"#,
-            br#"{"type":"live","offset":-1}"#,
-            br#"{"type":"replay","cols":80,"rows":24,"offset":"x"}"#,
-        ] {
-            assert!(ServerControl::parse(bad).is_err(), "{}", String::from_utf8_lossy(bad));
-        }
-    }
-
-    #[test]
-    fn client_messages_match_the_spec_shapes() {
-        let view: serde_json::Value = serde_json::from_str(&ClientControl::view((120, 40), 1500).to_json()).unwrap();
-        assert_eq!(
-            view,
-            serde_json::json!({"type":"view","cols":120,"rows":40,"visible":true,"idleMs":1500,"open":true})
-        );
-        let resize: serde_json::Value = serde_json::from_str(&ClientControl::resize((0, 5000)).to_json()).unwrap();
-        assert_eq!(resize, serde_json::json!({"type":"resize","cols":1,"rows":1000}));
-    }
 
     #[test]
     fn derives_the_viewer_url() {
