@@ -465,3 +465,32 @@ async fn output_stays_within_its_window_and_other_terminals_flow() {
 
     server.send(In::Kill(Kill { terminal_id: "flood".to_owned(), signal: 9 })).await;
 }
+
+/// A burst of single-keystroke Input frames while the program is not
+/// reading (a browser sends one frame per key) is queued, not dropped:
+/// 300 frames of 100 bytes fill the PTY's own buffer many times over, and
+/// every byte reaches the program once it reads. The daemon used to refuse
+/// input beyond 64 queued frames, whatever their size.
+#[actix_rt::test]
+async fn a_burst_of_input_frames_waits_for_a_busy_program() {
+    let mut server = FakeServer::start(HOST_ID).await;
+    let daemon = start_daemon(&server);
+    server.accept_and_ack().await;
+    let sink = daemon.work.join("input-burst.txt");
+    let script = format!("stty raw -echo; sleep 2; exec head -c 30000 > {}", sink.display());
+    server.send(spawn("busy", &daemon.work, &["sh", "-c", &script])).await;
+    expect_started(&mut server, "busy").await;
+    let line = "k".repeat(100);
+    for _ in 0..300 {
+        server.send(input("busy", &line)).await;
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = std::fs::metadata(&sink).map(|m| m.len()).unwrap_or(0);
+        if got == 30_000 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the program got {got} of 30000 input bytes");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

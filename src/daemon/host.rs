@@ -71,7 +71,7 @@ struct TerminalEntry {
     pid: u32,
     master: Box<dyn MasterPty + Send>,
     size: GridSize,
-    input: mpsc::Sender<Bytes>,
+    input: super::pty::InputQueue,
     handle: TerminalHandle,
     /// Set once the terminal ended; the entry is dropped when the server
     /// confirmed these frames.
@@ -389,9 +389,9 @@ impl Host {
         let Some(entry) = self.running_terminal(terminal_id) else {
             return;
         };
-        if let Err(mpsc::error::TrySendError::Full(data)) = entry.input.try_send(data) {
-            // The child is not reading its input; blocking here would stall
-            // every other terminal's frames behind it.
+        if let Err(data) = entry.input.push(data) {
+            // The child is not reading its input (or is gone); blocking here
+            // would stall every other terminal's frames behind it.
             tracing::warn!(terminal_id, bytes = data.len(), "tether_daemon_input_dropped");
         }
     }

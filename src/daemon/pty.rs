@@ -14,6 +14,8 @@
 
 use std::io::{self, Read, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -26,8 +28,11 @@ use super::screen::GridSize;
 pub const READ_CHUNK: usize = 16 * 1024;
 /// Reads in flight between the reader thread and the terminal task.
 const OUTPUT_CHANNEL_CHUNKS: usize = 4;
-/// Input frames queued for the writer thread; beyond this input is refused.
-const INPUT_CHANNEL_FRAMES: usize = 64;
+/// Input bytes queued for the writer thread while the program does not
+/// read; beyond this input is refused. Counted in bytes, not frames: a
+/// browser or a fast typist sends one frame per keystroke, and a busy
+/// shell must not lose a burst of them.
+const INPUT_QUEUE_BYTES: usize = 1024 * 1024;
 const THREAD_STACK_BYTES: usize = 128 * 1024;
 
 /// Why a Spawn failed; the text goes back in SpawnError.message.
@@ -59,7 +64,7 @@ pub struct PtyProcess {
     /// Output chunks in order; closes at EOF (every slave fd closed).
     pub output: mpsc::Receiver<Bytes>,
     /// Input for the writer thread.
-    pub input: mpsc::Sender<Bytes>,
+    pub input: InputQueue,
     /// Fires once when the child has been reaped.
     pub exit: oneshot::Receiver<ChildExit>,
     pub started_at: Instant,
@@ -119,9 +124,11 @@ pub fn spawn(dir: &Path, argv: &[String], size: GridSize) -> Result<PtyProcess, 
         let reader = master.try_clone_reader().map_err(io::Error::other)?;
         let writer = master.take_writer().map_err(io::Error::other)?;
         let (output_tx, output) = mpsc::channel(OUTPUT_CHANNEL_CHUNKS);
-        let (input, input_rx) = mpsc::channel(INPUT_CHANNEL_FRAMES);
+        let (tx, input_rx) = mpsc::unbounded_channel();
+        let input = InputQueue { tx, queued: Arc::new(AtomicUsize::new(0)) };
+        let queued = input.queued.clone();
         start_thread(format!("tether-pty-out-{pid}"), move || read_loop(reader, output_tx))?;
-        start_thread(format!("tether-pty-in-{pid}"), move || write_loop(writer, input_rx))?;
+        start_thread(format!("tether-pty-in-{pid}"), move || write_loop(writer, input_rx, queued))?;
         Ok((output, input))
     })();
     let (output, input) = match io_threads {
@@ -190,9 +197,33 @@ fn read_loop(mut reader: Box<dyn Read + Send>, output: mpsc::Sender<Bytes>) {
     }
 }
 
-fn write_loop(mut writer: Box<dyn Write + Send>, mut input: mpsc::Receiver<Bytes>) {
+/// The input bytes on their way to a PTY, bounded by bytes queued.
+pub struct InputQueue {
+    tx: mpsc::UnboundedSender<Bytes>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl InputQueue {
+    /// Queues `data` for the PTY; gives it back when `INPUT_QUEUE_BYTES`
+    /// are already waiting (the program is not reading) or the PTY closed.
+    pub fn push(&self, data: Bytes) -> Result<(), Bytes> {
+        let len = data.len();
+        if self.queued.fetch_add(len, Ordering::Relaxed) + len > INPUT_QUEUE_BYTES {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            return Err(data);
+        }
+        self.tx.send(data).map_err(|e| {
+            self.queued.fetch_sub(len, Ordering::Relaxed);
+            e.0
+        })
+    }
+}
+
+fn write_loop(mut writer: Box<dyn Write + Send>, mut input: mpsc::UnboundedReceiver<Bytes>, queued: Arc<AtomicUsize>) {
     while let Some(data) = input.blocking_recv() {
-        if let Err(err) = writer.write_all(&data).and_then(|()| writer.flush()) {
+        let written = writer.write_all(&data).and_then(|()| writer.flush());
+        queued.fetch_sub(data.len(), Ordering::Relaxed);
+        if let Err(err) = written {
             tracing::debug!(error = %err, "tether_daemon_pty_write_failed");
             return;
         }
