@@ -46,6 +46,7 @@ impl Bound {
             wait_for_stop_signal().await;
             let grace = ms(state.settings.shutdown.grace_ms);
             tracing::info!(grace_ms = state.settings.shutdown.grace_ms, "tether_instance_draining");
+            state.draining.store(true, std::sync::atomic::Ordering::Relaxed);
             handle.pause().await;
             if tokio::time::timeout(grace, drain(&state)).await.is_err() {
                 tracing::warn!("tether_drain_timed_out");

@@ -37,13 +37,15 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
             Err(e) => Err(e),
         },
     };
-    let ready = database.is_ok() && migrations.is_ok() && bus.is_ok();
+    let draining = state.draining.load(std::sync::atomic::Ordering::Relaxed);
+    let ready = database.is_ok() && migrations.is_ok() && bus.is_ok() && !draining;
     let body = json!({
         "ready": ready,
         "checks": {
             "database": database.err().unwrap_or_else(|| "ok".into()),
             "migrations": migrations.map(|v| format!("ok (version {v})")).unwrap_or_else(|e| e),
             "bus": bus.unwrap_or_else(|e| format!("redis: {e}")),
+            "drain": if draining { "draining" } else { "ok" },
         },
     });
     if ready {

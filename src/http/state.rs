@@ -74,6 +74,8 @@ pub struct AppState {
     pub runs: Addr<RunDispatcher>,
     /// Set once the bus confirmed this instance's reply subscription.
     pub bus_ready: Arc<std::sync::atomic::AtomicBool>,
+    /// Set when the drain starts: no new socket is taken from then on.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 impl AppState {
@@ -132,6 +134,7 @@ impl AppState {
             limiter: AddressLimiter::default(),
             runs,
             bus_ready,
+            draining: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 }

@@ -33,6 +33,7 @@ fn refuse(session: Session, stream: AggregatedMessageStream, code: u16, reason: 
 /// Why an upgrade did not happen: a foreign origin (403) or a bad handshake.
 enum Refused {
     Origin,
+    Draining,
     Handshake(actix_web::Error),
 }
 
@@ -51,6 +52,12 @@ fn refused(r: Refused) -> Result<HttpResponse, actix_web::Error> {
             "WebSockets are accepted from this server's own pages and http.allowed_origins only",
         )
         .error_response()),
+        Refused::Draining => Ok(ApiError::new(
+            actix_web::http::StatusCode::SERVICE_UNAVAILABLE,
+            "draining",
+            "this instance is shutting down; connect to another one",
+        )
+        .error_response()),
         Refused::Handshake(e) => Err(e),
     }
 }
@@ -61,6 +68,11 @@ fn upgrade(
     protocol: &str,
     state: &AppState,
 ) -> Result<(HttpResponse, Session, AggregatedMessageStream), Refused> {
+    // A socket taken while draining would claim a host (or join a terminal)
+    // that this instance is about to let go of.
+    if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(Refused::Draining);
+    }
     if !super::origin::allowed(req, &state.settings.http.allowed_origins) {
         let origin = req.headers().get(actix_web::http::header::ORIGIN).and_then(|o| o.to_str().ok()).unwrap_or("?");
         tracing::info!(origin, path = req.path(), "tether_ws_origin_refused");
