@@ -303,7 +303,10 @@ async fn echo_paced(inst: &Instance, token: &str, id: &str, label: &str) {
             (*e >= Duration::from_millis(50)).then(|| format!("{:.0} ms at {:.1} s", ms(*e), at.as_secs_f64()))
         })
         .collect();
-    println!("  echoes >= 50 ms (at about this far into the 12 s): {}", if slow.is_empty() { "none".into() } else { slow.join(", ") });
+    println!(
+        "  echoes >= 50 ms (at about this far into the 12 s): {}",
+        if slow.is_empty() { "none".into() } else { slow.join(", ") }
+    );
     echoes.sort();
     println!(
         "  keystroke echo on A with {label}, one key per ~20 ms for 12 s, {} rounds: p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",

@@ -141,7 +141,13 @@ pub struct BusSettings {
 
 impl Default for BusSettings {
     fn default() -> Self {
-        Self { prefix: "tether".into(), ack_ms: 5_000, heartbeat_ms: 10_000, slot_check_ms: 1_000, inbox_messages: 16 * 1024 }
+        Self {
+            prefix: "tether".into(),
+            ack_ms: 5_000,
+            heartbeat_ms: 10_000,
+            slot_check_ms: 1_000,
+            inbox_messages: 16 * 1024,
+        }
     }
 }
 

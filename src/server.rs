@@ -86,7 +86,10 @@ async fn drain(state: &AppState) {
         match state.store.release_lease(&key, &holder).await {
             Ok(_) => {
                 if matches!(state.store.lease_holder(&key).await, Ok(None)) {
-                    crate::store::logged(state.store.set_host_state(host_id, HostState::Offline).await, "mark host offline");
+                    crate::store::logged(
+                        state.store.set_host_state(host_id, HostState::Offline).await,
+                        "mark host offline",
+                    );
                 }
             }
             Err(e) => tracing::warn!(error = %e, %host_id, "tether_drain_release_failed"),

@@ -167,7 +167,8 @@ mod tests {
 
     #[test]
     fn client_messages_match_the_spec_shapes() {
-        let view: serde_json::Value = serde_json::from_str(&ClientMessage::view(120, 40, true, 1500, true).to_json()).unwrap();
+        let view: serde_json::Value =
+            serde_json::from_str(&ClientMessage::view(120, 40, true, 1500, true).to_json()).unwrap();
         assert_eq!(
             view,
             serde_json::json!({"type":"view","cols":120,"rows":40,"visible":true,"idleMs":1500,"open":true})
@@ -182,7 +183,10 @@ mod tests {
         assert_eq!(exit, r#"{"type":"exit","exitCode":3}"#);
         let size = ServerMessage::Size { cols: 80, rows: 24, yours: true }.to_json();
         assert_eq!(size, r#"{"type":"size","cols":80,"rows":24,"yours":true}"#);
-        assert_eq!(ServerMessage::parse(&size).expect("parses"), ServerMessage::Size { cols: 80, rows: 24, yours: true });
+        assert_eq!(
+            ServerMessage::parse(&size).expect("parses"),
+            ServerMessage::Size { cols: 80, rows: 24, yours: true }
+        );
         assert_eq!(ServerMessage::parse(r#"{"type":"later","x":1}"#).expect("parses"), ServerMessage::Unknown);
     }
 

@@ -272,15 +272,14 @@ async fn an_unacknowledged_spawn_is_sent_once() {
     let trio = trio(&sweep, [&[], &[("TETHER_BUS__ACK_MS", "1")], &[]]).await;
     let mut daemon = trio.daemon(0).await;
     trio.host_everywhere("online").await;
-    let (status, body) =
-        trio.apis[1].post("/api/v1/terminals", json!({"hostId": trio.host, "argv": ["sh"], "cols": 80, "rows": 24})).await;
+    let (status, body) = trio.apis[1]
+        .post("/api/v1/terminals", json!({"hostId": trio.host, "argv": ["sh"], "cols": 80, "rows": 24}))
+        .await;
     assert!(status == 201 || status == 202, "{status} {body}");
     let id = body["terminal"]["id"].as_str().expect("terminal id").to_string();
     let spawned = spawns_within(&mut daemon, Duration::from_secs(3)).await;
     assert_eq!(spawned, vec![id.clone()], "exactly one Spawn");
-    trio.apis[2]
-        .wait_for(&format!("/api/v1/terminals/{id}"), "running", |b| b["terminal"]["state"] == "running")
-        .await;
+    trio.apis[2].wait_for(&format!("/api/v1/terminals/{id}"), "running", |b| b["terminal"]["state"] == "running").await;
 }
 
 /// The sweeper is B (A and C never sweep during the test); the daemon is
@@ -305,9 +304,7 @@ async fn the_sweep_spawns_parked_terminals_of_hosts_owned_elsewhere() {
         .expect("park a terminal");
     let spawned = spawns_within(&mut daemon, Duration::from_secs(3)).await;
     assert_eq!(spawned, vec![id.to_string()]);
-    trio.apis[2]
-        .wait_for(&format!("/api/v1/terminals/{id}"), "running", |b| b["terminal"]["state"] == "running")
-        .await;
+    trio.apis[2].wait_for(&format!("/api/v1/terminals/{id}"), "running", |b| b["terminal"]["state"] == "running").await;
 }
 
 /// A PSUBSCRIBE tap on the bus prefix while credentials are refreshed
@@ -393,9 +390,13 @@ async fn forged_credentials_are_refused() {
     replies.subscribe(reply_channel.as_str()).await.expect("subscribe");
 
     let forged = json!({"token": "forged-secret-9d1"}).to_string();
-    let mut request =
-        HostRequest { request_id: "forged-1".into(), reply_to: "forger#1".into(), host_id: trio.host.clone(), op: None }
-            .encode_to_vec();
+    let mut request = HostRequest {
+        request_id: "forged-1".into(),
+        reply_to: "forger#1".into(),
+        host_id: trio.host.clone(),
+        op: None,
+    }
+    .encode_to_vec();
     prost::encoding::bytes::encode(30, &forged.into_bytes(), &mut request);
     let mut frame = Envelope { sender: "forger#1".into(), seq: 1, body: None }.encode_to_vec();
     prost::encoding::bytes::encode(10, &request, &mut frame);

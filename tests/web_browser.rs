@@ -1,4 +1,4 @@
-//! The web page (SPEC §6.10, docs/WEB.md) against a real `tether serve` and
+//! The web page (docs/WEB.md) against a real `tether serve` and
 //! a real `tether daemon`: how it is served (types, caching, CSP, the
 //! Origin rule), and the page itself in Debian's Chromium, one case of
 //! web/tests/cases.mjs per test (tests/support/browser.rs).

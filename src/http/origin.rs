@@ -1,4 +1,4 @@
-//! The Origin rule for WebSocket upgrades (SPEC §3, docs/CONFIG.md
+//! The Origin rule for WebSocket upgrades (docs/WEB.md; docs/CONFIG.md
 //! `http.allowed_origins`): a browser's socket is accepted only from this
 //! instance's own origin or an origin the operator allowed; anything else
 //! is refused with 403 before the upgrade, so a page on another site

@@ -1,4 +1,4 @@
-//! The browser and phone viewer (SPEC §6.10, docs/WEB.md): the built page
+//! The browser and phone viewer (docs/WEB.md; docs/REST.md, "Instance and operations"): the built page
 //! of web/dist, embedded in the binary by build.rs, or read from
 //! `http.web_dir` (`serve --web-dir`) while developing it.
 //!

@@ -29,11 +29,11 @@ use bytes::Bytes;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
+use super::capture::RunCapture;
 use super::ended::ended_messages;
 use super::grid::{Grid, GridAction, GridTimings};
 use super::outbox::Frame;
 use super::registry::{ArbiterIdle, HostRegistry, Retire};
-use super::capture::RunCapture;
 use super::resume_ring::{Appended, ResumeRing};
 use super::stamp::InteractionStamp;
 use super::*;
@@ -705,10 +705,7 @@ impl Handler<FromViewer> for TerminalArbiter {
                 self.grid.used(viewer, now);
                 self.stamp_interaction(ctx);
                 let Some(stream) = &self.stream else {
-                    self.send_to(
-                        viewer,
-                        ViewerOut::control(ServerMessage::error("host offline")),
-                    );
+                    self.send_to(viewer, ViewerOut::control(ServerMessage::error("host offline")));
                     return;
                 };
                 if stream.link.queue.load(Ordering::Relaxed) > self.config.input_queue_limit {

@@ -533,7 +533,8 @@ impl RemoteViewer {
             let released = usize::try_from(delivered - self.acked).unwrap_or(usize::MAX);
             self.acked = delivered;
             // A paused arbiter sees the smaller queue at its next lag check.
-            let _ = self.queued.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| Some(q.saturating_sub(released)));
+            let _ =
+                self.queued.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| Some(q.saturating_sub(released)));
         }
     }
 

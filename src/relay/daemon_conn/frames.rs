@@ -120,7 +120,10 @@ impl Handler<Inbound> for DaemonConn {
                             tracing::error!(error = %e, terminal_id = %id, "tether_spawn_error_write_failed");
                         }
                         if let Some(run_id) = run_id {
-                            crate::store::logged(store.append_run_log(run_id, message.as_bytes(), usize::MAX / 2).await, "log spawn error");
+                            crate::store::logged(
+                                store.append_run_log(run_id, message.as_bytes(), usize::MAX / 2).await,
+                                "log spawn error",
+                            );
                             crate::store::logged(store.finish_run(run_id, RunState::Failed, None).await, "fail run");
                         }
                         registry.do_send(TerminalLifecycle {
@@ -230,4 +233,3 @@ impl Handler<Inbound> for DaemonConn {
         }
     }
 }
-

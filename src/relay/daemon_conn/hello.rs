@@ -123,15 +123,13 @@ impl Handler<Hello> for DaemonConn {
         let host_id = Uuid::parse_str(&hello.host_id).ok();
         let fut = async move {
             let host_id = host_id.ok_or(Refused(close::FORBIDDEN, "unknown host", None))?;
-            let host =
-                relay.store.host_by_id(host_id).await.map_err(|e| refused(database_error(e)))?;
+            let host = relay.store.host_by_id(host_id).await.map_err(|e| refused(database_error(e)))?;
             if host.is_none_or(|h| h.user_id != user_id) {
                 return Err(Refused(close::FORBIDDEN, "unknown or foreign host", None));
             }
             // Database admission (docs/ARCHITECTURE.md, "Cells"): a host placed on another cell
             // belongs there.
-            let assignment =
-                relay.store.assignment(host_id).await.map_err(|e| refused(database_error(e)))?;
+            let assignment = relay.store.assignment(host_id).await.map_err(|e| refused(database_error(e)))?;
             if assignment.is_some_and(|(cell, _)| cell != relay.cell_id) {
                 return Err(Refused(close::WRONG_CELL, "the host is assigned to another cell", None));
             }
@@ -223,4 +221,3 @@ impl Handler<Hello> for DaemonConn {
         })))
     }
 }
-

@@ -37,9 +37,11 @@ use super::limiter::AddressGuard;
 use super::outbox::{Frame, Outbox};
 use super::registry::{HostRegistry, OpenTerminal, Ready, Register, TerminalLifecycle, Unregister};
 use super::*;
-use reader::read_loop;
 use crate::proto::v1::{daemon_frame, server_frame, DaemonFrame, ServerFrame};
-use crate::store::{host_lease_key, Capabilities, ExitStatus, HostState, RunState, RunUsage, StoreError, TerminalState};
+use crate::store::{
+    host_lease_key, Capabilities, ExitStatus, HostState, RunState, RunUsage, StoreError, TerminalState,
+};
+use reader::read_loop;
 
 /// Frames held before the hello is done (docs/PROTOCOL.md, "What the server enforces").
 const EARLY_FRAMES: usize = 256;

@@ -107,4 +107,3 @@ fn report_end(addr: &Addr<DaemonConn>, read: Read) {
         _ => addr.do_send(SocketClosed),
     }
 }
-

@@ -76,4 +76,3 @@ impl Handler<ForgetRequest> for DaemonConn {
         self.pending.remove(&msg.0);
     }
 }
-
