@@ -10,7 +10,7 @@ use actix_web::{web, App, HttpServer};
 use crate::config::{ms, Settings};
 use crate::http::state::{AppState, Instance, Role};
 use crate::relay::registry::DrainAll;
-use crate::store::{self, host_lease_key, HostState, StoreError};
+use crate::store::{self, host_lease_key, HostState, LeaseHolder, StoreError};
 
 /// Why `serve` could not run.
 #[derive(Debug, thiserror::Error)]
@@ -96,7 +96,7 @@ async fn drain(state: &AppState) {
         }
     }
     crate::store::logged(
-        state.store.release_lease(crate::jobs::sweep::SWEEP_LEASE, &state.instance.instance_id).await,
+        state.store.release_lease(crate::jobs::sweep::SWEEP_LEASE, &LeaseHolder::instance(&state.instance.instance_id)).await,
         "release the sweep lease",
     );
 }

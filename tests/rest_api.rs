@@ -363,7 +363,11 @@ async fn conflicts_are_409(fx: Fixture) {
     // A live lease means a daemon holds the host somewhere in the cluster.
     fx.state
         .store
-        .claim_lease(&host_lease_key(host_uuid), "other#abc123#1", std::time::Duration::from_secs(30))
+        .claim_lease(
+            &host_lease_key(host_uuid),
+            &tether::store::LeaseHolder::connection("other#abc123", 1),
+            std::time::Duration::from_secs(30),
+        )
         .await
         .expect("lease");
     let res = call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/hosts/{hid}")), &t).to_request()).await;

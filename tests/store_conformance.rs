@@ -56,6 +56,7 @@ conformance!(
     snapshots,
     lease_claim_and_renew_check_the_holder,
     lease_release_only_own,
+    lease_holders_read_back_typed,
     lease_seize_replaces_any_holder,
     lease_expiry,
     renewing_a_host_lease_marks_the_host_seen,
@@ -296,18 +297,23 @@ async fn interaction_stamp_once_a_minute(store: &Arc<dyn Store>) {
     assert_eq!(store.stamp_interaction(Uuid::new_v4(), ms(0)).await.expect("stamp"), None, "no such terminal");
 }
 
+/// A daemon connection's lease holder.
+fn h(instance: &str, connection: u64) -> LeaseHolder {
+    LeaseHolder::connection(instance, connection)
+}
+
 async fn lease_claim_and_renew_check_the_holder(store: &Arc<dyn Store>) {
-    assert!(store.claim_lease("host:1", "a#1", TTL).await.expect("claim"));
-    assert!(store.claim_lease("host:1", "a#1", TTL).await.expect("reclaim by holder"));
-    assert!(!store.claim_lease("host:1", "b#1", TTL).await.expect("claim by other"), "a live lease is not claimable");
-    assert_eq!(store.lease_holder("host:1").await.expect("holder").as_deref(), Some("a#1"));
-    let renewed = store.renew_leases(&[("host:1".into(), "b#1".into())], TTL).await.expect("renew by non-holder");
+    assert!(store.claim_lease("host:1", &h("a", 1), TTL).await.expect("claim"));
+    assert!(store.claim_lease("host:1", &h("a", 1), TTL).await.expect("reclaim by holder"));
+    assert!(!store.claim_lease("host:1", &h("b", 1), TTL).await.expect("claim by other"), "a live lease is not claimable");
+    assert_eq!(store.lease_holder("host:1").await.expect("holder"), Some(h("a", 1)));
+    let renewed = store.renew_leases(&[("host:1".into(), h("b", 1))], TTL).await.expect("renew by non-holder");
     assert!(renewed.is_empty(), "a renew by a non-holder fails");
-    store.claim_lease("host:2", "a#2", TTL).await.expect("claim");
-    store.claim_lease("host:3", "c#1", TTL).await.expect("claim");
+    store.claim_lease("host:2", &h("a", 2), TTL).await.expect("claim");
+    store.claim_lease("host:3", &h("c", 1), TTL).await.expect("claim");
     let mut renewed = store
         .renew_leases(
-            &[("host:1".into(), "a#1".into()), ("host:2".into(), "a#2".into()), ("host:3".into(), "a#3".into())],
+            &[("host:1".into(), h("a", 1)), ("host:2".into(), h("a", 2)), ("host:3".into(), h("a", 3))],
             TTL,
         )
         .await
@@ -316,28 +322,43 @@ async fn lease_claim_and_renew_check_the_holder(store: &Arc<dyn Store>) {
     assert_eq!(renewed, vec!["host:1", "host:2"], "only the leases this holder holds are renewed");
     let mut holders = store.lease_holders(&["host:1".into(), "host:3".into(), "host:9".into()]).await.expect("holders");
     holders.sort();
-    assert_eq!(holders, vec![("host:1".to_string(), "a#1".to_string()), ("host:3".to_string(), "c#1".to_string())]);
+    assert_eq!(holders, vec![("host:1".to_string(), h("a", 1)), ("host:3".to_string(), h("c", 1))]);
+}
+
+/// A holder reads back exactly as it was written, for instance ids that
+/// hold `#` and digits themselves (`<cell>#<6 hex>`, which may be all
+/// digits), and for the instance itself as for one of its connections.
+async fn lease_holders_read_back_typed(store: &Arc<dyn Store>) {
+    let connection = LeaseHolder::connection("cell-1#123456", 42);
+    let instance = LeaseHolder::instance("cell-1#123456");
+    store.claim_lease("host:1", &connection, TTL).await.expect("claim");
+    store.claim_lease("poller:sweep", &instance, TTL).await.expect("claim");
+    assert_eq!(store.lease_holder("host:1").await.expect("holder"), Some(connection.clone()));
+    let read = store.lease_holder("poller:sweep").await.expect("holder").expect("held");
+    assert_eq!((read.instance.as_str(), read.connection), ("cell-1#123456", 0));
+    assert!(!store.release_lease("poller:sweep", &connection).await.expect("release"), "another holder");
+    assert!(store.release_lease("poller:sweep", &instance).await.expect("release"));
 }
 
 async fn lease_release_only_own(store: &Arc<dyn Store>) {
-    store.claim_lease("host:1", "a#1", TTL).await.expect("claim");
-    assert!(!store.release_lease("host:1", "b#1").await.expect("release by other"));
-    assert_eq!(store.lease_holder("host:1").await.expect("holder").as_deref(), Some("a#1"));
-    assert!(store.release_lease("host:1", "a#1").await.expect("release"));
+    store.claim_lease("host:1", &h("a", 1), TTL).await.expect("claim");
+    assert!(!store.release_lease("host:1", &h("b", 1)).await.expect("release by other"));
+    assert_eq!(store.lease_holder("host:1").await.expect("holder"), Some(h("a", 1)));
+    assert!(store.release_lease("host:1", &h("a", 1)).await.expect("release"));
     assert_eq!(store.lease_holder("host:1").await.expect("holder"), None);
-    assert!(!store.release_lease("host:1", "a#1").await.expect("release twice"));
+    assert!(!store.release_lease("host:1", &h("a", 1)).await.expect("release twice"));
 }
 
 async fn lease_seize_replaces_any_holder(store: &Arc<dyn Store>) {
-    assert_eq!(store.seize_lease("host:1", "a#1", TTL).await.expect("seize free"), None);
-    assert_eq!(store.seize_lease("host:1", "b#7", TTL).await.expect("seize").as_deref(), Some("a#1"));
-    assert_eq!(store.lease_holder("host:1").await.expect("holder").as_deref(), Some("b#7"));
+    assert_eq!(store.seize_lease("host:1", &h("a", 1), TTL).await.expect("seize free"), None);
+    assert_eq!(store.seize_lease("host:1", &h("b", 7), TTL).await.expect("seize"), Some(h("a", 1)));
+    assert_eq!(store.lease_holder("host:1").await.expect("holder"), Some(h("b", 7)));
     assert!(
-        !store.release_lease("host:1", "a#1").await.expect("old holder release"),
+        !store.release_lease("host:1", &h("a", 1)).await.expect("old holder release"),
         "the old holder releases nothing"
     );
-    assert!(store.renew_leases(&[("host:1".into(), "a#1".into())], TTL).await.expect("renew").is_empty());
-    assert_eq!(store.lease_holder("host:1").await.expect("holder").as_deref(), Some("b#7"));
+    assert!(store.renew_leases(&[("host:1".into(), h("a", 1))], TTL).await.expect("renew").is_empty());
+    assert_eq!(store.lease_holder("host:1").await.expect("holder"), Some(h("b", 7)));
 }
 
 /// The renewal also records that the hosts of the renewed host leases were
@@ -347,16 +368,16 @@ async fn renewing_a_host_lease_marks_the_host_seen(store: &Arc<dyn Store>) {
     let ann = user(store, "ann").await;
     let mine = host(store, &ann, "mine").await;
     let theirs = host(store, &ann, "theirs").await;
-    for h in [&mine, &theirs] {
-        store.host_connected(h.id, &Capabilities::default(), &[]).await.expect("connected");
-        store.claim_lease(&host_lease_key(h.id), "a#1", TTL).await.expect("lease");
+    for one in [&mine, &theirs] {
+        store.host_connected(one.id, &Capabilities::default(), &[]).await.expect("connected");
+        store.claim_lease(&host_lease_key(one.id), &h("a", 1), TTL).await.expect("lease");
     }
     let seen = |h: Host| h.last_seen_at.expect("seen");
     let read = |id: Uuid| async move { store.host_by_id(id).await.expect("read").expect("host") };
     let before = (seen(read(mine.id).await), seen(read(theirs.id).await));
     tokio::time::sleep(Duration::from_millis(20)).await;
-    store.seize_lease(&host_lease_key(theirs.id), "b#1", TTL).await.expect("seize");
-    let pairs = [(host_lease_key(mine.id), "a#1".to_string()), (host_lease_key(theirs.id), "a#1".to_string())];
+    store.seize_lease(&host_lease_key(theirs.id), &h("b", 1), TTL).await.expect("seize");
+    let pairs = [(host_lease_key(mine.id), h("a", 1)), (host_lease_key(theirs.id), h("a", 1))];
     let renewed = store.renew_leases(&pairs, TTL).await.expect("renew");
     assert_eq!(renewed, vec![host_lease_key(mine.id)]);
     let (after_mine, after_theirs) = (seen(read(mine.id).await), seen(read(theirs.id).await));
@@ -365,18 +386,18 @@ async fn renewing_a_host_lease_marks_the_host_seen(store: &Arc<dyn Store>) {
 }
 
 async fn lease_expiry(store: &Arc<dyn Store>) {
-    assert!(store.claim_lease("host:1", "a#1", Duration::from_millis(50)).await.expect("claim"));
+    assert!(store.claim_lease("host:1", &h("a", 1), Duration::from_millis(50)).await.expect("claim"));
     tokio::time::sleep(Duration::from_millis(120)).await;
     assert_eq!(store.lease_holder("host:1").await.expect("holder"), None, "an expired lease has no holder");
-    assert_eq!(store.seize_lease("host:1", "c#1", TTL).await.expect("seize").as_deref(), None);
-    assert!(store.release_lease("host:1", "c#1").await.expect("release"));
-    assert!(store.claim_lease("host:2", "a#1", Duration::from_millis(10)).await.expect("claim"));
+    assert_eq!(store.seize_lease("host:1", &h("c", 1), TTL).await.expect("seize"), None);
+    assert!(store.release_lease("host:1", &h("c", 1)).await.expect("release"));
+    assert!(store.claim_lease("host:2", &h("a", 1), Duration::from_millis(10)).await.expect("claim"));
     tokio::time::sleep(Duration::from_millis(60)).await;
-    assert!(store.claim_lease("host:2", "b#1", TTL).await.expect("claim after expiry"));
-    assert!(store.claim_lease("host:3", "a#1", Duration::from_millis(10)).await.expect("claim"));
+    assert!(store.claim_lease("host:2", &h("b", 1), TTL).await.expect("claim after expiry"));
+    assert!(store.claim_lease("host:3", &h("a", 1), Duration::from_millis(10)).await.expect("claim"));
     tokio::time::sleep(Duration::from_millis(60)).await;
     assert_eq!(store.delete_expired_leases(Duration::from_millis(20)).await.expect("delete"), 1);
-    assert_eq!(store.lease_holder("host:2").await.expect("holder").as_deref(), Some("b#1"));
+    assert_eq!(store.lease_holder("host:2").await.expect("holder"), Some(h("b", 1)));
 }
 
 async fn runs_queue_and_finish(store: &Arc<dyn Store>) {
@@ -509,7 +530,7 @@ async fn stale_hosts_go_offline(store: &Arc<dyn Store>) {
     for h in [&leased, &lapsed] {
         store.host_connected(h.id, &Capabilities::default(), &[]).await.expect("connected");
     }
-    store.claim_lease(&host_lease_key(leased.id), "a#1", TTL).await.expect("lease");
+    store.claim_lease(&host_lease_key(leased.id), &h("a", 1), TTL).await.expect("lease");
     let offline = store.mark_stale_hosts_offline(Duration::from_secs(90)).await.expect("sweep");
     assert_eq!(offline, vec![lapsed.id], "only the host without a live lease");
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -522,7 +543,7 @@ async fn runs_of_long_gone_hosts_are_lost(store: &Arc<dyn Store>) {
     let ann = user(store, "ann").await;
     let gone = host(store, &ann, "gone").await;
     let here = host(store, &ann, "here").await;
-    store.claim_lease(&host_lease_key(here.id), "a#1", TTL).await.expect("lease");
+    store.claim_lease(&host_lease_key(here.id), &h("a", 1), TTL).await.expect("lease");
     let new_run = |h: &Host| NewRun { user_id: ann.id, host_id: h.id, argv: vec!["true".into()], dir: None };
     let lost = store.insert_run(&new_run(&gone)).await.expect("run");
     let kept = store.insert_run(&new_run(&here)).await.expect("run");

@@ -18,7 +18,7 @@ use crate::config::ms;
 use crate::relay::registry::TerminalLifecycle;
 use crate::relay::requests::{deliver, HostOp};
 use crate::relay::{LifecycleEvent, RelayContext};
-use crate::store::{RunState, StoreError};
+use crate::store::{LeaseHolder, RunState, StoreError};
 
 /// The lease that makes one instance the sweeper.
 pub const SWEEP_LEASE: &str = "poller:sweep";
@@ -68,7 +68,7 @@ pub async fn sweep(relay: &RelayContext) -> Result<(), StoreError> {
     // Held for two intervals, renewed by each sweep: a dead sweeper is
     // replaced after at most two missed sweeps.
     let ttl = ms(settings.sweep.interval_ms.saturating_mul(2));
-    if !store.claim_lease(SWEEP_LEASE, &relay.instance_id, ttl).await? {
+    if !store.claim_lease(SWEEP_LEASE, &LeaseHolder::instance(&relay.instance_id), ttl).await? {
         return Ok(());
     }
     let offline = store.mark_stale_hosts_offline(ms(settings.sweep.stale_host_ms)).await?;

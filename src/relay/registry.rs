@@ -22,7 +22,7 @@ use uuid::Uuid;
 use super::arbiter::{ArbiterConfig, TerminalArbiter};
 use super::daemon_conn::DaemonConn;
 use super::{close, CloseDaemon, DaemonLink, HostOffline, HostOnline, LifecycleEvent};
-use crate::store::{host_lease_key, Store};
+use crate::store::{host_lease_key, LeaseHolder, Store};
 
 struct HostEntry {
     conn_no: u64,
@@ -64,16 +64,16 @@ impl HostRegistry {
         }
     }
 
-    /// The lease holder string of a connection: `<instance id>#<conn no>`.
-    pub fn holder(instance_id: &str, conn_no: u64) -> String {
-        format!("{instance_id}#{conn_no}")
+    /// The lease holder of one of this instance's connections.
+    pub fn holder(instance_id: &str, conn_no: u64) -> LeaseHolder {
+        LeaseHolder::connection(instance_id, conn_no)
     }
 
     fn renew(&mut self, ctx: &mut Context<Self>) {
         if self.renewing {
             return; // never overlap: a slow database must not stack renewals
         }
-        let leases: Vec<(String, String, Uuid, u64)> = self
+        let leases: Vec<(String, LeaseHolder, Uuid, u64)> = self
             .hosts
             .iter()
             .filter(|(_, e)| e.ready.is_some())
@@ -85,7 +85,7 @@ impl HostRegistry {
         self.renewing = true;
         let store = self.store.clone();
         let ttl = self.lease_ttl;
-        let pairs: Vec<(String, String)> = leases.iter().map(|(k, h, _, _)| (k.clone(), h.clone())).collect();
+        let pairs: Vec<(String, LeaseHolder)> = leases.iter().map(|(k, h, _, _)| (k.clone(), h.clone())).collect();
         async move {
             let started = std::time::Instant::now();
             // One statement: the leases, and the hosts' last-seen with them.
@@ -363,7 +363,7 @@ impl Handler<TerminalLifecycle> for HostRegistry {
 /// daemons redial at once, elsewhere) and every viewer with 4503 (they
 /// reattach); returns the leases this instance held, as (host, holder).
 #[derive(Message)]
-#[rtype(result = "Vec<(Uuid, String)>")]
+#[rtype(result = "Vec<(Uuid, LeaseHolder)>")]
 pub struct DrainAll;
 
 impl Handler<DrainAll> for HostRegistry {

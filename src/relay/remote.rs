@@ -42,11 +42,6 @@ const CREDIT_REPORT: Duration = Duration::from_millis(5);
 /// What a ping frame weighs on both sides of the bus.
 const PING_WEIGHT: usize = 16;
 
-/// The instance id inside a lease holder `<instance id>#<connection>`.
-pub fn holder_instance(holder: &str) -> &str {
-    holder.rsplit_once('#').map_or(holder, |(instance, _)| instance)
-}
-
 /// The proxies of this instance, by id, for the bus dispatcher.
 #[derive(Default)]
 pub struct Remotes {
@@ -723,8 +718,8 @@ async fn check_homes(relay: &RelayContext) {
     }
     let hosts = described.iter().map(|d| d.3).chain(waiting.iter().map(|w| w.0));
     let keys: Vec<String> = hosts.map(host_lease_key).collect::<HashSet<_>>().into_iter().collect();
-    let holders: HashMap<String, String> = match relay.store.lease_holders(&keys).await {
-        Ok(live) => live.into_iter().collect(),
+    let owners: HashMap<String, String> = match relay.store.lease_holders(&keys).await {
+        Ok(live) => live.into_iter().map(|(key, holder)| (key, holder.instance)).collect(),
         Err(e) => {
             tracing::warn!(error = %e, "tether_heartbeat_lease_read_failed");
             return;
@@ -733,15 +728,13 @@ async fn check_homes(relay: &RelayContext) {
     // Viewers waiting here for a host that came back on another instance
     // reattach through it.
     for (host_id, arbiter) in waiting {
-        let holder = holders.get(&host_lease_key(host_id)).map(|h| holder_instance(h));
-        if holder.is_some_and(|owner| owner != relay.instance_id) {
+        if owners.get(&host_lease_key(host_id)).is_some_and(|owner| *owner != relay.instance_id) {
             arbiter.do_send(HostElsewhere);
         }
     }
     let mut reports: HashMap<String, Vec<bus::ReportedViewer>> = HashMap::new();
     for (id, home, terminal_id, host_id, owner) in described {
-        let holder = holders.get(&host_lease_key(host_id)).map(|h| holder_instance(h).to_string());
-        if holder.as_deref() != Some(owner.as_str()) {
+        if owners.get(&host_lease_key(host_id)) != Some(&owner) {
             home.do_send(Reattach("the host moved; reattach"));
             continue;
         }

@@ -113,9 +113,7 @@ pub async fn locate(relay: &RelayContext, host_id: Uuid) -> Result<Location, Req
         return Ok(Location::Offline);
     }
     match relay.store.lease_holder(&host_lease_key(host_id)).await {
-        Ok(Some(holder)) if super::remote::holder_instance(&holder) != relay.instance_id => {
-            Ok(Location::Remote(super::remote::holder_instance(&holder).to_string()))
-        }
+        Ok(Some(holder)) if holder.instance != relay.instance_id => Ok(Location::Remote(holder.instance)),
         // Held here by a connection that is not ready yet (or just left).
         Ok(Some(_)) => Ok(Location::Offline),
         Ok(None) => Ok(Location::Offline),

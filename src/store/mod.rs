@@ -151,19 +151,19 @@ pub trait Store: Send + Sync + 'static {
 
     // ---- leases (docs/ARCHITECTURE.md, "Where state lives"; docs/CLUSTER.md)
     /// Takes `key` when it is free, expired or already ours.
-    async fn claim_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<bool>;
+    async fn claim_lease(&self, key: &str, holder: &LeaseHolder, ttl: Duration) -> StoreResult<bool>;
     /// Takes `key` whoever holds it; returns the previous live holder.
-    async fn seize_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<Option<String>>;
+    async fn seize_lease(&self, key: &str, holder: &LeaseHolder, ttl: Duration) -> StoreResult<Option<LeaseHolder>>;
     /// Extends every (key, holder) lease still held by that holder and
     /// marks the hosts of the renewed `host:` leases seen now, in one
     /// statement on PostgreSQL; returns the keys renewed.
-    async fn renew_leases(&self, leases: &[(String, String)], ttl: Duration) -> StoreResult<Vec<String>>;
+    async fn renew_leases(&self, leases: &[(String, LeaseHolder)], ttl: Duration) -> StoreResult<Vec<String>>;
     /// Releases `key` only if `holder` holds it.
-    async fn release_lease(&self, key: &str, holder: &str) -> StoreResult<bool>;
+    async fn release_lease(&self, key: &str, holder: &LeaseHolder) -> StoreResult<bool>;
     /// The live holder of `key`.
-    async fn lease_holder(&self, key: &str) -> StoreResult<Option<String>>;
+    async fn lease_holder(&self, key: &str) -> StoreResult<Option<LeaseHolder>>;
     /// The live holders of several keys in one query, as (key, holder).
-    async fn lease_holders(&self, keys: &[String]) -> StoreResult<Vec<(String, String)>>;
+    async fn lease_holders(&self, keys: &[String]) -> StoreResult<Vec<(String, LeaseHolder)>>;
     /// Deletes lease rows that expired more than `older_than` ago.
     async fn delete_expired_leases(&self, older_than: Duration) -> StoreResult<u64>;
 

@@ -700,7 +700,8 @@ impl Store for PgStore {
             .map(|r| r.get(0)))
     }
 
-    async fn claim_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<bool> {
+    async fn claim_lease(&self, key: &str, holder: &LeaseHolder, ttl: Duration) -> StoreResult<bool> {
+        let holder = holder.encode();
         Ok(self
             .execute(
                 "INSERT INTO leases (key, holder, expires_at) \
@@ -713,7 +714,8 @@ impl Store for PgStore {
             == 1)
     }
 
-    async fn seize_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<Option<String>> {
+    async fn seize_lease(&self, key: &str, holder: &LeaseHolder, ttl: Duration) -> StoreResult<Option<LeaseHolder>> {
+        let holder = holder.encode();
         let mut client = self.client().await?;
         let tx = client.transaction().await?;
         let previous: Option<String> = tx
@@ -727,15 +729,15 @@ impl Store for PgStore {
         )
         .await?;
         tx.commit().await?;
-        Ok(previous)
+        previous.as_deref().map(LeaseHolder::decode).transpose()
     }
 
-    async fn renew_leases(&self, leases: &[(String, String)], ttl: Duration) -> StoreResult<Vec<String>> {
+    async fn renew_leases(&self, leases: &[(String, LeaseHolder)], ttl: Duration) -> StoreResult<Vec<String>> {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
         let keys: Vec<&str> = leases.iter().map(|(k, _)| k.as_str()).collect();
-        let holders: Vec<&str> = leases.iter().map(|(_, h)| h.as_str()).collect();
+        let holders: Vec<String> = leases.iter().map(|(_, h)| h.encode()).collect();
         Ok(self
             .query(
                 "WITH renewed AS ( \
@@ -755,27 +757,27 @@ impl Store for PgStore {
             .collect())
     }
 
-    async fn release_lease(&self, key: &str, holder: &str) -> StoreResult<bool> {
+    async fn release_lease(&self, key: &str, holder: &LeaseHolder) -> StoreResult<bool> {
+        let holder = holder.encode();
         Ok(self.execute("DELETE FROM leases WHERE key = $1 AND holder = $2", &[&key, &holder]).await? == 1)
     }
 
-    async fn lease_holder(&self, key: &str) -> StoreResult<Option<String>> {
-        Ok(self
-            .query_opt("SELECT holder FROM leases WHERE key = $1 AND expires_at > now()", &[&key])
+    async fn lease_holder(&self, key: &str) -> StoreResult<Option<LeaseHolder>> {
+        self.query_opt("SELECT holder FROM leases WHERE key = $1 AND expires_at > now()", &[&key])
             .await?
-            .map(|r| r.get(0)))
+            .map(|r| LeaseHolder::decode(r.get(0)))
+            .transpose()
     }
 
-    async fn lease_holders(&self, keys: &[String]) -> StoreResult<Vec<(String, String)>> {
+    async fn lease_holders(&self, keys: &[String]) -> StoreResult<Vec<(String, LeaseHolder)>> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        Ok(self
-            .query("SELECT key, holder FROM leases WHERE key = ANY($1) AND expires_at > now()", &[&keys])
+        self.query("SELECT key, holder FROM leases WHERE key = ANY($1) AND expires_at > now()", &[&keys])
             .await?
             .iter()
-            .map(|r| (r.get(0), r.get(1)))
-            .collect())
+            .map(|r| Ok((r.get(0), LeaseHolder::decode(r.get(1))?)))
+            .collect()
     }
 
     async fn delete_expired_leases(&self, older_than: Duration) -> StoreResult<u64> {

@@ -878,8 +878,8 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn claim_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<bool> {
-        let (key, holder) = (key.to_string(), holder.to_string());
+    async fn claim_lease(&self, key: &str, holder: &LeaseHolder, ttl: Duration) -> StoreResult<bool> {
+        let (key, holder) = (key.to_string(), holder.encode());
         self.call(move |c| {
             let now = now_ms();
             Ok(c.execute(
@@ -892,8 +892,8 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn seize_lease(&self, key: &str, holder: &str, ttl: Duration) -> StoreResult<Option<String>> {
-        let (key, holder) = (key.to_string(), holder.to_string());
+    async fn seize_lease(&self, key: &str, holder: &LeaseHolder, ttl: Duration) -> StoreResult<Option<LeaseHolder>> {
+        let (key, holder) = (key.to_string(), holder.encode());
         self.call(move |c| {
             let now = now_ms();
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -908,16 +908,16 @@ impl Store for SqliteStore {
                 params![key, holder, now + ttl_ms(ttl)],
             )?;
             tx.commit()?;
-            Ok(previous)
+            previous.as_deref().map(LeaseHolder::decode).transpose()
         })
         .await
     }
 
-    async fn renew_leases(&self, leases: &[(String, String)], ttl: Duration) -> StoreResult<Vec<String>> {
+    async fn renew_leases(&self, leases: &[(String, LeaseHolder)], ttl: Duration) -> StoreResult<Vec<String>> {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
-        let pairs = to_json(&leases.iter().map(|(k, h)| [k.as_str(), h.as_str()]).collect::<Vec<_>>());
+        let pairs = to_json(&leases.iter().map(|(k, h)| [k.clone(), h.encode()]).collect::<Vec<_>>());
         self.call(move |c| {
             let mut stmt = c.prepare(
                 "UPDATE leases SET expires_at = ?2 WHERE EXISTS ( \
@@ -941,26 +941,26 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn release_lease(&self, key: &str, holder: &str) -> StoreResult<bool> {
-        let (key, holder) = (key.to_string(), holder.to_string());
+    async fn release_lease(&self, key: &str, holder: &LeaseHolder) -> StoreResult<bool> {
+        let (key, holder) = (key.to_string(), holder.encode());
         self.call(move |c| Ok(c.execute("DELETE FROM leases WHERE key = ?1 AND holder = ?2", [key, holder])? == 1))
             .await
     }
 
-    async fn lease_holder(&self, key: &str) -> StoreResult<Option<String>> {
+    async fn lease_holder(&self, key: &str) -> StoreResult<Option<LeaseHolder>> {
         let key = key.to_string();
         self.call(move |c| {
-            Ok(c.query_row(
-                "SELECT holder FROM leases WHERE key = ?1 AND expires_at > ?2",
-                params![key, now_ms()],
-                |r| r.get(0),
-            )
-            .optional()?)
+            let holder: Option<String> = c
+                .query_row("SELECT holder FROM leases WHERE key = ?1 AND expires_at > ?2", params![key, now_ms()], |r| {
+                    r.get(0)
+                })
+                .optional()?;
+            holder.as_deref().map(LeaseHolder::decode).transpose()
         })
         .await
     }
 
-    async fn lease_holders(&self, keys: &[String]) -> StoreResult<Vec<(String, String)>> {
+    async fn lease_holders(&self, keys: &[String]) -> StoreResult<Vec<(String, LeaseHolder)>> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
@@ -969,8 +969,9 @@ impl Store for SqliteStore {
             let mut stmt = c.prepare(
                 "SELECT key, holder FROM leases WHERE key IN (SELECT value FROM json_each(?1)) AND expires_at > ?2",
             )?;
-            let rows = stmt.query_map(params![keys, now_ms()], |r| Ok((r.get(0)?, r.get(1)?)))?;
-            Ok(rows.collect::<Result<_, _>>()?)
+            let rows = stmt.query_map(params![keys, now_ms()], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+            let rows: Vec<(String, String)> = rows.collect::<Result<_, _>>()?;
+            rows.into_iter().map(|(key, holder)| Ok((key, LeaseHolder::decode(&holder)?))).collect()
         })
         .await
     }

@@ -25,6 +25,45 @@ pub enum HostState {
     Offline,
 }
 
+/// Who holds a lease (docs/ARCHITECTURE.md, "Leases"): an instance, and
+/// for a host lease the daemon connection on it (connections are numbered
+/// from 1 per instance, so a redial to the same instance is a new holder;
+/// 0 is the instance itself, for the sweep). Stored in `leases.holder` as
+/// `<instance id>#<connection>`; only the store encodes and decodes it, and
+/// the connection is always the last `#` field (instance ids hold `#`
+/// themselves).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LeaseHolder {
+    pub instance: String,
+    pub connection: u64,
+}
+
+impl LeaseHolder {
+    /// The instance itself (leases no connection holds).
+    pub fn instance(instance: &str) -> Self {
+        Self { instance: instance.to_string(), connection: 0 }
+    }
+
+    /// A daemon connection on `instance`.
+    pub fn connection(instance: &str, connection: u64) -> Self {
+        Self { instance: instance.to_string(), connection }
+    }
+
+    /// The stored `holder` text.
+    pub fn encode(&self) -> String {
+        format!("{}#{}", self.instance, self.connection)
+    }
+
+    /// Reads a stored `holder` text; a text this encoding did not write
+    /// (an older release's) is an error, never a guess.
+    pub fn decode(raw: &str) -> Result<Self, StoreError> {
+        raw.rsplit_once('#')
+            .and_then(|(instance, n)| Some(Self { instance: instance.to_string(), connection: n.parse().ok()? }))
+            .filter(|h| !h.instance.is_empty())
+            .ok_or_else(|| StoreError::Corrupt(format!("lease holder {raw:?}")))
+    }
+}
+
 /// What a daemon says it can do (from its Hello).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -286,4 +325,28 @@ pub(crate) fn parse_capabilities(text: &str) -> Result<Capabilities, StoreError>
 pub(crate) fn to_json<T: Serialize>(value: &T) -> String {
     // Serialising plain structs and string lists cannot fail.
     serde_json::to_string(value).unwrap_or_else(|_| "null".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_holders_round_trip_whatever_the_instance_id_holds() {
+        for holder in [
+            LeaseHolder::connection("cell#abc123", 7),
+            LeaseHolder::connection("cell#123456", 7),
+            LeaseHolder::instance("cell#123456"),
+            LeaseHolder::connection("a#b#c", u64::MAX),
+        ] {
+            assert_eq!(LeaseHolder::decode(&holder.encode()).expect("decode"), holder);
+        }
+    }
+
+    #[test]
+    fn a_holder_text_without_a_connection_is_refused() {
+        for raw in ["cell", "cell#abc123", "#4", ""] {
+            assert!(LeaseHolder::decode(raw).is_err(), "{raw:?}");
+        }
+    }
 }

@@ -19,7 +19,7 @@ struct Accepted {
 #[derive(Clone)]
 struct Claim {
     conn_no: u64,
-    holder: String,
+    holder: LeaseHolder,
     subscribed: bool,
 }
 
@@ -52,7 +52,7 @@ async fn take_host(
     relay: &RelayContext,
     host_id: Uuid,
     user_id: Uuid,
-    holder: &str,
+    holder: &LeaseHolder,
     hello: crate::proto::v1::Hello,
 ) -> Result<Taken, (u16, &'static str)> {
     let ttl = Duration::from_millis(relay.settings.lease.ttl_ms);

@@ -39,7 +39,7 @@ use super::registry::{HostRegistry, OpenTerminal, Ready, Register, TerminalLifec
 use super::*;
 use crate::proto::v1::{daemon_frame, server_frame, DaemonFrame, ServerFrame};
 use crate::store::{
-    host_lease_key, Capabilities, ExitStatus, HostState, RunState, RunUsage, StoreError, TerminalState,
+    host_lease_key, Capabilities, ExitStatus, HostState, LeaseHolder, RunState, RunUsage, StoreError, TerminalState,
 };
 use reader::read_loop;
 
@@ -55,7 +55,7 @@ const IDLE_LIMIT: Duration = Duration::from_secs(95);
 struct HostSession {
     host_id: Uuid,
     conn_no: u64,
-    holder: String,
+    holder: LeaseHolder,
     ready: bool,
     capabilities: Capabilities,
     /// The host's bus channel is subscribed for this connection.
