@@ -136,6 +136,8 @@ pub struct TerminalArbiter {
     flushing: bool,
     finish: Option<(RunState, Option<i32>)>,
     stamp: InteractionStamp,
+    /// The member id the next joining viewer gets.
+    next_member: u64,
 }
 
 impl TerminalArbiter {
@@ -184,6 +186,7 @@ impl TerminalArbiter {
             flushing: false,
             finish: None,
             stamp: InteractionStamp::default(),
+            next_member: 1,
         }
     }
 
@@ -636,12 +639,14 @@ impl Actor for TerminalArbiter {
 }
 
 impl Handler<Join> for TerminalArbiter {
-    type Result = Result<(), Retired>;
+    type Result = Result<u64, Retired>;
     fn handle(&mut self, msg: Join, ctx: &mut Context<Self>) -> Self::Result {
         if self.retiring {
             return Err(Retired);
         }
-        self.grid.join(msg.viewer, Instant::now());
+        let viewer = self.next_member;
+        self.next_member += 1;
+        self.grid.join(viewer, Instant::now());
         msg.out.do_send(self.status());
         // A resume the arbiter can serve itself needs no round trip.
         let mut phase = Phase::Waiting;
@@ -656,15 +661,15 @@ impl Handler<Join> for TerminalArbiter {
         }
         let out = msg.out.clone();
         self.members.insert(
-            MemberId::Viewer(msg.viewer),
+            MemberId::Viewer(viewer),
             Member { kind: Kind::Viewer(msg.out, msg.queued), phase, resume_from: msg.resume_from },
         );
-        out.do_send(self.size_for(msg.viewer));
+        out.do_send(self.size_for(viewer));
         if self.stream.is_none() {
             out.do_send(ViewerOut::control(ServerMessage::error("host offline")));
         }
         self.attach_waiting(ctx);
-        Ok(())
+        Ok(viewer)
     }
 }
 
@@ -872,10 +877,4 @@ impl Handler<Retire> for TerminalArbiter {
     fn handle(&mut self, _: Retire, ctx: &mut Context<Self>) {
         ctx.stop();
     }
-}
-
-/// A unique viewer id within this process.
-pub fn next_viewer_id() -> u64 {
-    static NEXT: AtomicUsize = AtomicUsize::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed) as u64
 }

@@ -167,11 +167,11 @@ pub struct ViewReport {
     pub open: bool,
 }
 
-/// A viewer joins; `Err(Retired)` means ask the registry again.
+/// A viewer joins and is given its member id, which names it in every
+/// `FromViewer` after; `Err(Retired)` means ask the registry again.
 #[derive(Message)]
-#[rtype(result = "Result<(), Retired>")]
+#[rtype(result = "Result<u64, Retired>")]
 pub struct Join {
-    pub viewer: u64,
     pub out: Recipient<ViewerOut>,
     /// Bytes waiting in the viewer's outbound queue.
     pub queued: std::sync::Arc<std::sync::atomic::AtomicUsize>,

@@ -19,7 +19,7 @@
 //! and tells the home to close viewers it does not know.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,7 @@ use actix::prelude::*;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::arbiter::{next_viewer_id, TerminalArbiter};
+use super::arbiter::TerminalArbiter;
 use super::outbox::Frame;
 use super::registry::{OpenTerminal, WaitingArbiters};
 use super::requests::{ask_owner, HostOp, OpAnswer};
@@ -42,9 +42,14 @@ const CREDIT_REPORT: Duration = Duration::from_millis(5);
 /// What a ping frame weighs on both sides of the bus.
 const PING_WEIGHT: usize = 16;
 
-/// The proxies of this instance, by id, for the bus dispatcher.
+/// The proxies of this instance, for the bus dispatcher: home viewers by
+/// their key (this instance's own numbering), remote viewers by their home
+/// instance and the key it gave them. The pair names a remote viewer
+/// uniquely across the cluster; inside an arbiter every member has the id
+/// the arbiter gave it when it joined.
 #[derive(Default)]
 pub struct Remotes {
+    next_home: AtomicU64,
     homes: Mutex<HashMap<u64, HomeEntry>>,
     remotes: Mutex<HashMap<(String, u64), RemoteEntry>>,
     /// When each home instance last reported its viewers here.
@@ -184,7 +189,8 @@ struct Reattach(&'static str);
 struct Taken(String);
 
 pub struct HomeViewer {
-    id: u64,
+    /// Its key on this instance and on the bus (`ViewerEvent.viewer_id`).
+    key: u64,
     relay: RelayContext,
     terminal_id: Uuid,
     host_id: Uuid,
@@ -211,11 +217,11 @@ impl HomeViewer {
         terminal_id: Uuid,
         host_id: Uuid,
         owner: String,
-        viewer: u64,
         resume_from: Option<u64>,
         out: Recipient<ViewerOut>,
         client_queued: Arc<AtomicUsize>,
     ) -> Self {
+        let key = relay.remotes.next_home.fetch_add(1, Ordering::Relaxed) + 1;
         // One task publishes this viewer's messages, so they keep their order.
         let (events, mut queue) = mpsc::unbounded_channel::<bus::ViewerEvent>();
         let publisher = relay.clone();
@@ -234,7 +240,7 @@ impl HomeViewer {
             }
         });
         Self {
-            id: viewer,
+            key,
             relay,
             terminal_id,
             host_id,
@@ -252,10 +258,15 @@ impl HomeViewer {
         }
     }
 
+    /// The key this viewer has on this instance and on the bus.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
     fn publish(&self, event: viewer_event::Event) {
         let _ = self.events.send(bus::ViewerEvent {
             terminal_id: self.terminal_id.to_string(),
-            viewer_id: self.id,
+            viewer_id: self.key,
             event: Some(event),
         });
     }
@@ -317,10 +328,11 @@ impl Actor for HomeViewer {
     fn started(&mut self, ctx: &mut Self::Context) {
         metrics::gauge!("tether_home_viewers").increment(1.0);
         let entry = HomeEntry { addr: ctx.address(), host_id: self.host_id, terminal_id: self.terminal_id };
-        lock(&self.relay.remotes.homes).insert(self.id, entry);
+        lock(&self.relay.remotes.homes).insert(self.key, entry);
         let relay = self.relay.clone();
         let channel = relay.bus.terminal_channel(self.terminal_id);
-        let join = HostOp::ViewerJoin { terminal_id: self.terminal_id, viewer: self.id, resume_from: self.resume_from };
+        let join =
+            HostOp::ViewerJoin { terminal_id: self.terminal_id, viewer: self.key, resume_from: self.resume_from };
         let host_id = self.host_id;
         async move {
             relay.bus.subscribe(&channel).await.map_err(|e| {
@@ -344,7 +356,7 @@ impl Actor for HomeViewer {
 
     fn stopped(&mut self, _: &mut Self::Context) {
         metrics::gauge!("tether_home_viewers").decrement(1.0);
-        lock(&self.relay.remotes.homes).remove(&self.id);
+        lock(&self.relay.remotes.homes).remove(&self.key);
         if self.attached {
             self.publish(viewer_event::Event::Leave(true));
         }
@@ -448,14 +460,14 @@ struct FromHome(bus::ViewerEvent);
 struct LetGo(&'static str);
 
 pub struct RemoteViewer {
-    id: u64,
     relay: RelayContext,
     home: String,
     home_viewer: u64,
     terminal_id: Uuid,
     host_id: Uuid,
     resume_from: Option<u64>,
-    arbiter: Option<Addr<TerminalArbiter>>,
+    /// The arbiter it joined and the member id it was given there.
+    joined: Option<(Addr<TerminalArbiter>, u64)>,
     /// Weight handed to this proxy and not yet reported delivered by the
     /// home (the arbiter's flow control reads it like a socket's queue).
     queued: Arc<AtomicUsize>,
@@ -486,14 +498,13 @@ impl RemoteViewer {
             }
         });
         Self {
-            id: next_viewer_id(),
             relay,
             home,
             home_viewer: join.viewer_id,
             terminal_id,
             host_id,
             resume_from: join.resume_from,
-            arbiter: None,
+            joined: None,
             queued,
             pushed: 0,
             acked: 0,
@@ -544,7 +555,6 @@ impl RemoteViewer {
         let registry = self.relay.registry.clone();
         let open = OpenTerminal { terminal_id: self.terminal_id, host_id: self.host_id };
         let join = Join {
-            viewer: self.id,
             out: ctx.address().recipient::<ViewerOut>(),
             queued: self.queued.clone(),
             resume_from: self.resume_from,
@@ -552,13 +562,13 @@ impl RemoteViewer {
         async move {
             let arbiter = registry.send(open).await.ok()?;
             match arbiter.send(join).await {
-                Ok(Ok(())) => Some(Ok(arbiter)),
+                Ok(Ok(member)) => Some(Ok((arbiter, member))),
                 _ => Some(Err(())),
             }
         }
         .into_actor(self)
         .map(move |joined, act, ctx| match joined {
-            Some(Ok(arbiter)) => act.arbiter = Some(arbiter),
+            Some(Ok(joined)) => act.joined = Some(joined),
             Some(Err(())) if attempt < 20 => act.join(attempt + 1, ctx),
             _ => act.leave(close::INTERNAL, "could not join the terminal", ctx),
         })
@@ -587,8 +597,8 @@ impl Actor for RemoteViewer {
             remotes.remove(&key);
         }
         if !self.left {
-            if let Some(arbiter) = &self.arbiter {
-                arbiter.do_send(FromViewer::Leave { viewer: self.id });
+            if let Some((arbiter, viewer)) = &self.joined {
+                arbiter.do_send(FromViewer::Leave { viewer: *viewer });
             }
         }
     }
@@ -623,10 +633,21 @@ impl Handler<ViewerOut> for RemoteViewer {
 impl Handler<FromHome> for RemoteViewer {
     type Result = ();
     fn handle(&mut self, msg: FromHome, ctx: &mut Context<Self>) {
-        let viewer = self.id;
-        let to_arbiter = match msg.0.event {
-            Some(viewer_event::Event::View(v)) => {
-                let grid = |n: u32| u16::try_from(n.clamp(1, 1000)).unwrap_or(1000);
+        let grid = |n: u32| u16::try_from(n.clamp(1, 1000)).unwrap_or(1000);
+        // Events wait in the mailbox while the join is under way (it runs
+        // in `wait`), so only a viewer that is stopping has no member id.
+        let member = self.joined.as_ref().map(|(_, id)| *id);
+        let to_arbiter = match (msg.0.event, member) {
+            (Some(viewer_event::Event::Delivered(delivered)), _) => {
+                self.credit(delivered);
+                return;
+            }
+            (Some(viewer_event::Event::Leave(_)) | None, _) => {
+                ctx.stop();
+                return;
+            }
+            (_, None) => return,
+            (Some(viewer_event::Event::View(v)), Some(viewer)) => {
                 let view = ViewReport {
                     cols: grid(v.cols),
                     rows: grid(v.rows),
@@ -636,22 +657,13 @@ impl Handler<FromHome> for RemoteViewer {
                 };
                 FromViewer::View { viewer, view }
             }
-            Some(viewer_event::Event::Resize(g)) => {
-                let grid = |n: u32| u16::try_from(n.clamp(1, 1000)).unwrap_or(1000);
+            (Some(viewer_event::Event::Resize(g)), Some(viewer)) => {
                 FromViewer::Resize { viewer, cols: grid(g.cols), rows: grid(g.rows) }
             }
-            Some(viewer_event::Event::Input(data)) => FromViewer::Input { viewer, data },
-            Some(viewer_event::Event::Pong(_)) => FromViewer::Pong { viewer },
-            Some(viewer_event::Event::Delivered(delivered)) => {
-                self.credit(delivered);
-                return;
-            }
-            Some(viewer_event::Event::Leave(_)) | None => {
-                ctx.stop();
-                return;
-            }
+            (Some(viewer_event::Event::Input(data)), Some(viewer)) => FromViewer::Input { viewer, data },
+            (Some(viewer_event::Event::Pong(_)), Some(viewer)) => FromViewer::Pong { viewer },
         };
-        if let Some(arbiter) = &self.arbiter {
+        if let Some((arbiter, _)) = &self.joined {
             arbiter.do_send(to_arbiter);
         }
     }

@@ -13,7 +13,6 @@ use actix::prelude::*;
 use actix_ws::{AggregatedMessage, AggregatedMessageStream, ProtocolError};
 use bytes::Bytes;
 
-use super::arbiter::next_viewer_id;
 use super::ended::ended_messages;
 use super::limiter::AddressGuard;
 use super::outbox::{Frame, Outbox};
@@ -29,20 +28,21 @@ pub static QUEUE_HIGH_WATER: AtomicUsize = AtomicUsize::new(0);
 
 /// What a viewer joined.
 enum Joined {
-    Here(Recipient<FromViewer>),
+    /// The terminal's arbiter here, and the member id it gave this viewer.
+    Here(Recipient<FromViewer>, u64),
     /// The host's owner is this other instance.
     Remote(String),
 }
 
 pub struct Viewer {
-    id: u64,
     relay: RelayContext,
     terminal: Terminal,
     resume_from: Option<u64>,
     outbox: Outbox,
     stream: Option<AggregatedMessageStream>,
-    /// The terminal's arbiter here, or the home proxy of a remote one.
-    target: Option<Recipient<FromViewer>>,
+    /// The terminal's arbiter here, or the home proxy of a remote one,
+    /// with the id it knows this viewer by; none until joined.
+    target: Option<(Recipient<FromViewer>, u64)>,
     closed_by_arbiter: bool,
     _guard: AddressGuard,
 }
@@ -57,7 +57,6 @@ impl Viewer {
         guard: AddressGuard,
     ) -> Self {
         Self {
-            id: next_viewer_id(),
             relay,
             terminal,
             resume_from,
@@ -112,34 +111,33 @@ impl Viewer {
         let relay = self.relay.clone();
         let open = OpenTerminal { terminal_id: self.terminal.id, host_id: self.terminal.host_id };
         let out = ctx.address().recipient::<ViewerOut>();
-        let join = Join { viewer: self.id, out, queued: self.outbox.queued_counter(), resume_from: self.resume_from };
+        let join = Join { out, queued: self.outbox.queued_counter(), resume_from: self.resume_from };
         async move {
             if let Ok(Location::Remote(owner)) = locate(&relay, open.host_id).await {
                 return Some(Ok(Joined::Remote(owner)));
             }
             let arbiter = relay.registry.send(open).await.ok()?;
             match arbiter.send(join).await {
-                Ok(Ok(())) => Some(Ok(Joined::Here(arbiter.recipient()))),
+                Ok(Ok(member)) => Some(Ok(Joined::Here(arbiter.recipient(), member))),
                 Ok(Err(Retired)) => Some(Err(())),
                 Err(_) => Some(Err(())),
             }
         }
         .into_actor(self)
         .map(move |joined, act, ctx| match joined {
-            Some(Ok(Joined::Here(arbiter))) => act.target = Some(arbiter),
+            Some(Ok(Joined::Here(arbiter, member))) => act.target = Some((arbiter, member)),
             Some(Ok(Joined::Remote(owner))) => {
                 let home = HomeViewer::new(
                     act.relay.clone(),
                     act.terminal.id,
                     act.terminal.host_id,
                     owner,
-                    act.id,
                     act.resume_from,
                     ctx.address().recipient(),
                     act.outbox.queued_counter(),
-                )
-                .start();
-                act.target = Some(home.recipient());
+                );
+                let key = home.key();
+                act.target = Some((home.start().recipient(), key));
             }
             Some(Err(())) if attempt < 20 => act.join(attempt + 1, ctx),
             _ => act.close(close::INTERNAL, "could not join the terminal", ctx),
@@ -147,23 +145,25 @@ impl Viewer {
         .wait(ctx);
     }
 
-    fn to_arbiter(&self, msg: FromViewer) {
-        if let Some(target) = &self.target {
-            target.do_send(msg);
+    /// Sends the message `make` builds for this viewer's id to its target
+    /// (nothing before the join).
+    fn to_arbiter(&self, make: impl FnOnce(u64) -> FromViewer) {
+        if let Some((target, viewer)) = &self.target {
+            target.do_send(make(*viewer));
         }
     }
 
     fn on_text(&mut self, text: &str, ctx: &mut Context<Self>) {
         match serde_json::from_str::<ClientMessage>(text) {
             Ok(ClientMessage::Input { data }) => {
-                self.to_arbiter(FromViewer::Input { viewer: self.id, data: Bytes::from(data.into_bytes()) });
+                self.to_arbiter(|viewer| FromViewer::Input { viewer, data: Bytes::from(data.into_bytes()) });
             }
             Ok(ClientMessage::Resize { cols, rows }) => {
-                self.to_arbiter(FromViewer::Resize { viewer: self.id, cols: cols.0, rows: rows.0 });
+                self.to_arbiter(|viewer| FromViewer::Resize { viewer, cols: cols.0, rows: rows.0 });
             }
             Ok(ClientMessage::View { cols, rows, visible, idle_ms, open }) => {
                 let view = ViewReport { cols: cols.0, rows: rows.0, visible, idle_ms, open };
-                self.to_arbiter(FromViewer::View { viewer: self.id, view });
+                self.to_arbiter(|viewer| FromViewer::View { viewer, view });
             }
             Err(e) => {
                 let message = format!("bad message: {e}");
@@ -194,7 +194,7 @@ impl Actor for Viewer {
     fn stopped(&mut self, _: &mut Self::Context) {
         metrics::gauge!("tether_viewer_connections").decrement(1.0);
         if !self.closed_by_arbiter {
-            self.to_arbiter(FromViewer::Leave { viewer: self.id });
+            self.to_arbiter(|viewer| FromViewer::Leave { viewer });
         }
     }
 }
@@ -203,12 +203,12 @@ impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for Viewer {
     fn handle(&mut self, msg: Result<AggregatedMessage, ProtocolError>, ctx: &mut Context<Self>) {
         match msg {
             Ok(AggregatedMessage::Text(text)) => self.on_text(&text, ctx),
-            Ok(AggregatedMessage::Binary(data)) => self.to_arbiter(FromViewer::Input { viewer: self.id, data }),
+            Ok(AggregatedMessage::Binary(data)) => self.to_arbiter(|viewer| FromViewer::Input { viewer, data }),
             Ok(AggregatedMessage::Ping(data)) => {
                 self.push(Frame::Pong(data), ctx);
-                self.to_arbiter(FromViewer::Pong { viewer: self.id });
+                self.to_arbiter(|viewer| FromViewer::Pong { viewer });
             }
-            Ok(AggregatedMessage::Pong(_)) => self.to_arbiter(FromViewer::Pong { viewer: self.id }),
+            Ok(AggregatedMessage::Pong(_)) => self.to_arbiter(|viewer| FromViewer::Pong { viewer }),
             Ok(AggregatedMessage::Close(_)) => ctx.stop(),
             Err(ProtocolError::Overflow) => self.close(close::TOO_LARGE, "frame over 1 MiB", ctx),
             Err(_) => ctx.stop(),
