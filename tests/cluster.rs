@@ -291,7 +291,20 @@ async fn failover(standalone: bool, kill_owner: bool) {
 /// A. (It used to wait on B for good: only a daemon returning to B woke it.)
 #[actix_rt::test]
 async fn a_viewer_waiting_for_its_host_follows_it_to_another_instance() {
-    let cl = cluster(true, &[("TETHER_BUS__HEARTBEAT_MS", "300")]).await;
+    waiting_viewer_follows_its_host("300").await;
+}
+
+/// The same without the heartbeat (600 s): B watches the channel of the
+/// terminal its viewer waits for, so A's takeover announcement sends the
+/// viewer there at once. (Without the watch it waited for the heartbeat,
+/// and a client reattaching during a failover stalled that long.)
+#[actix_rt::test]
+async fn a_waiting_viewer_hears_the_takeover_without_a_heartbeat() {
+    waiting_viewer_follows_its_host("600000").await;
+}
+
+async fn waiting_viewer_follows_its_host(heartbeat_ms: &str) {
+    let cl = cluster(true, &[("TETHER_BUS__HEARTBEAT_MS", heartbeat_ms)]).await;
     let (status, body) = cl.api.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["cat"]})).await;
     assert_eq!(status, 201, "{body}");
     let id = body["terminal"]["id"].as_str().expect("id").to_string();

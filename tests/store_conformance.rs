@@ -305,17 +305,17 @@ fn h(instance: &str, connection: u64) -> LeaseHolder {
 async fn lease_claim_and_renew_check_the_holder(store: &Arc<dyn Store>) {
     assert!(store.claim_lease("host:1", &h("a", 1), TTL).await.expect("claim"));
     assert!(store.claim_lease("host:1", &h("a", 1), TTL).await.expect("reclaim by holder"));
-    assert!(!store.claim_lease("host:1", &h("b", 1), TTL).await.expect("claim by other"), "a live lease is not claimable");
+    assert!(
+        !store.claim_lease("host:1", &h("b", 1), TTL).await.expect("claim by other"),
+        "a live lease is not claimable"
+    );
     assert_eq!(store.lease_holder("host:1").await.expect("holder"), Some(h("a", 1)));
     let renewed = store.renew_leases(&[("host:1".into(), h("b", 1))], TTL).await.expect("renew by non-holder");
     assert!(renewed.is_empty(), "a renew by a non-holder fails");
     store.claim_lease("host:2", &h("a", 2), TTL).await.expect("claim");
     store.claim_lease("host:3", &h("c", 1), TTL).await.expect("claim");
     let mut renewed = store
-        .renew_leases(
-            &[("host:1".into(), h("a", 1)), ("host:2".into(), h("a", 2)), ("host:3".into(), h("a", 3))],
-            TTL,
-        )
+        .renew_leases(&[("host:1".into(), h("a", 1)), ("host:2".into(), h("a", 2)), ("host:3".into(), h("a", 3))], TTL)
         .await
         .expect("renew");
     renewed.sort();

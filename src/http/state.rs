@@ -107,6 +107,7 @@ impl AppState {
             ms(settings.lease.ttl_ms),
             ms(settings.lease.renew_ms),
             arbiter_config,
+            bus.clone(),
         )
         .start();
         let relay = RelayContext {

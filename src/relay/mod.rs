@@ -26,6 +26,7 @@ pub mod requests;
 pub mod resume_ring;
 pub mod stamp;
 pub mod viewer;
+pub mod waiting_watch;
 
 pub use messages::*;
 

@@ -7,7 +7,9 @@
 //!   statement; a connection whose lease was not renewed (another instance
 //!   seized it) is closed 4000.
 //! - Arbiters are created on demand, one per terminal, and told when their
-//!   host's connection comes and goes.
+//!   host's connection comes and goes; while their host has no connection
+//!   here, their channels are watched so they learn at once when it comes
+//!   back on another instance ([`super::waiting_watch`]).
 //!
 //! The registry never awaits another actor, so nothing can deadlock on it.
 
@@ -21,7 +23,9 @@ use uuid::Uuid;
 
 use super::arbiter::{ArbiterConfig, TerminalArbiter};
 use super::daemon_conn::DaemonConn;
-use super::{close, CloseDaemon, DaemonLink, HostOffline, HostOnline, LifecycleEvent};
+use super::waiting_watch::WaitingWatch;
+use super::{close, CloseDaemon, DaemonLink, HostElsewhere, HostOffline, HostOnline, LifecycleEvent};
+use crate::bus::Bus;
 use crate::store::{host_lease_key, LeaseHolder, Store};
 
 struct HostEntry {
@@ -41,6 +45,9 @@ pub struct HostRegistry {
     hosts: HashMap<Uuid, HostEntry>,
     terminals: HashMap<Uuid, (Uuid, Addr<TerminalArbiter>)>,
     renewing: bool,
+    /// Given to the host watch when the actor starts, on a shared bus.
+    bus: Option<Arc<Bus>>,
+    watch: WaitingWatch,
 }
 
 impl HostRegistry {
@@ -50,6 +57,7 @@ impl HostRegistry {
         lease_ttl: Duration,
         renew_every: Duration,
         arbiter_config: ArbiterConfig,
+        bus: Arc<Bus>,
     ) -> Self {
         Self {
             store,
@@ -61,6 +69,19 @@ impl HostRegistry {
             hosts: HashMap::new(),
             terminals: HashMap::new(),
             renewing: false,
+            bus: bus.is_shared().then_some(bus),
+            watch: WaitingWatch::off(),
+        }
+    }
+
+    /// Watches the channels of `host_id`'s arbiters here exactly while the
+    /// host has no ready connection here.
+    fn sync_watch(&mut self, host_id: Uuid) {
+        let here = self.hosts.get(&host_id).is_some_and(|e| e.ready.is_some());
+        for (terminal_id, (h, _)) in &self.terminals {
+            if *h == host_id {
+                self.watch.set(*terminal_id, host_id, !here);
+            }
         }
     }
 
@@ -125,6 +146,9 @@ impl Actor for HostRegistry {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(self.renew_every, |act, ctx| act.renew(ctx));
+        if let Some(bus) = self.bus.take() {
+            self.watch = WaitingWatch::start(bus, ctx.address());
+        }
     }
 }
 
@@ -187,6 +211,7 @@ impl Handler<Ready> for HostRegistry {
         let link = DaemonLink { conn: entry.conn.clone(), queue: msg.daemon_queue, flow_control: msg.flow_control };
         entry.ready = Some(link.clone());
         self.notify_arbiters(msg.host_id, Some(&link));
+        self.sync_watch(msg.host_id);
         true
     }
 }
@@ -209,6 +234,7 @@ impl Handler<Unregister> for HostRegistry {
                     self.notify_arbiters(msg.host_id, None);
                 }
             }
+            self.sync_watch(msg.host_id);
         }
         current
     }
@@ -256,6 +282,37 @@ impl Handler<RecheckLease> for HostRegistry {
                     tracing::info!(%host_id, "tether_daemon_lease_lost");
                     entry.conn.do_send(CloseDaemon { code: close::REPLACED, reason: "replaced by a newer connection" });
                 }
+            })
+            .spawn(ctx);
+    }
+}
+
+/// A host's takeover was announced on a terminal channel (or a watch just
+/// started): if this instance has arbiters of that host waiting with no
+/// connection here, read the lease; when another instance holds it, they
+/// send their waiting viewers there.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct RecheckWaiting(pub Uuid);
+
+impl Handler<RecheckWaiting> for HostRegistry {
+    type Result = ();
+    fn handle(&mut self, msg: RecheckWaiting, ctx: &mut Context<Self>) {
+        let host_id = msg.0;
+        if !self.watch.watches_host(host_id) {
+            return;
+        }
+        let store = self.store.clone();
+        async move { store.lease_holder(&host_lease_key(host_id)).await }
+            .into_actor(self)
+            .map(move |holder, act, _| match holder {
+                Ok(Some(holder)) if holder.instance != act.instance_id => {
+                    for (_, arbiter) in act.terminals.values().filter(|(h, _)| *h == host_id) {
+                        arbiter.do_send(HostElsewhere);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, %host_id, "tether_lease_read_failed"),
             })
             .spawn(ctx);
     }
@@ -314,6 +371,7 @@ impl Handler<OpenTerminal> for HostRegistry {
         .start();
         self.terminals.insert(msg.terminal_id, (msg.host_id, arbiter.clone()));
         metrics::gauge!("tether_terminal_arbiters").set(self.terminals.len() as f64);
+        self.sync_watch(msg.host_id);
         MessageResult(arbiter)
     }
 }
@@ -335,7 +393,9 @@ impl Handler<ArbiterIdle> for HostRegistry {
     type Result = ();
     fn handle(&mut self, msg: ArbiterIdle, _: &mut Context<Self>) {
         if self.terminals.get(&msg.terminal_id).is_some_and(|(_, a)| *a == msg.arbiter) {
-            self.terminals.remove(&msg.terminal_id);
+            if let Some((host_id, _)) = self.terminals.remove(&msg.terminal_id) {
+                self.watch.set(msg.terminal_id, host_id, false);
+            }
             metrics::gauge!("tether_terminal_arbiters").set(self.terminals.len() as f64);
         }
         msg.arbiter.do_send(Retire);

@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use super::daemon_conn::DaemonConn;
-use super::registry::{HostConn, RecheckLease};
+use super::registry::{HostConn, RecheckLease, RecheckWaiting};
 use super::{DaemonAnswer, DaemonRequest, DaemonRequestKind, RelayContext, RequestError, SpawnTerminal, ToDaemon};
 use crate::bus::Inbound;
 use crate::proto::bus::{self, answer, envelope, host_request, reply};
@@ -506,8 +506,10 @@ pub async fn serve_bus(relay: RelayContext, mut inbox: mpsc::Receiver<Inbound>) 
                         // To the previous owner: its connection may be stale.
                         relay.registry.do_send(RecheckLease(host_id));
                     } else {
-                        // On a terminal channel, to the homes of its viewers.
+                        // On a terminal channel, to the homes of its viewers
+                        // and to viewers waiting here for the host.
                         relay.remotes.taken(host_id, &envelope.sender);
+                        relay.registry.do_send(RecheckWaiting(host_id));
                     }
                 }
             }

@@ -951,9 +951,11 @@ impl Store for SqliteStore {
         let key = key.to_string();
         self.call(move |c| {
             let holder: Option<String> = c
-                .query_row("SELECT holder FROM leases WHERE key = ?1 AND expires_at > ?2", params![key, now_ms()], |r| {
-                    r.get(0)
-                })
+                .query_row(
+                    "SELECT holder FROM leases WHERE key = ?1 AND expires_at > ?2",
+                    params![key, now_ms()],
+                    |r| r.get(0),
+                )
                 .optional()?;
             holder.as_deref().map(LeaseHolder::decode).transpose()
         })
@@ -969,7 +971,8 @@ impl Store for SqliteStore {
             let mut stmt = c.prepare(
                 "SELECT key, holder FROM leases WHERE key IN (SELECT value FROM json_each(?1)) AND expires_at > ?2",
             )?;
-            let rows = stmt.query_map(params![keys, now_ms()], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+            let rows =
+                stmt.query_map(params![keys, now_ms()], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
             let rows: Vec<(String, String)> = rows.collect::<Result<_, _>>()?;
             rows.into_iter().map(|(key, holder)| Ok((key, LeaseHolder::decode(&holder)?))).collect()
         })
