@@ -90,6 +90,14 @@ async fn main() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    // `token create` works on the database file directly, so the server
+    // may not be listening yet: wait until it is ready.
+    let client = awc::Client::default();
+    let began = Instant::now();
+    while !client.get(format!("{base}/readyz")).send().await.is_ok_and(|r| r.status().is_success()) {
+        assert!(began.elapsed() < Duration::from_secs(60), "the server was not ready after 60 s");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let mut daemon = Command::new(&tether);
     daemon
         .args(["daemon", "--server", &base, "--token", &token, "--allow-dir", "/tmp", "--state-dir"])

@@ -556,3 +556,29 @@ async fn runs_of_long_gone_hosts_are_lost(store: &Arc<dyn Store>) {
     assert_eq!(store.get_run(ann.id, kept.id).await.expect("get").expect("run").state, RunState::Queued);
     assert_eq!(store.get_run(ann.id, done.id).await.expect("get").expect("run").state, RunState::Succeeded);
 }
+
+/// Processes that open a new embedded database at the same moment (say
+/// `tether serve` and `tether token create` on a fresh machine) all get
+/// it: switching the file to WAL waits for the other opener instead of
+/// failing "database is locked" (it used to kill `serve` at start).
+#[test]
+fn openers_of_a_new_sqlite_file_at_the_same_moment_all_succeed() {
+    for round in 0..20 {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("tether.db");
+        let barrier = Arc::new(std::sync::Barrier::new(6));
+        let openers: Vec<_> = (0..6)
+            .map(|_| {
+                let (path, barrier) = (path.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    SqliteStore::open(&path).map(|_| ())
+                })
+            })
+            .collect();
+        for opener in openers {
+            let opened = opener.join().expect("opener thread");
+            assert!(opened.is_ok(), "round {round}: {opened:?}");
+        }
+    }
+}

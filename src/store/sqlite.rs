@@ -180,6 +180,9 @@ fn run_from_raw(raw: RunRaw) -> StoreResult<Run> {
     Ok(run)
 }
 
+/// How long a statement waits for another connection's lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl SqliteStore {
     /// Opens (creating if needed) the database file.
     pub fn open(path: &Path) -> StoreResult<Self> {
@@ -188,8 +191,21 @@ impl SqliteStore {
                 .map_err(|e| StoreError::Migration(format!("cannot create {}: {e}", parent.display())))?;
         }
         let conn = Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(5))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.busy_timeout(BUSY_TIMEOUT)?;
+        // Switching a new file to WAL fails at once with "database is
+        // locked" while another process opens it too (SQLite does not call
+        // the busy handler there): wait for it like any other lock.
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        loop {
+            match conn.pragma_update(None, "journal_mode", "WAL") {
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.code == rusqlite::ErrorCode::DatabaseBusy && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                result => break result?,
+            }
+        }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         Ok(Self { conn: Arc::new(Mutex::new(conn)) })
