@@ -26,6 +26,15 @@ enum Command {
     #[command(flatten)]
     Client(tether::cli::ClientCommand),
     /// Run an API/relay instance.
+    ///
+    /// Serves the REST API, the viewer and daemon sockets and the web page.
+    /// With no `database.url` and no `redis.url` it runs a single instance on
+    /// an embedded SQLite file (./tether.db) and an in-process bus; with
+    /// PostgreSQL and Redis any number of instances form one cluster.
+    #[command(after_long_help = "Examples:
+  tether serve --demo
+  tether serve --listen 0.0.0.0:8080 --config /etc/tether/tether.toml
+  TETHER_DATABASE__URL=postgres://tether@db/tether TETHER_REDIS__URL=redis://redis tether serve")]
     Serve {
         /// What this instance serves.
         #[arg(long, value_enum, default_value = "combined")]
@@ -42,6 +51,13 @@ enum Command {
         web_dir: Option<PathBuf>,
     },
     /// Run the host daemon: host PTY terminals for the server.
+    ///
+    /// Dials the server, registers this machine as a host of the token's
+    /// user and runs the terminals and runs started on it. It reconnects by
+    /// itself; terminals keep running while it is away.
+    #[command(after_long_help = "Examples:
+  tether daemon --server https://tether.example.com --token \"$TOKEN\"
+  tether daemon --server http://127.0.0.1:8080 --token \"$TOKEN\" --name laptop --allow-dir ~/src")]
     Daemon {
         /// The server's HTTP base URL, e.g. http://127.0.0.1:8080.
         #[arg(long, value_name = "URL")]
@@ -64,13 +80,31 @@ enum Command {
         ca_file: Option<PathBuf>,
     },
     /// Apply database migrations and exit.
+    ///
+    /// Applying is idempotent; a database whose schema is newer than this
+    /// binary is refused. `serve` also migrates at start.
+    #[command(after_long_help = "Examples:
+  tether migrate
+  TETHER_DATABASE__URL=postgres://tether@db/tether tether migrate")]
     Migrate,
     /// Manage API tokens.
+    ///
+    /// Operator commands against the database (run where the server's
+    /// settings are); only the token's SHA-256 is stored.
+    #[command(after_long_help = "Examples:
+  tether token create --user ann")]
     Token {
         #[command(subcommand)]
         command: TokenCommand,
     },
     /// Print a shell completion script (e.g. `tether completions bash`).
+    ///
+    /// The script completes subcommands and flags; load it in the shell's
+    /// start-up file.
+    #[command(after_long_help = "Examples:
+  tether completions bash > ~/.local/share/bash-completion/completions/tether
+  tether completions zsh > \"${fpath[1]}/_tether\"
+  tether completions fish > ~/.config/fish/completions/tether.fish")]
     Completions {
         /// bash, zsh, fish, elvish or powershell.
         shell: clap_complete::Shell,
@@ -80,6 +114,11 @@ enum Command {
 #[derive(Subcommand)]
 enum TokenCommand {
     /// Create a token for a user (created if needed); prints the token alone on stdout.
+    ///
+    /// Everything else goes to stderr, so the token can be captured.
+    #[command(after_long_help = "Examples:
+  tether token create --user ann
+  TOKEN=$(tether token create --user ann)")]
     Create {
         /// The user the token belongs to (created if needed).
         #[arg(long, value_name = "NAME")]

@@ -356,6 +356,49 @@ fn help_of_every_subcommand_exits_0_and_lists_its_flags() {
     }
 }
 
+/// The subcommands `tether ARGS --help` lists under "Commands:".
+fn subcommands_of(args: &[&str]) -> Vec<String> {
+    let mut help_args = args.to_vec();
+    help_args.push("--help");
+    let out = tether_cmd(&help_args, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .filter(|name| name != "help")
+        .collect()
+}
+
+/// Every subcommand, nested ones included, has a long help: a description
+/// above the usage line, more than the one-line `-h`, and examples.
+#[test]
+fn every_subcommand_has_long_help_with_examples() {
+    let mut pending: Vec<Vec<String>> = subcommands_of(&[]).into_iter().map(|name| vec![name]).collect();
+    assert!(pending.len() >= 15, "{pending:?}");
+    let mut checked = 0;
+    while let Some(path) = pending.pop() {
+        let args: Vec<&str> = path.iter().map(String::as_str).collect();
+        let long = tether_cmd(&[&args[..], &["--help"]].concat(), &[]);
+        let short = tether_cmd(&[&args[..], &["-h"]].concat(), &[]);
+        let long = String::from_utf8_lossy(&long.stdout).into_owned();
+        let short = String::from_utf8_lossy(&short.stdout).into_owned();
+        let description = long.split("Usage:").next().unwrap_or("").trim();
+        assert!(!description.is_empty(), "tether {args:?} --help has no description:\n{long}");
+        assert!(long.len() > short.len(), "tether {args:?}: --help says no more than -h:\n{long}");
+        let examples = long.split("Examples:").nth(1).unwrap_or("");
+        assert!(
+            examples.lines().any(|l| l.trim_start().starts_with("tether ") || l.contains("| tether ")),
+            "tether {args:?} --help has no examples:\n{long}"
+        );
+        pending.extend(subcommands_of(&args).into_iter().map(|name| [path.clone(), vec![name]].concat()));
+        checked += 1;
+    }
+    assert!(checked >= 16, "{checked} subcommands checked");
+}
+
 #[test]
 fn serve_help_lists_the_three_roles() {
     let out = tether_cmd(&["serve", "--help"], &[]);

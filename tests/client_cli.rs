@@ -1,9 +1,10 @@
 //! The everyday command line (docs/CLI.md) against a real `tether serve`
 //! and a real `tether daemon` with real PTYs: `login` and where commands
 //! get their server and token, `open` driven through a pseudo-terminal,
-//! `run` streaming as it happens and exiting with the run's code, `--json`
-//! against the REST resources, id prefixes, and the messages of the usual
-//! mistakes. Every request a test makes itself goes through `tether::client`.
+//! `run` streaming as it happens and exiting with the run's code (128+n
+//! for a signal, a message for a lost run), `--json` and `--quiet` against
+//! the REST resources, the run log from an offset and followers that come
+//! late, list pages, id prefixes, and the messages of the usual mistakes. Every request a test makes itself goes through `tether::client`.
 
 mod support;
 
@@ -31,6 +32,12 @@ fn logged_in(e: &E2e) -> Person {
     let person = Person::new();
     person.run(&["login", "--server", &e.server.url(), "--token", &e.api.token]).ok();
     person
+}
+
+/// `tether run --detach -- sh -c SCRIPT`: the run's id.
+fn detached_run(person: &Person, host: &Host, script: &str) -> Uuid {
+    let detached = person.run(&["run", &host.name, "--detach", "--", "sh", "-c", script]);
+    detached.ok().trim().parse().unwrap_or_else(|_| panic!("{detached:#?}"))
 }
 
 /// Polls `check` every 50 ms until it holds; fails naming `what` after CLI_WAIT.
@@ -222,8 +229,7 @@ async fn a_late_follower_gets_the_early_output_from_the_log_and_the_rest_live() 
     let person = logged_in(&e);
     // 250,000 lines are 1.9 MB with CR LF: four times the 512 KiB ring.
     let script = "seq 1 250000; sleep 3; echo tail";
-    let detached = person.run(&["run", &host.name, "--detach", "--", "sh", "-c", script]);
-    let run_id: Uuid = detached.ok().trim().parse().expect("run id");
+    let run_id = detached_run(&person, &host, script);
     eventually("the first lines in the run's log", || async {
         client.run_log(run_id).await.map(|log| log.len() > 1_800_000).unwrap_or(false)
     })
@@ -311,6 +317,206 @@ async fn json_output_is_the_rest_resources() {
     let ls = person.run(&["ls"]);
     assert!(ls.ok().lines().any(|l| l.starts_with(&short) && l.contains("exited sig9")), "{ls:#?}");
     person.run(&["kill", &short]).fails(1, &["is exited, not running"]);
+}
+
+/// `--json` and `--quiet` on the commands that act on one thing: `open`
+/// (started and printed, not attached), `kill`, `rm`, `run` and `logs`.
+#[actix_rt::test]
+async fn json_and_quiet_on_open_kill_rm_run_and_logs() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let person = logged_in(&e);
+
+    // open --json: the new terminal as the API sent it, no attach.
+    let opened = person.run(&["open", &host.name, "--json", "--dir", "/tmp", "--", "sleep", "60"]);
+    let opened: Value = serde_json::from_str(opened.ok()).expect("open --json");
+    let id: Uuid = opened["terminal"]["id"].as_str().expect("terminal id").parse().unwrap();
+    assert_eq!(opened["terminal"]["hostId"], host.id.to_string());
+    assert_eq!(opened["terminal"]["argv"], serde_json::json!(["sleep", "60"]));
+    assert_eq!(opened["terminal"]["dir"], "/tmp");
+    wait_terminal_state(&client, id, "running").await;
+    let quiet = person.run(&["open", &host.name, "-q", "--", "sleep", "60"]);
+    let quiet_id: Uuid = quiet.ok().trim().parse().unwrap_or_else(|_| panic!("{quiet:#?}"));
+    assert!(quiet.stderr.is_empty(), "{quiet:#?}");
+    wait_terminal_state(&client, quiet_id, "running").await;
+
+    // kill --json: the terminal as the kill's answer has it; -q its id.
+    let killed = person.run(&["kill", &short_id(&id), "--json", "-s", "KILL"]);
+    let killed: Value = serde_json::from_str(killed.ok()).expect("kill --json");
+    assert_eq!(killed["terminal"]["id"], id.to_string());
+    assert_eq!(killed["terminal"]["state"], "running", "the row stays running until the real exit");
+    let killed_quietly = person.run(&["kill", &short_id(&quiet_id), "-q", "-s", "KILL"]);
+    assert_eq!(killed_quietly.ok(), format!("{quiet_id}\n"));
+    assert!(killed_quietly.stderr.is_empty(), "{killed_quietly:#?}");
+    wait_terminal_state(&client, id, "exited").await;
+    wait_terminal_state(&client, quiet_id, "exited").await;
+
+    // rm --json: the terminal as it was just before it went.
+    let before = client.get_json(&format!("/api/v1/terminals/{id}")).await.unwrap();
+    let removed = person.run(&["rm", &short_id(&id), "--json"]);
+    assert_eq!(serde_json::from_str::<Value>(removed.ok()).expect("rm --json"), before);
+    assert!(client.terminal(id).await.unwrap_err().is_not_found());
+    assert_eq!(person.run(&["rm", &quiet_id.to_string(), "--quiet"]).ok(), format!("{quiet_id}\n"));
+
+    // run --json: the finished run and its output; the exit code still passes through.
+    let ran = person.run(&["run", &host.name, "--json", "--", "sh", "-c", "echo json-run; exit 3"]);
+    assert_eq!(ran.code, Some(3), "{ran:#?}");
+    let ran: Value = serde_json::from_str(&ran.stdout).expect("run --json");
+    assert_eq!(ran["log"], "json-run\r\n");
+    assert_eq!((ran["run"]["state"].as_str(), ran["run"]["exitCode"].as_i64()), (Some("failed"), Some(3)));
+    let run_id = ran["run"]["id"].as_str().expect("run id").to_owned();
+    let rest = client.get_json(&format!("/api/v1/runs/{run_id}")).await.unwrap();
+    assert_eq!(ran["run"], rest["run"], "run --json prints the run resource as it is");
+
+    // logs --json, and logs -q: the output alone.
+    let logged: Value = serde_json::from_str(person.run(&["logs", "--json", &run_id[..6]]).ok()).expect("logs --json");
+    assert_eq!(logged, serde_json::json!({ "run": rest["run"], "log": "json-run\r\n" }));
+    let quiet_logs = person.run(&["logs", "-q", "--follow", &run_id]);
+    assert_eq!(quiet_logs.ok(), "json-run\r\n");
+    assert!(quiet_logs.stderr.is_empty(), "{quiet_logs:#?}");
+    let quiet_run = person.run(&["run", &host.name, "-q", "--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!((quiet_run.code, quiet_run.stderr.as_str()), (Some(143), ""), "{quiet_run:#?}");
+}
+
+/// A run ended by a signal says which (`exitSignal`) and `tether run`
+/// exits 128+n; a run lost with its host says so and exits 1.
+#[actix_rt::test]
+async fn signals_and_lost_runs_are_reported() {
+    let mut e = e2e::start(false, &[("TETHER_SWEEP__INTERVAL_MS", "200"), ("TETHER_RUNS__LOST_AFTER", "1500")]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let person = logged_in(&e);
+
+    let run_id = detached_run(&person, &host, "kill -TERM $$");
+    eventually("the run to finish", || async { client.run(run_id).await.unwrap().is_final() }).await;
+    let rest = client.get_json(&format!("/api/v1/runs/{run_id}")).await.unwrap();
+    assert_eq!(rest["run"]["exitSignal"], 15, "{rest}");
+    assert_eq!(rest["run"]["exitCode"], Value::Null, "{rest}");
+    assert_eq!(client.run(run_id).await.unwrap().exit_signal(), Some(15));
+    let listed = client.get_json("/api/v1/runs").await.unwrap();
+    let listed = listed["runs"].as_array().unwrap().iter().find(|r| r["id"] == run_id.to_string()).cloned();
+    assert_eq!(listed.map(|r| r["exitSignal"].clone()), Some(Value::from(15)));
+    person.run(&["run", &host.name, "--", "sh", "-c", "kill -HUP $$"]).fails(129, &["killed by signal 1"]);
+    let plain = client.get_json(&format!("/api/v1/runs/{}", person_last_run(&client).await)).await.unwrap();
+    assert_eq!(plain["run"]["exitSignal"], 1);
+
+    // The host goes away for good while the run runs.
+    let running = person.spawn(&["run", &host.name, "--", "sh", "-c", "echo started; sleep 120"]);
+    running.wait_for_stdout("started", CLI_WAIT);
+    e.daemon.kill();
+    let lost = running.wait(Duration::from_secs(60));
+    lost.fails(1, &["was lost", &format!("host {} went away", host.name), "tether logs"]);
+    assert_eq!(lost.stdout, "started\r\n");
+}
+
+/// The id of the newest run.
+async fn person_last_run(client: &Client) -> Uuid {
+    client.runs().await.unwrap().last().expect("a run").id
+}
+
+/// `GET /runs/{id}/log?from=N`: the bytes from N, where the log ends and
+/// whether it will grow; a bad offset is refused.
+#[actix_rt::test]
+async fn the_run_log_reads_from_an_offset() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let run = client
+        .create_run(&tether::client::NewRun {
+            host_id: host.id,
+            argv: vec!["sh".into(), "-c".into(), "echo one; sleep 2; echo two".into()],
+            dir: None,
+        })
+        .await
+        .unwrap();
+    eventually("the first line in the log", || async { client.run_log(run.id).await.unwrap().len() >= 5 }).await;
+    let growing = client.run_log_from(run.id, 0).await.unwrap();
+    assert_eq!((&growing.data[..], growing.next_offset, growing.complete), (&b"one\r\n"[..], 5, false));
+    eventually("the run to finish", || async { client.run(run.id).await.unwrap().is_final() }).await;
+    let rest = client.run_log_from(run.id, 3).await.unwrap();
+    assert_eq!((&rest.data[..], rest.next_offset, rest.complete), (&b"\r\ntwo\r\n"[..], 10, true));
+    let beyond = client.run_log_from(run.id, 1000).await.unwrap();
+    assert_eq!((beyond.data.len(), beyond.next_offset, beyond.complete), (0, 10, true));
+    for bad in ["-1", "abc", "1.5"] {
+        let err = client.get_json(&format!("/api/v1/runs/{}/log?from={bad}", run.id)).await.unwrap_err();
+        assert_eq!(err.code(), Some("bad_offset"), "{bad}: {err}");
+    }
+}
+
+/// A follower that comes after more was printed than both the daemon's
+/// ring and the run's log hold: the log's part, a note on the hole, then
+/// the stream from where the server has it; nothing twice, in order.
+#[actix_rt::test]
+async fn a_late_follower_past_the_log_limit_says_what_is_missing() {
+    let e = e2e::start(false, &[("TETHER_RUNS__LOG_MAX_BYTES", "100000")]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let person = logged_in(&e);
+    let script = "seq 1 250000; sleep 3; echo tail";
+    let run_id = detached_run(&person, &host, script);
+    eventually("a full log", || async {
+        client.run_log_from(run_id, 0).await.map(|log| log.complete).unwrap_or(false)
+    })
+    .await;
+    // Past the log's end and the ring, still before the tail.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!client.run(run_id).await.unwrap().is_final(), "the run ended before the follower came");
+    let followed = person.run(&["logs", "--follow", &short_id(&run_id)]);
+    let expected: String = (1..=250_000).map(|n| format!("{n}\r\n")).chain(["tail\r\n".to_owned()]).collect();
+    let out = followed.ok();
+    assert_eq!(&out[..100_000], &expected[..100_000], "the log's part");
+    let missing = expected.len() - out.len();
+    assert!(missing > 0, "{} bytes printed", out.len());
+    assert!(expected.ends_with(&out[100_000..]), "after the hole, the stream's part in order");
+    assert!(followed.stderr.contains(&format!("{missing} bytes of output were not kept")), "{followed:#?}");
+}
+
+/// Lists come in pages (`limit`, `after`, `nextCursor`) and hosts filter
+/// by state; the client follows the pages.
+#[actix_rt::test]
+async fn lists_are_paginated_and_the_client_follows_the_pages() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let mut created = Vec::new();
+    for n in 0..7 {
+        let run = tether::client::NewRun { host_id: host.id, argv: vec!["echo".into(), n.to_string()], dir: None };
+        created.push(client.create_run(&run).await.unwrap().id.to_string());
+    }
+    let mut seen = Vec::new();
+    let mut path = "/api/v1/runs?limit=3".to_owned();
+    let mut pages = 0;
+    loop {
+        let page = client.get_json(&path).await.unwrap();
+        let items = page["runs"].as_array().unwrap();
+        assert!(items.len() <= 3, "{page}");
+        seen.extend(items.iter().map(|r| r["id"].as_str().unwrap().to_owned()));
+        pages += 1;
+        match page["nextCursor"].as_str() {
+            Some(cursor) => path = format!("/api/v1/runs?limit=3&after={cursor}"),
+            None => break,
+        }
+    }
+    assert_eq!((pages, &seen), (3, &created), "every run once, in creation order");
+    assert_eq!(client.runs().await.unwrap().len(), 7);
+    let terminals = client.get_json("/api/v1/terminals?limit=1").await.unwrap();
+    assert!(terminals["terminals"].as_array().unwrap().len() <= 1);
+
+    let online = client.get_json("/api/v1/hosts?state=online").await.unwrap();
+    assert_eq!(online["hosts"].as_array().unwrap().len(), 1);
+    assert!(online.get("nextCursor").is_none());
+    let offline = client.get_json("/api/v1/hosts?state=offline").await.unwrap();
+    assert_eq!(offline["hosts"], serde_json::json!([]));
+    for (path, code) in [
+        ("/api/v1/hosts?state=gone", "invalid_state"),
+        ("/api/v1/runs?limit=0", "bad_limit"),
+        ("/api/v1/terminals?limit=5001", "bad_limit"),
+        ("/api/v1/hosts?after=nonsense", "bad_cursor"),
+    ] {
+        let err = client.get_json(path).await.unwrap_err();
+        assert_eq!(err.code(), Some(code), "{path}: {err}");
+    }
 }
 
 #[actix_rt::test]
@@ -449,8 +655,9 @@ fn completions_for_every_shell() {
     person.run(&["completions", "tcsh"]).fails(2, &["tcsh"]);
 }
 
-/// The server does not paginate yet; a fake one that does shows the client
-/// follows `nextCursor` with the filters kept, until a page has none.
+/// A fake server with pages of one item shows the client follows
+/// `nextCursor` with the filters kept, until a page has none (the real
+/// server's pages: `lists_are_paginated_and_the_client_follows_the_pages`).
 #[actix_rt::test]
 async fn lists_follow_next_cursor_to_the_last_page() {
     use std::sync::Mutex;

@@ -40,7 +40,7 @@ pub struct Connection {
     pub ca_file: Option<PathBuf>,
 }
 
-/// How to print: for listing commands.
+/// How to print: on every command that prints something.
 #[derive(Debug, Clone, Copy, Args)]
 pub struct Format {
     /// Print the API's resources as JSON.
@@ -57,7 +57,11 @@ pub enum ClientCommand {
     ///
     /// The token is asked for when not given (without echo on a terminal; a
     /// line of stdin otherwise). Server and token are stored with mode 0600
-    /// in $XDG_CONFIG_HOME/tether/login.json (default ~/.config).
+    /// in $XDG_CONFIG_HOME/tether/login.json (default ~/.config). A refused
+    /// token stores nothing.
+    #[command(after_long_help = "Examples:
+  tether login --server https://tether.example.com
+  echo \"$TOKEN\" | tether login --server http://127.0.0.1:8080")]
     Login {
         /// The server's HTTP base URL, e.g. https://tether.example.com.
         #[arg(long, value_name = "URL")]
@@ -70,8 +74,19 @@ pub enum ClientCommand {
         ca_file: Option<PathBuf>,
     },
     /// Forget the stored server and token.
+    ///
+    /// Removes $XDG_CONFIG_HOME/tether/login.json; the token itself stays
+    /// valid on the server.
+    #[command(after_long_help = "Examples:
+  tether logout")]
     Logout,
     /// List your hosts: name, state, platform, last seen.
+    ///
+    /// A host is a machine running `tether daemon` with one of your tokens;
+    /// it is online while its daemon is connected to any instance.
+    #[command(after_long_help = "Examples:
+  tether hosts
+  tether hosts --json | jq -r '.hosts[] | select(.state == \"online\") | .name'")]
     Hosts {
         #[command(flatten)]
         connection: Connection,
@@ -79,6 +94,13 @@ pub enum ClientCommand {
         format: Format,
     },
     /// List terminals (of one host, by name or id prefix): id, host, state, size, title, started.
+    ///
+    /// Ids are shown as their first 8 hex digits; any unique prefix works
+    /// wherever an id is asked for.
+    #[command(after_long_help = "Examples:
+  tether ls
+  tether ls laptop
+  tether ls -q | xargs -n1 tether kill")]
     Ls {
         /// Only this host's terminals (name or id prefix).
         host: Option<String>,
@@ -88,6 +110,15 @@ pub enum ClientCommand {
         format: Format,
     },
     /// Start a terminal on a host, sized to this window, and attach to it (detach with Ctrl-]).
+    ///
+    /// The terminal outlives the connection: after a detach (Ctrl-]) it keeps
+    /// running, and `tether attach ID` comes back to it. With --json or
+    /// --quiet the terminal is started and printed (the resource, or its id)
+    /// and the command returns without attaching.
+    #[command(after_long_help = "Examples:
+  tether open laptop
+  tether open laptop --dir ~/src -- htop
+  id=$(tether open laptop -q -- make watch) && tether attach \"$id\"")]
     Open {
         /// The host, by name or id prefix.
         host: String,
@@ -99,11 +130,20 @@ pub enum ClientCommand {
         title: Option<String>,
         #[command(flatten)]
         connection: Connection,
+        #[command(flatten)]
+        format: Format,
         /// The command to run instead of the login shell.
         #[arg(last = true, value_name = "ARGV")]
         argv: Vec<String>,
     },
     /// Attach to a terminal in raw mode (detach with Ctrl-]).
+    ///
+    /// Shows the screen as it is, then the live output; keys go to the
+    /// terminal. The window's size is offered to the terminal; another
+    /// viewer in use keeps the grid until it goes idle.
+    #[command(after_long_help = "Examples:
+  tether attach 3fa9
+  tether attach 3fa9c1d2-0b6e-4c55-9d1f-6f0f1a2b3c4d")]
     Attach {
         /// The terminal's id or a unique prefix of it.
         #[arg(value_name = "ID")]
@@ -112,6 +152,13 @@ pub enum ClientCommand {
         connection: Connection,
     },
     /// Send a signal to a terminal's process (TERM by default).
+    ///
+    /// The terminal stays running until its process really exits. --json
+    /// prints the terminal as the server answered the kill; --quiet its id.
+    #[command(after_long_help = "Examples:
+  tether kill 3fa9
+  tether kill 3fa9 --signal KILL
+  tether kill 3fa9 -s 2")]
     Kill {
         /// The terminal's id or a unique prefix of it.
         #[arg(value_name = "ID")]
@@ -121,19 +168,39 @@ pub enum ClientCommand {
         signal: Option<String>,
         #[command(flatten)]
         connection: Connection,
+        #[command(flatten)]
+        format: Format,
     },
     /// Delete an ended terminal.
+    ///
+    /// A running terminal is refused: `tether kill` it first. --json prints
+    /// the terminal as it was just before it was deleted; --quiet its id.
+    #[command(after_long_help = "Examples:
+  tether rm 3fa9
+  tether ls --json | jq -r '.terminals[] | select(.state == \"exited\") | .id' | xargs -n1 tether rm")]
     Rm {
         /// The terminal's id or a unique prefix of it.
         #[arg(value_name = "ID")]
         terminal: String,
         #[command(flatten)]
         connection: Connection,
+        #[command(flatten)]
+        format: Format,
     },
     /// Run a command on a host, stream its output, exit with its exit code.
     ///
-    /// A command killed by signal N exits 128+N; a run lost with its host
-    /// exits 1 with a message.
+    /// The output is written to stdout as it comes, every byte once and in
+    /// order. A command killed by signal N exits 128+N; a run lost with its
+    /// host, or one that could not start, exits 1 with a message.
+    /// Ctrl-C sends SIGINT to the command; a second Ctrl-C stops watching.
+    /// --detach prints the run's id (--json: the run) and returns at once;
+    /// without it, --json prints the finished run with its output
+    /// (`{"run":{...},"log":"..."}`) instead of streaming, and --quiet
+    /// streams the output with no notes on stderr.
+    #[command(after_long_help = "Examples:
+  tether run laptop -- make test
+  tether run laptop --dir ~/src -- sh -c 'git pull && cargo build'
+  id=$(tether run laptop --detach -- ./backup.sh) && tether logs --follow \"$id\"")]
     Run {
         /// The host, by name or id prefix.
         host: String,
@@ -145,14 +212,16 @@ pub enum ClientCommand {
         detach: bool,
         #[command(flatten)]
         connection: Connection,
-        /// With --detach: print the run resource as JSON.
-        #[arg(long)]
-        json: bool,
+        #[command(flatten)]
+        format: Format,
         /// The command and its arguments.
         #[arg(last = true, required = true, value_name = "ARGV")]
         argv: Vec<String>,
     },
     /// List runs: id, host, state, exit code, command, created.
+    #[command(after_long_help = "Examples:
+  tether runs
+  tether runs --json | jq '.runs[] | {id, state, exitCode, usage}'")]
     Runs {
         #[command(flatten)]
         connection: Connection,
@@ -160,6 +229,16 @@ pub enum ClientCommand {
         format: Format,
     },
     /// Print a run's captured output.
+    ///
+    /// Without --follow: the output stored so far. With --follow: the stored
+    /// output, then the live output until the run ends, with no gap and no
+    /// byte twice. --json prints the run with its output
+    /// (`{"run":{...},"log":"..."}`, after the end with --follow); --quiet
+    /// prints the output with no notes on stderr.
+    #[command(after_long_help = "Examples:
+  tether logs 7c2e
+  tether logs --follow 7c2e
+  tether logs --json 7c2e | jq -r .log")]
     Logs {
         /// The run's id or a unique prefix of it.
         #[arg(value_name = "RUN_ID")]
@@ -169,6 +248,8 @@ pub enum ClientCommand {
         follow: bool,
         #[command(flatten)]
         connection: Connection,
+        #[command(flatten)]
+        format: Format,
     },
 }
 
@@ -181,21 +262,25 @@ pub async fn run(command: ClientCommand) -> Result<(), CliError> {
         ClientCommand::Ls { host, connection, format } => {
             hosts::ls(&connect(&connection)?, host.as_deref(), format).await
         }
-        ClientCommand::Open { host, dir, title, connection, argv } => {
-            terminals::open(&connect(&connection)?, &connection, &host, dir, title, argv).await
+        ClientCommand::Open { host, dir, title, connection, format, argv } => {
+            terminals::open(&connect(&connection)?, &connection, &host, dir, title, argv, format).await
         }
         ClientCommand::Attach { terminal_id, connection } => {
             terminals::attach(&connect(&connection)?, &connection, &terminal_id).await
         }
-        ClientCommand::Kill { terminal, signal, connection } => {
-            terminals::kill(&connect(&connection)?, &terminal, signal.as_deref()).await
+        ClientCommand::Kill { terminal, signal, connection, format } => {
+            terminals::kill(&connect(&connection)?, &terminal, signal.as_deref(), format).await
         }
-        ClientCommand::Rm { terminal, connection } => terminals::rm(&connect(&connection)?, &terminal).await,
-        ClientCommand::Run { host, dir, detach, connection, json, argv } => {
-            runs::run(&connect(&connection)?, &host, dir, detach, json, argv).await
+        ClientCommand::Rm { terminal, connection, format } => {
+            terminals::rm(&connect(&connection)?, &terminal, format).await
+        }
+        ClientCommand::Run { host, dir, detach, connection, format, argv } => {
+            runs::run(&connect(&connection)?, &host, dir, detach, format, argv).await
         }
         ClientCommand::Runs { connection, format } => runs::runs(&connect(&connection)?, format).await,
-        ClientCommand::Logs { run, follow, connection } => runs::logs(&connect(&connection)?, &run, follow).await,
+        ClientCommand::Logs { run, follow, connection, format } => {
+            runs::logs(&connect(&connection)?, &run, follow, format).await
+        }
     }
 }
 

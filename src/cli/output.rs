@@ -122,6 +122,19 @@ pub fn print_list<T: serde::Serialize>(
     true
 }
 
+/// `--json` (the resource as the API wraps it, `{"terminal":{...}}`) or
+/// `--quiet` (its id); `false` when neither was asked for.
+pub fn print_one<T: serde::Serialize>(format: super::Format, key: &str, item: &T, id: uuid::Uuid) -> bool {
+    if format.json {
+        print_json(&serde_json::json!({ key: item }));
+    } else if format.quiet {
+        print_stdout(&format!("{id}\n"));
+    } else {
+        return false;
+    }
+    true
+}
+
 /// "5s ago", "3m ago", "2h ago", "4d ago", a date beyond a month; "-" for none.
 pub fn relative_time(at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> String {
     let Some(at) = at else { return "-".to_owned() };

@@ -1,17 +1,19 @@
 //! `tether run`, `runs` and `logs`.
 //!
 //! `run` streams the run's output as it happens by following its terminal
-//! over the viewer protocol from offset 0. When the server can no longer
-//! resume from where this command is (the run printed more than the
-//! daemon's ring holds before the viewer got there), the missing stretch is
-//! taken from the run's captured log, so stdout still gets every byte once
-//! and in order; only bytes past `runs.log_max_bytes` that the stream no
-//! longer holds are lost, and then the command says so on stderr.
+//! over the viewer protocol from offset 0; `logs --follow` first prints the
+//! stored log and follows the stream from where it ends. The run's log
+//! holds the terminal's stream from offset 0 (its offsets are stream
+//! offsets), so whenever the server can no longer resume from where this
+//! command is (the daemon's ring no longer holds those bytes), the missing
+//! stretch is read from the log with `GET /runs/{id}/log?from=N`: stdout
+//! gets every byte once and in order. Only bytes past `runs.log_max_bytes`
+//! that the stream no longer holds are lost, and then the command says so
+//! on stderr.
 
 use std::io::{self, Write as _};
 use std::time::Duration;
 
-use bytes::Bytes;
 use chrono::Utc;
 use serde_json::json;
 use uuid::Uuid;
@@ -37,16 +39,16 @@ const QUICK_POLLS_FOR: Duration = Duration::from_secs(3);
 /// command says it is waiting (its log is written every half second).
 const FINISH_GRACE: Duration = Duration::from_secs(2);
 
-/// How long a gap may wait for the log to catch up (it is written every
-/// half second while the run goes on).
-const LOG_CATCH_UP: Duration = Duration::from_secs(15);
+/// How often a gap is read again while the log catches up with the
+/// stream (the log is written every half second while the run goes on).
+const LOG_POLL: Duration = Duration::from_millis(200);
 
 pub async fn run(
     client: &Client,
     host: &str,
     dir: Option<String>,
     detach: bool,
-    json: bool,
+    format: Format,
     argv: Vec<String>,
 ) -> Result<(), CliError> {
     let host = find_host(client, host).await?;
@@ -56,28 +58,52 @@ pub async fn run(
     let new = NewRun { host_id: host.id, argv, dir: dir.clone() };
     let run = client.create_run(&new).await.map_err(|e| start_refused(e, client.server(), &host, dir.as_deref()))?;
     if detach {
-        if json {
+        if format.json {
             print_json(&json!({ "run": run }));
         } else {
             print_stdout(&format!("{}\n", run.id));
         }
-        if !host.is_online() {
+        if !host.is_online() && !format.quiet {
             eprintln!("tether: host {} is offline; the run is queued until it returns", host.name);
         }
         return Ok(());
     }
-    let run = stream(client, run, &host).await?;
-    exit_status(client, &run, &host).await
+    let notes = Notes { on: !format.quiet };
+    let run = if format.json {
+        let run = wait_final(client, run.id).await?;
+        print_with_log(client, &run).await?;
+        run
+    } else {
+        let mut out = Output { written: 0 };
+        stream(client, run, &host, &mut out, notes).await?
+    };
+    exit_status(client, &run, &host, notes).await
+}
+
+/// Whether `tether:` notes go to stderr (not with `--quiet`).
+#[derive(Debug, Clone, Copy)]
+struct Notes {
+    on: bool,
+}
+
+impl Notes {
+    fn say(self, text: &str) {
+        if self.on {
+            eprintln!("{text}");
+        }
+    }
 }
 
 /// The command's exit: the run's code, 128+N for signal N, 1 with a message
 /// for a lost or failed-to-start run.
-async fn exit_status(client: &Client, run: &Run, host: &Host) -> Result<(), CliError> {
+async fn exit_status(client: &Client, run: &Run, host: &Host, notes: Notes) -> Result<(), CliError> {
     if run.state == "lost" {
         return Err(CliError::failed(format!(
-            "run {} was lost: host {} went away and did not come back in time",
+            "run {} was lost: host {} went away and did not come back in time; \
+             what it printed before is in `tether logs {}`",
             short_id(&run.id),
-            host.name
+            host.name,
+            short_id(&run.id)
         )));
     }
     if let Some(code) = run.exit_code {
@@ -91,18 +117,20 @@ async fn exit_status(client: &Client, run: &Run, host: &Host) -> Result<(), CliE
         Some(id) => client.terminal(id).await.ok(),
         None => None,
     };
-    if let Some(signal) = terminal.as_ref().and_then(|t| t.exit_signal) {
-        eprintln!("tether: the command was killed by signal {signal}");
+    // The run carries its terminal's signal; the terminal is asked as well
+    // for a run read in the instant between the two being written.
+    if let Some(signal) = run.exit_signal().or_else(|| terminal.as_ref().and_then(|t| t.exit_signal)) {
+        notes.say(&format!("tether: the command was killed by signal {signal}"));
         return Err(CliError::silent(128u8.saturating_add(signal.clamp(0, 127) as u8)));
     }
     let why = terminal.as_ref().and_then(|t| t.error()).unwrap_or("no exit code was reported");
     Err(CliError::failed(format!("run {} {}: {why}", short_id(&run.id), run.state)))
 }
 
-/// Writes the run's output to stdout as it comes; returns the finished run.
-async fn stream(client: &Client, mut run: Run, host: &Host) -> Result<Run, CliError> {
+/// Writes the run's output to `out` as it comes, from `out.written` on;
+/// returns the finished run.
+async fn stream(client: &Client, mut run: Run, host: &Host, out: &mut Output, notes: Notes) -> Result<Run, CliError> {
     let explain = |e: ClientError| explain(e, client.server());
-    let mut out = Output { written: 0 };
     let mut said_waiting = false;
     let mut poll = POLL;
     let dispatching_since = tokio::time::Instant::now();
@@ -114,7 +142,7 @@ async fn stream(client: &Client, mut run: Run, host: &Host) -> Result<Run, CliEr
             break None;
         }
         if !said_waiting && run.state == "queued" && !host.is_online() {
-            eprintln!("tether: waiting for host {} to come back", host.name);
+            notes.say(&format!("tether: waiting for host {} to come back", host.name));
             said_waiting = true;
         }
         tokio::time::sleep(poll).await;
@@ -128,7 +156,7 @@ async fn stream(client: &Client, mut run: Run, host: &Host) -> Result<Run, CliEr
     // Why the stream stopped before the exit, when it did.
     let mut interrupted = None;
     if let Some(terminal_id) = terminal_id {
-        let mut follower = OutputFollower::new(client.clone(), terminal_id.to_string(), 0);
+        let mut follower = OutputFollower::new(client.clone(), terminal_id.to_string(), out.written);
         let mut interrupts = 0;
         loop {
             let next = tokio::select! {
@@ -138,7 +166,10 @@ async fn stream(client: &Client, mut run: Run, host: &Host) -> Result<Run, CliEr
                     // locally; the second stops watching (the run goes on).
                     interrupts += 1;
                     if interrupts > 1 {
-                        eprintln!("\r\ntether: stopped watching; the run goes on (tether kill {})", short_id(&terminal_id));
+                        notes.say(&format!(
+                            "\r\ntether: stopped watching; the run goes on (tether kill {})",
+                            short_id(&terminal_id)
+                        ));
                         return Err(CliError::silent(130));
                     }
                     if let Err(e) = client.kill_terminal(terminal_id, Some("INT")).await {
@@ -149,7 +180,7 @@ async fn stream(client: &Client, mut run: Run, host: &Host) -> Result<Run, CliEr
             };
             match next.map_err(explain)? {
                 Some(Followed::Output { data, .. }) => out.write(&data)?,
-                Some(Followed::Gap { from, to }) => fill_gap(client, run.id, &mut out, from, to).await?,
+                Some(Followed::Gap { to, .. }) => from_log(client, run.id, out, Some(to), notes).await?,
                 Some(Followed::Exit { .. }) | None => break,
                 Some(Followed::Error { message }) => {
                     interrupted = Some(message);
@@ -162,7 +193,7 @@ async fn stream(client: &Client, mut run: Run, host: &Host) -> Result<Run, CliEr
             }
         }
     }
-    let finishing = finish(client, run.id, &mut out, interrupted);
+    let finishing = finish(client, run.id, out, interrupted, notes);
     if terminal_id.is_none() {
         return finishing.await;
     }
@@ -174,25 +205,29 @@ async fn stream(client: &Client, mut run: Run, host: &Host) -> Result<Run, CliEr
 }
 
 /// Waits for the run's end and writes what the stream did not bring.
-async fn finish(client: &Client, id: Uuid, out: &mut Output, interrupted: Option<String>) -> Result<Run, CliError> {
+async fn finish(
+    client: &Client,
+    id: Uuid,
+    out: &mut Output,
+    interrupted: Option<String>,
+    notes: Notes,
+) -> Result<Run, CliError> {
     if let Some(why) = interrupted {
         // A run that failed to start ends at once and says why itself; one
         // that goes on (its host left) is worth a word while we wait.
         if wait_final_within(client, id, FINISH_GRACE).await?.is_none() {
-            eprintln!("tether: {why}; waiting for the run to finish");
+            notes.say(&format!("tether: {why}; waiting for the run to finish"));
         }
     }
     let run = wait_final(client, id).await?;
     // Whatever the stream did not bring (the terminal ended before this
     // command attached, or the stream broke off) is in the captured log.
-    let log = client.run_log(run.id).await.map_err(|e| explain(e, client.server()))?;
-    if (out.written as usize) < log.len() {
-        out.write(&log[out.written as usize..])?;
-    }
+    from_log(client, run.id, out, None, notes).await?;
     Ok(run)
 }
 
-/// Stdout, counting the stream bytes it got.
+/// Stdout, counting the stream bytes it got: `written` is the stream
+/// offset of the next byte it needs.
 struct Output {
     written: u64,
 }
@@ -211,30 +246,43 @@ impl Output {
     }
 }
 
-/// Bytes `from..to` of the stream, from the captured log.
-async fn fill_gap(client: &Client, run_id: Uuid, out: &mut Output, from: u64, to: u64) -> Result<(), CliError> {
-    let deadline = tokio::time::Instant::now() + LOG_CATCH_UP;
-    let log = loop {
-        let log: Bytes = client.run_log(run_id).await.map_err(|e| explain(e, client.server()))?;
-        let finished = client.run(run_id).await.map(|r| r.is_final()).unwrap_or(false);
-        if log.len() as u64 >= to || finished || tokio::time::Instant::now() >= deadline {
-            break log;
+/// Writes the log from `out.written` up to stream offset `to` (`None`: to
+/// the log's end once it is complete), waiting while the log catches up
+/// with the stream. Bytes the log will never have (past
+/// `runs.log_max_bytes`) are skipped with a note.
+async fn from_log(
+    client: &Client,
+    run_id: Uuid,
+    out: &mut Output,
+    to: Option<u64>,
+    notes: Notes,
+) -> Result<(), CliError> {
+    loop {
+        if to.is_some_and(|to| out.written >= to) {
+            return Ok(());
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let end = (log.len() as u64).min(to);
-    if end > from {
-        out.write(&log[from as usize..end as usize])?;
+        let log = client.run_log_from(run_id, out.written).await.map_err(|e| explain(e, client.server()))?;
+        let wanted = to.map_or(log.data.len(), |to| log.data.len().min((to - out.written) as usize));
+        out.write(&log.data[..wanted])?;
+        let Some(to) = to else {
+            if log.complete {
+                return Ok(());
+            }
+            tokio::time::sleep(LOG_POLL).await;
+            continue;
+        };
+        if out.written < to && log.complete {
+            notes.say(&format!(
+                "\r\ntether: {} bytes of output were not kept (past runs.log_max_bytes) and are missing here",
+                to - out.written
+            ));
+            // Stream positions from here on are past the hole.
+            out.written = to;
+        }
+        if out.written < to {
+            tokio::time::sleep(LOG_POLL).await;
+        }
     }
-    if end < to {
-        eprintln!(
-            "\r\ntether: {} bytes of output were not kept (past runs.log_max_bytes) and are missing here",
-            to - end
-        );
-        // Stream positions from here on are past the hole.
-        out.written = to;
-    }
-    Ok(())
 }
 
 async fn wait_final(client: &Client, id: Uuid) -> Result<Run, CliError> {
@@ -262,6 +310,15 @@ async fn wait_final_within(client: &Client, id: Uuid, limit: Duration) -> Result
     }
 }
 
+/// `--json` of `run` and `logs`: the run as the API sent it and its whole
+/// log as text (invalid UTF-8 replaced by U+FFFD; `tether logs` without
+/// `--json` gives the exact bytes).
+async fn print_with_log(client: &Client, run: &Run) -> Result<(), CliError> {
+    let log = client.run_log(run.id).await.map_err(|e| explain(e, client.server()))?;
+    print_json(&json!({ "run": run, "log": String::from_utf8_lossy(&log) }));
+    Ok(())
+}
+
 pub async fn runs(client: &Client, format: Format) -> Result<(), CliError> {
     let explain = |e| explain(e, client.server());
     let runs = client.runs().await.map_err(explain)?;
@@ -287,7 +344,7 @@ pub async fn runs(client: &Client, format: Format) -> Result<(), CliError> {
     Ok(())
 }
 
-pub async fn logs(client: &Client, query: &str, follow: bool) -> Result<(), CliError> {
+pub async fn logs(client: &Client, query: &str, follow: bool, format: Format) -> Result<(), CliError> {
     let explain = |e: ClientError| explain(e, client.server());
     let run = match Uuid::parse_str(query.trim()) {
         Ok(id) => client.run(id).await.map_err(|e| match e {
@@ -299,11 +356,19 @@ pub async fn logs(client: &Client, query: &str, follow: bool) -> Result<(), CliE
             resolve::run(&runs, query)?.clone()
         }
     };
+    let notes = Notes { on: !format.quiet };
+    if format.json {
+        let run = if follow { wait_final(client, run.id).await? } else { run };
+        return print_with_log(client, &run).await;
+    }
+    let mut out = Output { written: 0 };
     if follow && !run.is_final() {
+        // What is stored first, then the stream from where the log ends.
+        let stored = client.run_log_from(run.id, 0).await.map_err(explain)?;
+        out.write(&stored.data)?;
         let host = client.host(run.host_id).await.map_err(explain)?;
-        stream(client, run, &host).await?;
+        stream(client, run, &host, &mut out, notes).await?;
         return Ok(());
     }
-    let log = client.run_log(run.id).await.map_err(explain)?;
-    Output { written: 0 }.write(&log)
+    out.write(&client.run_log(run.id).await.map_err(explain)?)
 }

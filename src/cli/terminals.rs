@@ -3,7 +3,8 @@
 use uuid::Uuid;
 
 use super::errors::{explain, host_offline, start_refused};
-use super::{CliError, Connection};
+use super::output::print_one;
+use super::{CliError, Connection, Format};
 use crate::attach::{self, AttachError, AttachOptions, AttachOutcome};
 use crate::client::resolve::{self, short_id};
 use crate::client::{Client, Host, NewTerminal, Terminal, TerminalFilter};
@@ -36,6 +37,7 @@ pub async fn open(
     dir: Option<String>,
     title: Option<String>,
     argv: Vec<String>,
+    format: Format,
 ) -> Result<(), CliError> {
     let host = find_host(client, host).await?;
     if !host.is_online() {
@@ -48,6 +50,11 @@ pub async fn open(
     let new = NewTerminal { host_id: host.id, dir: dir.clone(), argv, cols: Some(cols), rows: Some(rows), title };
     let terminal =
         client.create_terminal(&new).await.map_err(|e| start_refused(e, client.server(), &host, dir.as_deref()))?;
+    // For scripts: the terminal is started and printed; attaching is a
+    // later `tether attach`.
+    if print_one(format, "terminal", &terminal, terminal.id) {
+        return Ok(());
+    }
     eprintln!("tether: terminal {} on {}; detach with Ctrl-]", short_id(&terminal.id), host.name);
     attach_to(client, connection, &terminal.id.to_string()).await
 }
@@ -87,19 +94,21 @@ async fn attach_to(client: &Client, connection: &Connection, terminal_id: &str) 
     }
 }
 
-pub async fn kill(client: &Client, query: &str, signal: Option<&str>) -> Result<(), CliError> {
+pub async fn kill(client: &Client, query: &str, signal: Option<&str>, format: Format) -> Result<(), CliError> {
     let terminal = find_terminal(client, query).await?;
-    client.kill_terminal(terminal.id, signal).await.map_err(|e| match e.code() {
+    let killed = client.kill_terminal(terminal.id, signal).await.map_err(|e| match e.code() {
         Some("terminal_not_running") => {
             CliError::failed(format!("terminal {} is {}, not running", short_id(&terminal.id), terminal.state))
         }
         _ => explain(e, client.server()),
     })?;
-    eprintln!("tether: sent {} to terminal {}", signal.unwrap_or("TERM"), short_id(&terminal.id));
+    if !print_one(format, "terminal", &killed, killed.id) {
+        eprintln!("tether: sent {} to terminal {}", signal.unwrap_or("TERM"), short_id(&terminal.id));
+    }
     Ok(())
 }
 
-pub async fn rm(client: &Client, query: &str) -> Result<(), CliError> {
+pub async fn rm(client: &Client, query: &str, format: Format) -> Result<(), CliError> {
     let terminal = find_terminal(client, query).await?;
     let short = short_id(&terminal.id);
     client.delete_terminal(terminal.id).await.map_err(|e| match e.code() {
@@ -109,6 +118,10 @@ pub async fn rm(client: &Client, query: &str) -> Result<(), CliError> {
         )),
         _ => explain(e, client.server()),
     })?;
-    eprintln!("tether: removed terminal {short}");
+    // The API answers 204 with no body: the terminal printed is the one
+    // read just before the delete.
+    if !print_one(format, "terminal", &terminal, terminal.id) {
+        eprintln!("tether: removed terminal {short}");
+    }
     Ok(())
 }

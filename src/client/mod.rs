@@ -24,7 +24,7 @@ use std::path::Path;
 use std::time::Duration;
 
 pub use error::{ApiErrorBody, ClientError};
-pub use resources::{Host, NewRun, NewTerminal, Run, RunUsage, Terminal, TerminalFilter};
+pub use resources::{Host, NewRun, NewTerminal, Run, RunLog, RunUsage, Terminal, TerminalFilter};
 
 /// How long one REST call may take, connection included.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);

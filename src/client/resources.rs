@@ -90,6 +90,28 @@ impl Run {
     pub fn is_final(&self) -> bool {
         matches!(self.state.as_str(), "succeeded" | "failed" | "lost")
     }
+
+    /// The signal that ended the command, when one did. Read from the
+    /// fields kept as sent: servers before `exitSignal` on runs do not send
+    /// it, and `--json` must not add it for them.
+    pub fn exit_signal(&self) -> Option<i32> {
+        self.other.get("exitSignal").and_then(Value::as_i64).and_then(|n| i32::try_from(n).ok())
+    }
+}
+
+/// A stretch of a run's log (`GET /runs/{id}/log?from=N`). Log offsets are
+/// the run's terminal's stream offsets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunLog {
+    /// The offset asked for.
+    pub from: u64,
+    /// The bytes from `from` to `next_offset`; empty when the log ends before `from`.
+    pub data: bytes::Bytes,
+    /// Where the log ends so far.
+    pub next_offset: u64,
+    /// The log will not grow: the run is final, or the log reached
+    /// `runs.log_max_bytes`.
+    pub complete: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -5,6 +5,7 @@
 //! which [`Client::list`] follows until the last page, so callers always
 //! get the whole list.
 
+use awc::http::header::HeaderMap;
 use awc::http::Method;
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
@@ -13,7 +14,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::error::{from_response, from_send};
-use super::resources::{Host, NewRun, NewTerminal, Run, Terminal, TerminalFilter};
+use super::resources::{Host, NewRun, NewTerminal, Run, RunLog, Terminal, TerminalFilter};
 use super::{Client, ClientError};
 
 /// Items asked for per page (the API's default; its maximum is 5000).
@@ -32,6 +33,17 @@ impl Client {
         query: Option<&Q>,
         body: Option<&Value>,
     ) -> Result<Bytes, ClientError> {
+        self.exchange(method, path, query, body).await.map(|(_, bytes)| bytes)
+    }
+
+    /// One request; the headers and body of a 2xx answer, else the API's error.
+    async fn exchange<Q: Serialize>(
+        &self,
+        method: Method,
+        path: &str,
+        query: Option<&Q>,
+        body: Option<&Value>,
+    ) -> Result<(HeaderMap, Bytes), ClientError> {
         let url = format!("{}{}", self.server, path);
         let mut request = self.http.request(method, &url).bearer_auth(&self.token);
         if let Some(query) = query {
@@ -51,7 +63,7 @@ impl Client {
         if !status.is_success() {
             return Err(from_response(&url, status.as_u16(), &bytes));
         }
-        Ok(bytes)
+        Ok((response.headers().clone(), bytes))
     }
 
     /// `GET path` as JSON, for callers that want the resource exactly as sent.
@@ -172,15 +184,16 @@ impl Client {
     }
 
     /// `POST /terminals/{id}/kill`: `signal` by name (`TERM`, `SIGKILL`) or
-    /// number; `None` is TERM. The terminal stays running until it exits.
-    pub async fn kill_terminal(&self, id: Uuid, signal: Option<&str>) -> Result<(), ClientError> {
+    /// number; `None` is TERM. The terminal stays running until it exits;
+    /// the answer is the terminal as the server had it when it sent the signal.
+    pub async fn kill_terminal(&self, id: Uuid, signal: Option<&str>) -> Result<Terminal, ClientError> {
         let signal = match signal {
             None => Value::Null,
             Some(s) => s.parse::<u32>().map(Value::from).unwrap_or_else(|_| Value::from(s)),
         };
-        self.send_json(Method::POST, &format!("/api/v1/terminals/{id}/kill"), Some(&json!({ "signal": signal })))
-            .await
-            .map(drop)
+        let path = format!("/api/v1/terminals/{id}/kill");
+        let answer = self.send_json(Method::POST, &path, Some(&json!({ "signal": signal }))).await?;
+        self.unwrap_one(&path, "terminal", answer)
     }
 
     /// `DELETE /terminals/{id}` (refused with `terminal_live` while it runs).
@@ -208,7 +221,26 @@ impl Client {
     /// `GET /runs/{id}/log`: the captured output so far, bytes as the
     /// terminal produced them.
     pub async fn run_log(&self, id: Uuid) -> Result<Bytes, ClientError> {
-        self.call::<()>(Method::GET, &format!("/api/v1/runs/{id}/log"), None, None).await
+        self.run_log_from(id, 0).await.map(|log| log.data)
+    }
+
+    /// `GET /runs/{id}/log?from=N`: the captured output from stream offset
+    /// `from`, where the log ends so far, and whether it will grow.
+    pub async fn run_log_from(&self, id: Uuid, from: u64) -> Result<RunLog, ClientError> {
+        let path = format!("/api/v1/runs/{id}/log");
+        let (headers, data) = self.exchange(Method::GET, &path, Some(&[("from", from)]), None).await?;
+        let url = format!("{}{path}", self.server);
+        let header = |name: &str| {
+            headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned).ok_or_else(|| ClientError::Decode {
+                url: url.clone(),
+                message: format!("no {name} header (a server before ?from=)"),
+            })
+        };
+        let next_offset = header("Tether-Next-Offset")?
+            .parse()
+            .map_err(|_| ClientError::Decode { url: url.clone(), message: "bad Tether-Next-Offset".into() })?;
+        let complete = header("Tether-Log-Complete")? == "true";
+        Ok(RunLog { from, data, next_offset, complete })
     }
 }
 

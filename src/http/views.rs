@@ -21,6 +21,9 @@ pub struct HostView {
     pub capabilities: Capabilities,
     pub dirs: Vec<String>,
     pub last_seen_at: Option<DateTime<Utc>>,
+    /// Orders the host list (pagination); not part of the resource.
+    #[serde(skip)]
+    pub created_at: DateTime<Utc>,
 }
 
 impl HostView {
@@ -35,6 +38,7 @@ impl HostView {
             capabilities: host.capabilities,
             dirs: host.dirs,
             last_seen_at: host.last_seen_at,
+            created_at: host.created_at,
         }
     }
 }

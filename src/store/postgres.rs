@@ -35,8 +35,10 @@ const HOST_COLS: &str =
     "id, user_id, name, hostname, platform, arch, state, capabilities, dirs, last_seen_at, created_at";
 const TERMINAL_COLS: &str = "id, user_id, host_id, title, dir, argv, state, pending_reason, exit_code, \
      exit_signal, error, cols, rows, run_id, created_at, started_at, ended_at, last_interacted_at";
+/// The run's `exitSignal` is its terminal's (docs/REST.md, "Runs").
 const RUN_COLS: &str = "id, user_id, host_id, argv, dir, state, exit_code, cpu_ms, max_rss_kb, \
-     output_bytes, wall_ms, terminal_id, created_at, finished_at";
+     output_bytes, wall_ms, terminal_id, created_at, finished_at, \
+     (SELECT t.exit_signal FROM terminals t WHERE t.id = runs.terminal_id)";
 
 fn user_row(row: &Row) -> User {
     User { id: row.get(0), name: row.get(1), created_at: row.get(2) }
@@ -103,6 +105,7 @@ fn run_row(row: &Row) -> StoreResult<Run> {
         dir: row.get(4),
         state: state.parse()?,
         exit_code: row.get(6),
+        exit_signal: row.get(14),
         usage,
         terminal_id: row.get(11),
         created_at: row.get(12),

@@ -293,6 +293,8 @@ pub struct Run {
     pub dir: Option<String>,
     pub state: RunState,
     pub exit_code: Option<i32>,
+    /// The signal that ended the run's command, if one did (then `exit_code` is null).
+    pub exit_signal: Option<i32>,
     pub usage: Option<RunUsage>,
     pub terminal_id: Option<Uuid>,
     pub created_at: DateTime<Utc>,

@@ -53,14 +53,28 @@ export async function request(token, method, path, body) {
   return type.includes("json") ? res.json() : new Uint8Array(await res.arrayBuffer());
 }
 
+// Every item of a list, page after page: a page with more behind it
+// carries `nextCursor` (docs/REST.md, "Conventions").
+export async function list(token, path, key) {
+  const items = [];
+  let after = null;
+  for (;;) {
+    const query = after === null ? "" : `?after=${encodeURIComponent(after)}`;
+    const page = await request(token, "GET", path + query);
+    items.push(...page[key]);
+    if (!page.nextCursor || page.nextCursor === after) return items;
+    after = page.nextCursor;
+  }
+}
+
 export const api = (token) => ({
-  hosts: () => request(token, "GET", "/hosts").then((b) => b.hosts),
-  terminals: () => request(token, "GET", "/terminals").then((b) => b.terminals),
+  hosts: () => list(token, "/hosts", "hosts"),
+  terminals: () => list(token, "/terminals", "terminals"),
   terminal: (id) => request(token, "GET", `/terminals/${id}`).then((b) => b.terminal),
   createTerminal: (body) => request(token, "POST", "/terminals", body).then((b) => b.terminal),
   killTerminal: (id) => request(token, "POST", `/terminals/${id}/kill`, {}),
   deleteTerminal: (id) => request(token, "DELETE", `/terminals/${id}`),
-  runs: () => request(token, "GET", "/runs").then((b) => b.runs),
+  runs: () => list(token, "/runs", "runs"),
   run: (id) => request(token, "GET", `/runs/${id}`).then((b) => b.run),
   runLog: (id) => request(token, "GET", `/runs/${id}/log`),
 });

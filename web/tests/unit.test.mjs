@@ -92,3 +92,24 @@ test("backoff doubles to its ceiling with bounded jitter", () => {
   assert.equal(backoffDelay(30, () => 0), BACKOFF.maxMs);
   assert.equal(backoffDelay(30, () => 1), Math.round(BACKOFF.maxMs * (1 + BACKOFF.jitter)));
 });
+
+test("lists follow nextCursor to the last page", async () => {
+  const { list } = await import("../src/api.js");
+  const asked = [];
+  const pages = { "": ["a", "b"], "?after=c1": ["c"], "?after=c2": [] };
+  const cursors = { "": "c1", "?after=c1": "c2" };
+  const saved = globalThis.fetch;
+  globalThis.fetch = async (url) => {
+    const query = url.slice("/api/v1/hosts".length);
+    asked.push(query);
+    const body = { hosts: pages[query] };
+    if (cursors[query]) body.nextCursor = cursors[query];
+    return new Response(JSON.stringify(body), { headers: { "content-type": "application/json" } });
+  };
+  try {
+    assert.deepEqual(await list("tok", "/hosts", "hosts"), ["a", "b", "c"]);
+    assert.deepEqual(asked, ["", "?after=c1", "?after=c2"]);
+  } finally {
+    globalThis.fetch = saved;
+  }
+});

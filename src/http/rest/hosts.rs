@@ -6,12 +6,13 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::page::{PageQuery, Position};
 use super::{check_text, on_host, online_hosts, path_id};
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::http::views::HostView;
 use crate::relay::requests::{HostOp, OpAnswer};
-use crate::store::NewHost;
+use crate::store::{HostState, NewHost};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -50,7 +51,24 @@ pub async fn register(
     Ok(HttpResponse::Created().json(json!({ "host": HostView::new(host, online) })))
 }
 
-pub async fn list(state: web::Data<AppState>, user: AuthUser) -> Result<HttpResponse, ApiError> {
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    state: Option<String>,
+    #[serde(flatten)]
+    page: PageQuery,
+}
+
+pub async fn list(
+    state: web::Data<AppState>,
+    user: AuthUser,
+    query: web::Query<ListQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let wanted = match query.state.as_deref() {
+        None => None,
+        Some("online") => Some(HostState::Online),
+        Some("offline") => Some(HostState::Offline),
+        Some(_) => return Err(ApiError::bad_request("invalid_state", "`state` must be online or offline")),
+    };
     let hosts = state.store.list_hosts(user.id()).await?;
     let ids: Vec<_> = hosts.iter().map(|h| h.id).collect();
     let online = online_hosts(&state, &ids).await?;
@@ -60,8 +78,10 @@ pub async fn list(state: web::Data<AppState>, user: AuthUser) -> Result<HttpResp
             let is_online = online.contains(&h.id);
             HostView::new(h, is_online)
         })
+        .filter(|view| wanted.is_none_or(|wanted| view.state == wanted))
         .collect();
-    Ok(HttpResponse::Ok().json(json!({ "hosts": views })))
+    let body = query.page.page(views, "hosts", |h| Position { created_at: h.created_at, id: h.id })?;
+    Ok(HttpResponse::Ok().json(body))
 }
 
 pub async fn get(state: web::Data<AppState>, user: AuthUser, id: web::Path<String>) -> Result<HttpResponse, ApiError> {

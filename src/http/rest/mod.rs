@@ -3,6 +3,7 @@
 //! the caller's user, and answer errors in the shape of `http::error`.
 
 mod hosts;
+mod page;
 mod runs;
 mod terminals;
 
@@ -140,7 +141,10 @@ fn check_dir(dir: &str, allowed: &[String]) -> Result<(), ApiError> {
     if inside {
         Ok(())
     } else {
-        Err(ApiError::bad_request("dir_not_allowed", format!("`{dir}` is outside the host's allowed dirs")))
+        Err(ApiError::bad_request(
+            "dir_not_allowed",
+            format!("`{dir}` is outside the host's allowed dirs: {}", allowed.join(", ")),
+        ))
     }
 }
 
@@ -155,7 +159,9 @@ mod tests {
         assert!(check_dir("/home/ann/src", &allowed).is_ok());
         assert!(check_dir("/srv/x", &allowed).is_ok());
         assert_eq!(check_dir("/home/annie", &allowed).unwrap_err().code, "dir_not_allowed");
-        assert_eq!(check_dir("/etc", &allowed).unwrap_err().code, "dir_not_allowed");
+        let refused = check_dir("/etc", &allowed).unwrap_err();
+        assert_eq!(refused.code, "dir_not_allowed");
+        assert!(refused.message.ends_with(&format!("allowed dirs: {}", allowed.join(", "))), "{}", refused.message);
         assert_eq!(check_dir("/home/ann/../bob", &allowed).unwrap_err().code, "invalid_dir");
         assert_eq!(check_dir("relative", &allowed).unwrap_err().code, "invalid_dir");
         assert!(check_dir("/anything", &[]).is_ok());

@@ -5,6 +5,7 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::page::{PageQuery, Position};
 use super::{check_argv, check_dir, field_id, path_id};
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
@@ -42,6 +43,8 @@ pub async fn create(
 #[serde(rename_all = "camelCase")]
 pub struct ListQuery {
     host_id: Option<String>,
+    #[serde(flatten)]
+    page: PageQuery,
 }
 
 pub async fn list(
@@ -51,7 +54,8 @@ pub async fn list(
 ) -> Result<HttpResponse, ApiError> {
     let host_id = query.host_id.as_deref().map(|h| field_id(h, "hostId")).transpose()?;
     let runs = state.store.list_runs(user.id(), host_id).await?;
-    Ok(HttpResponse::Ok().json(json!({ "runs": runs })))
+    let body = query.page.page(runs, "runs", |r| Position { created_at: r.created_at, id: r.id })?;
+    Ok(HttpResponse::Ok().json(body))
 }
 
 pub async fn get(state: web::Data<AppState>, user: AuthUser, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
@@ -60,9 +64,43 @@ pub async fn get(state: web::Data<AppState>, user: AuthUser, id: web::Path<Strin
     Ok(HttpResponse::Ok().json(json!({ "run": run })))
 }
 
-/// The captured output, as the terminal produced it (bytes, not re-encoded).
-pub async fn log(state: web::Data<AppState>, user: AuthUser, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+#[derive(Debug, Deserialize)]
+pub struct LogQuery {
+    /// A byte offset into the log: only the bytes from there are sent.
+    from: Option<String>,
+}
+
+/// Offset after the last byte sent (the log's length so far).
+pub const NEXT_OFFSET_HEADER: &str = "Tether-Next-Offset";
+/// `true` once the log will not grow: the run is final, or the log is full.
+pub const LOG_COMPLETE_HEADER: &str = "Tether-Log-Complete";
+
+/// The captured output, as the terminal produced it (bytes, not
+/// re-encoded), from byte `?from=N` (default 0); log offsets are the
+/// terminal's stream offsets, so a follower stitches the log and the
+/// viewer stream by them.
+pub async fn log(
+    state: web::Data<AppState>,
+    user: AuthUser,
+    id: web::Path<String>,
+    query: web::Query<LogQuery>,
+) -> Result<HttpResponse, ApiError> {
     let id = path_id(&id, "run")?;
+    let from = match query.from.as_deref() {
+        None => 0,
+        Some(text) => text.parse::<u64>().map_err(|_| {
+            ApiError::bad_request("bad_offset", format!("`from` must be a byte offset (0 or more), not {text:?}"))
+        })?,
+    };
+    // The run first: the last output is stored before the run is marked
+    // final, so a log read after a final run is the whole log.
+    let run = state.store.get_run(user.id(), id).await?.ok_or_else(|| ApiError::not_found("run"))?;
     let log = state.store.run_log(user.id(), id).await?.ok_or_else(|| ApiError::not_found("run"))?;
-    Ok(HttpResponse::Ok().content_type("application/octet-stream").body(log))
+    let complete = run.state.is_final() || log.len() >= state.settings.runs.log_max_bytes;
+    let start = usize::try_from(from).map_or(log.len(), |from| from.min(log.len()));
+    Ok(HttpResponse::Ok()
+        .content_type("application/octet-stream")
+        .insert_header((NEXT_OFFSET_HEADER, log.len().to_string()))
+        .insert_header((LOG_COMPLETE_HEADER, complete.to_string()))
+        .body(bytes::Bytes::from(log).slice(start..)))
 }

@@ -8,6 +8,7 @@ use actix_web::{web, HttpResponse};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::page::{PageQuery, Position};
 use super::{check_argv, check_dir, check_text, field_id, on_host, path_id};
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
@@ -93,6 +94,8 @@ pub async fn create(
 pub struct ListQuery {
     host_id: Option<String>,
     state: Option<String>,
+    #[serde(flatten)]
+    page: PageQuery,
 }
 
 pub async fn list(
@@ -112,7 +115,8 @@ pub async fn list(
         })
         .transpose()?;
     let terminals = state.store.list_terminals(user.id(), &TerminalFilter { host_id, state: terminal_state }).await?;
-    Ok(HttpResponse::Ok().json(json!({ "terminals": terminals })))
+    let body = query.page.page(terminals, "terminals", |t| Position { created_at: t.created_at, id: t.id })?;
+    Ok(HttpResponse::Ok().json(body))
 }
 
 pub async fn get(state: web::Data<AppState>, user: AuthUser, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
