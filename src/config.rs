@@ -623,6 +623,36 @@ mod tests {
     }
 
     #[test]
+    fn hardening_settings_are_checked() {
+        let refused = [
+            ("TETHER_HTTP__TRUSTED_PROXIES", "10.0.0.0/8, not-a-cidr", "http.trusted_proxies"),
+            ("TETHER_HTTP__TRUSTED_PROXIES", "10.0.0.0/40", "http.trusted_proxies"),
+            ("TETHER_METRICS__LISTEN", "nowhere", "metrics.listen"),
+            ("TETHER_METRICS__LISTEN", "127.0.0.1:8080", "metrics.listen"),
+            ("TETHER_HTTP__WS_PER_USER", "0", "http.ws_per_user"),
+            ("TETHER_AUDIT__RETENTION_MS", "0", "audit.retention_ms"),
+        ];
+        for (key, value, named) in refused {
+            let err = Settings::load_from(None, &env(&[(key, value)])).unwrap_err();
+            assert!(err.to_string().contains(named), "{key}={value}: {err}");
+        }
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("TETHER_HTTP__TRUSTED_PROXIES", "10.0.0.0/8, 192.0.2.1"),
+                ("TETHER_METRICS__LISTEN", "127.0.0.1:9090"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.http.trusted_proxies, vec!["10.0.0.0/8".to_string(), "192.0.2.1".to_string()]);
+        assert_eq!(s.metrics.listen.as_deref(), Some("127.0.0.1:9090"));
+        let defaults = Settings::default();
+        assert_eq!((defaults.http.ws_per_address, defaults.http.ws_per_user), (256, 1024));
+        assert_eq!(defaults.audit.retention_ms, 90 * 24 * 3600 * 1000);
+        assert!(defaults.http.trusted_proxies.is_empty() && defaults.metrics.listen.is_none());
+    }
+
+    #[test]
     fn unknown_keys_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.toml");
