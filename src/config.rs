@@ -44,6 +44,8 @@ pub struct Settings {
     pub shutdown: ShutdownSettings,
     pub runs: RunsSettings,
     pub director: DirectorSettings,
+    pub audit: AuditSettings,
+    pub metrics: MetricsSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -53,8 +55,16 @@ pub struct HttpSettings {
     pub listen: String,
     /// Largest JSON request body accepted by the REST API, in bytes.
     pub max_body_bytes: usize,
-    /// Concurrent WebSockets allowed from one client address (per instance).
+    /// Concurrent WebSockets one user may hold from one client address
+    /// (per instance): users behind one NAT or proxy do not share it.
     pub ws_per_address: usize,
+    /// Concurrent WebSockets one user may hold in all (per instance).
+    pub ws_per_user: usize,
+    /// Proxies (CIDRs, or single addresses) whose `X-Forwarded-For` names
+    /// the client; empty = the TCP peer is the client. A TOML list or a
+    /// comma-separated string.
+    #[serde(deserialize_with = "list_or_commas")]
+    pub trusted_proxies: Vec<String>,
     /// PEM certificate chain; with `tls_key_path`, `serve` speaks HTTPS.
     pub tls_cert_path: Option<PathBuf>,
     /// PEM private key of `tls_cert_path`.
@@ -90,6 +100,8 @@ impl Default for HttpSettings {
             listen: "127.0.0.1:8080".into(),
             max_body_bytes: 256 * 1024,
             ws_per_address: 256,
+            ws_per_user: 1024,
+            trusted_proxies: Vec::new(),
             tls_cert_path: None,
             tls_key_path: None,
             web_dir: None,
@@ -308,6 +320,27 @@ impl Default for DirectorSettings {
     }
 }
 
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuditSettings {
+    /// Audit events older than this (ms) are deleted by the sweep.
+    pub retention_ms: u64,
+}
+
+impl Default for AuditSettings {
+    fn default() -> Self {
+        Self { retention_ms: 90 * 24 * 3600 * 1000 }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// Serve `/metrics` on this address only (and no longer on
+    /// `http.listen`); unset = `/metrics` is served with the API.
+    pub listen: Option<String>,
+}
+
 /// Environment variables that belong to tools around tether, not to settings
 /// (`TETHER_TOKEN` and `TETHER_SERVER` are the client commands' and the
 /// daemon's `--token` and `--server`, docs/CLI.md).
@@ -388,6 +421,17 @@ impl Settings {
                 ));
             }
         }
+        for proxy in &self.http.trusted_proxies {
+            crate::http::client_addr::Cidr::parse(proxy).map_err(|e| invalid("http.trusted_proxies", e))?;
+        }
+        if let Some(listen) = &self.metrics.listen {
+            let addr = listen
+                .parse::<SocketAddr>()
+                .map_err(|e| invalid("metrics.listen", format!("`{listen}` is not an address: {e}")))?;
+            if addr == self.listen_addr() {
+                return Err(invalid("metrics.listen", "must differ from http.listen"));
+            }
+        }
         if self.http.max_body_bytes == 0 {
             return Err(invalid("http.max_body_bytes", "must be positive"));
         }
@@ -425,7 +469,10 @@ impl Settings {
                 return Err(invalid("cluster.secret", "must be at least 16 characters"));
             }
         }
-        let positive: [(&'static str, u64); 22] = [
+        let positive: [(&'static str, u64); 25] = [
+            ("audit.retention_ms", self.audit.retention_ms),
+            ("http.ws_per_address", self.http.ws_per_address as u64),
+            ("http.ws_per_user", self.http.ws_per_user as u64),
             ("viewer.slow_ms", self.viewer.slow_ms),
             ("lease.ttl_ms", self.lease.ttl_ms),
             ("lease.renew_ms", self.lease.renew_ms),
@@ -573,6 +620,36 @@ mod tests {
         assert!(err.to_string().contains("http.listen"), "{err}");
         let err = Settings::load_from(None, &env(&[("TETHER_ENCRYPTION__KEY", "c2hvcnQ=")])).unwrap_err();
         assert!(err.to_string().contains("encryption.key"), "{err}");
+    }
+
+    #[test]
+    fn hardening_settings_are_checked() {
+        let refused = [
+            ("TETHER_HTTP__TRUSTED_PROXIES", "10.0.0.0/8, not-a-cidr", "http.trusted_proxies"),
+            ("TETHER_HTTP__TRUSTED_PROXIES", "10.0.0.0/40", "http.trusted_proxies"),
+            ("TETHER_METRICS__LISTEN", "nowhere", "metrics.listen"),
+            ("TETHER_METRICS__LISTEN", "127.0.0.1:8080", "metrics.listen"),
+            ("TETHER_HTTP__WS_PER_USER", "0", "http.ws_per_user"),
+            ("TETHER_AUDIT__RETENTION_MS", "0", "audit.retention_ms"),
+        ];
+        for (key, value, named) in refused {
+            let err = Settings::load_from(None, &env(&[(key, value)])).unwrap_err();
+            assert!(err.to_string().contains(named), "{key}={value}: {err}");
+        }
+        let s = Settings::load_from(
+            None,
+            &env(&[
+                ("TETHER_HTTP__TRUSTED_PROXIES", "10.0.0.0/8, 192.0.2.1"),
+                ("TETHER_METRICS__LISTEN", "127.0.0.1:9090"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(s.http.trusted_proxies, vec!["10.0.0.0/8".to_string(), "192.0.2.1".to_string()]);
+        assert_eq!(s.metrics.listen.as_deref(), Some("127.0.0.1:9090"));
+        let defaults = Settings::default();
+        assert_eq!((defaults.http.ws_per_address, defaults.http.ws_per_user), (256, 1024));
+        assert_eq!(defaults.audit.retention_ms, 90 * 24 * 3600 * 1000);
+        assert!(defaults.http.trusted_proxies.is_empty() && defaults.metrics.listen.is_none());
     }
 
     #[test]

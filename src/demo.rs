@@ -52,6 +52,7 @@ pub async fn start(state: &AppState, base_url: &str) -> Result<Demo, DemoError> 
         name: Some("demo".into()),
         state_dir,
         allow_dirs: Vec::new(),
+        lock_dirs: false,
         ca_file: None,
     };
     actix_rt::spawn(async move {

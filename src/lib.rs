@@ -7,6 +7,7 @@
 //! docs/CLI.md for the command line and the client library ([`client`]).
 
 pub mod attach;
+pub mod audit;
 pub mod auth;
 pub mod bus;
 pub mod cli;

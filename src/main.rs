@@ -75,6 +75,10 @@ enum Command {
         /// Seeds the allowlist on first start only.
         #[arg(long = "allow-dir", value_name = "DIR")]
         allow_dirs: Vec<PathBuf>,
+        /// Refuse the server's changes to the allowed dirs: the list is the
+        /// --allow-dir flags (default: your home) on every start.
+        #[arg(long)]
+        lock_dirs: bool,
         /// PEM CA certificates to trust for an https:// server, besides the system's roots.
         #[arg(long, value_name = "FILE")]
         ca_file: Option<PathBuf>,
@@ -193,13 +197,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let settings = Settings::load_with(cli.config.as_deref(), &flags).map_err(Failure::config)?;
     match cli.command {
         Command::Serve { role, demo, .. } => serve(settings, role, demo).await,
-        Command::Daemon { server, token, name, state_dir, allow_dirs, ca_file } => {
+        Command::Daemon { server, token, name, state_dir, allow_dirs, lock_dirs, ca_file } => {
             let options = tether::daemon::DaemonOptions {
                 server,
                 token,
                 name,
                 state_dir: state_dir.unwrap_or_else(tether::daemon::default_state_dir),
                 allow_dirs,
+                lock_dirs,
                 ca_file,
             };
             tether::daemon::run(options).await.map_err(|e| match e {
@@ -250,6 +255,9 @@ async fn serve(settings: Settings, role: Role, demo: bool) -> Result<(), Failure
     })?;
     for addr in &bound.addrs {
         println!("tether: listening on {scheme}://{addr} ({backend}); the web page is at {scheme}://{addr}/");
+    }
+    for addr in &bound.metrics_addrs {
+        println!("tether: /metrics is served on http://{addr}/metrics only");
     }
     if demo {
         let base = bound.addrs.first().map(|a| format!("{scheme}://{a}")).unwrap_or_default();

@@ -31,8 +31,11 @@ pub enum ServeError {
 /// (port 0 binds) before it starts serving.
 pub struct Bound {
     pub addrs: Vec<SocketAddr>,
+    /// Where `/metrics` is served when `metrics.listen` moved it.
+    pub metrics_addrs: Vec<SocketAddr>,
     pub state: web::Data<AppState>,
     server: actix_web::dev::Server,
+    metrics_server: Option<actix_web::dev::Server>,
 }
 
 impl Bound {
@@ -41,6 +44,14 @@ impl Bound {
     /// leases, and exits within `shutdown.grace_ms`.
     pub async fn run(self) -> Result<(), ServeError> {
         let handle = self.server.handle();
+        let metrics_handle = self.metrics_server.as_ref().map(|s| s.handle());
+        if let Some(metrics_server) = self.metrics_server {
+            actix_rt::spawn(async move {
+                if let Err(e) = metrics_server.await {
+                    tracing::error!(error = %e, "tether_metrics_listener_failed");
+                }
+            });
+        }
         let state = self.state.clone();
         actix_rt::spawn(async move {
             wait_for_stop_signal().await;
@@ -52,6 +63,9 @@ impl Bound {
                 tracing::warn!("tether_drain_timed_out");
             }
             handle.stop(true).await;
+            if let Some(metrics_handle) = metrics_handle {
+                metrics_handle.stop(true).await;
+            }
         });
         self.server.await?;
         tracing::info!("tether_instance_stopped");
@@ -121,6 +135,7 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     let server = HttpServer::new(move || {
         App::new()
             .app_data(app_state.clone())
+            .wrap(crate::http::security_headers())
             .wrap_fn(crate::http::record_metrics)
             .configure(|cfg| crate::http::configure(cfg, max_body))
     })
@@ -143,5 +158,36 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     }
     .map_err(|source| ServeError::Bind { addr, source })?;
     let addrs = server.addrs();
-    Ok(Bound { addrs, state, server: server.run() })
+    let (metrics_server, metrics_addrs) = match &settings.metrics.listen {
+        Some(listen) => {
+            let (server, addrs) = bind_metrics(listen, state.clone())?;
+            (Some(server), addrs)
+        }
+        None => (None, Vec::new()),
+    };
+    Ok(Bound { addrs, metrics_addrs, state, server: server.run(), metrics_server })
+}
+
+/// The `metrics.listen` listener: `/metrics` and nothing else, plain HTTP
+/// (docs/OPERATIONS.md, "Metrics"); returns the server and its addresses.
+fn bind_metrics(
+    listen: &str,
+    state: web::Data<AppState>,
+) -> Result<(actix_web::dev::Server, Vec<SocketAddr>), ServeError> {
+    let addr: SocketAddr = listen.parse().map_err(|e| crate::config::ConfigError::Invalid {
+        key: "metrics.listen",
+        message: format!("`{listen}`: {e}"),
+    })?;
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .wrap(crate::http::security_headers())
+            .configure(crate::http::configure_metrics)
+    })
+    .workers(1)
+    .disable_signals()
+    .bind(addr)
+    .map_err(|source| ServeError::Bind { addr, source })?;
+    let addrs = server.addrs();
+    Ok((server.run(), addrs))
 }

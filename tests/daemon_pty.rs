@@ -41,6 +41,7 @@ fn start_daemon(server: &FakeServer) -> Daemon {
         name: Some("test-host".to_owned()),
         state_dir: state.path().join("state"),
         allow_dirs: vec![work.clone()],
+        lock_dirs: false,
         ca_file: None,
     };
     let handle = actix_web::rt::spawn(tether::daemon::run(opts));

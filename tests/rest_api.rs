@@ -95,6 +95,8 @@ both_backends!(
     oversized_body_is_413,
     conflicts_are_409,
     ops_endpoints,
+    bad_optional_bodies_are_refused,
+    audit_lists_the_callers_own_events,
 );
 
 async fn register_host<S>(app: &S, token: &str, hostname: &str) -> Value
@@ -419,4 +421,120 @@ async fn ops_endpoints(fx: Fixture) {
     assert!(text.contains("route=\"/api/v1/instance\""), "{text}");
     assert!(text.contains("tether_http_request_duration_seconds"), "{text}");
     assert!(text.contains("tether_store_pool_size"), "{text}");
+}
+
+/// A body that is present must parse and fit, also where the body is
+/// optional: a malformed or oversized kill body is refused before anything
+/// is sent (it used to be read as "no body" and the kill went ahead).
+async fn bad_optional_bodies_are_refused(fx: Fixture) {
+    let app = app!(fx);
+    let t = token(&fx.state, "ann").await;
+    let host = register_host(&app, &t, "box").await;
+    let hid = host["id"].as_str().expect("id").to_string();
+    let res = call_service(
+        &app,
+        auth(TestRequest::post().uri("/api/v1/terminals"), &t).set_json(json!({"hostId": hid})).to_request(),
+    )
+    .await;
+    let tid = json_body(res).await["terminal"]["id"].as_str().expect("id").to_string();
+    // Running, as far as the store knows, on a host that is not connected:
+    // a kill that gets past its body is answered 409 host_offline.
+    let (host_uuid, terminal_uuid) = (hid.parse().expect("uuid"), tid.parse().expect("uuid"));
+    assert!(fx.state.store.claim_launch(host_uuid, terminal_uuid).await.expect("claim"));
+    assert!(fx.state.store.mark_started(host_uuid, terminal_uuid).await.expect("start"));
+    let kill = format!("/api/v1/terminals/{tid}/kill");
+    let post = |payload: String| {
+        auth(TestRequest::post().uri(&kill), &t)
+            .insert_header(("Content-Type", "application/json"))
+            .set_payload(payload)
+            .to_request()
+    };
+    expect_error(call_service(&app, post("{not json".into())).await, StatusCode::BAD_REQUEST, "bad_json").await;
+    expect_error(call_service(&app, post("\"TERM\"".into())).await, StatusCode::BAD_REQUEST, "bad_json").await;
+    let oversized = format!("{{\"signal\": \"TERM\", \"pad\": \"{}\"}}", "x".repeat(8000));
+    expect_error(call_service(&app, post(oversized)).await, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large").await;
+    expect_error(
+        call_service(&app, post(r#"{"signal": "NOPE"}"#.into())).await,
+        StatusCode::BAD_REQUEST,
+        "invalid_signal",
+    )
+    .await;
+    // No body and a good body both get as far as the host.
+    let res = call_service(&app, auth(TestRequest::post().uri(&kill), &t).to_request()).await;
+    expect_error(res, StatusCode::CONFLICT, "host_offline").await;
+    expect_error(call_service(&app, post(r#"{"signal": 9}"#.into())).await, StatusCode::CONFLICT, "host_offline").await;
+    // Only the two kills that got past their bodies were audited.
+    let events = wait_for_audit(&fx, &t, |events| events.iter().filter(|e| e["action"] == "kill").count() >= 2).await;
+    let kills: Vec<&Value> = events.iter().filter(|e| e["action"] == "kill").collect();
+    assert_eq!(kills.len(), 2, "{events:?}");
+    assert_eq!(kills[0]["detail"], "signal 9", "newest first: {events:?}");
+    assert_eq!(kills[1]["detail"], "signal 15");
+}
+
+/// Polls `GET /api/v1/audit` (events are written in the background) until
+/// `done` accepts them; returns them.
+async fn wait_for_audit(fx: &Fixture, token: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let app = app!(fx);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/audit"), token).to_request()).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let events = json_body(res).await["events"].as_array().cloned().unwrap_or_default();
+        if done(&events) {
+            return events;
+        }
+        assert!(std::time::Instant::now() < deadline, "audit events never arrived: {events:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+async fn audit_lists_the_callers_own_events(fx: Fixture) {
+    let app = app!(fx);
+    let ann = token(&fx.state, "ann").await;
+    let bob = token(&fx.state, "bob").await;
+    let before = chrono::Utc::now() - chrono::Duration::seconds(1);
+    let host = register_host(&app, &ann, "box").await;
+    let hid = host["id"].as_str().expect("id").to_string();
+    let res = call_service(
+        &app,
+        auth(TestRequest::post().uri("/api/v1/terminals"), &ann).set_json(json!({"hostId": hid})).to_request(),
+    )
+    .await;
+    let tid = json_body(res).await["terminal"]["id"].as_str().expect("id").to_string();
+    let events = wait_for_audit(&fx, &ann, |events| events.len() >= 2).await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    let (spawn, registered) = (&events[0], &events[1]);
+    assert_eq!(spawn["action"], "spawn", "newest first: {events:?}");
+    assert_eq!(spawn["terminalId"], tid.as_str());
+    assert_eq!(spawn["hostId"], hid.as_str());
+    assert_eq!(registered["action"], "host_registered");
+    assert_eq!(registered["hostId"], hid.as_str());
+    assert!(registered.get("terminalId").is_none(), "{registered}");
+    for event in &events {
+        assert!(event["id"].as_str().is_some_and(|id| uuid::Uuid::parse_str(id).is_ok()), "{event}");
+        assert!(event["at"].as_str().is_some(), "{event}");
+        assert_eq!(event["instanceId"], fx.state.instance.instance_id.as_str());
+        assert!(event["userId"].as_str().is_some(), "{event}");
+        assert!(event.as_object().expect("object").contains_key("tokenId"), "{event}");
+    }
+    // Another user sees none of them.
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/audit"), &bob).to_request()).await;
+    assert_eq!(json_body(res).await["events"], json!([]));
+    // since and limit.
+    let get = |uri: String| call_service(&app, auth(TestRequest::get().uri(&uri), &ann).to_request());
+    let since = |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let res = get(format!("/api/v1/audit?since={}", since(before))).await;
+    assert_eq!(json_body(res).await["events"].as_array().map(Vec::len), Some(2));
+    let later = chrono::Utc::now() + chrono::Duration::seconds(60);
+    let res = get(format!("/api/v1/audit?since={}", since(later))).await;
+    assert_eq!(json_body(res).await["events"], json!([]));
+    let res = get("/api/v1/audit?limit=1".into()).await;
+    let limited = json_body(res).await;
+    assert_eq!(limited["events"].as_array().map(Vec::len), Some(1));
+    assert_eq!(limited["events"][0]["action"], "spawn");
+    expect_error(get("/api/v1/audit?since=yesterday".into()).await, StatusCode::BAD_REQUEST, "invalid_since").await;
+    expect_error(get("/api/v1/audit?limit=0".into()).await, StatusCode::BAD_REQUEST, "invalid_limit").await;
+    expect_error(get("/api/v1/audit?limit=5001".into()).await, StatusCode::BAD_REQUEST, "invalid_limit").await;
+    let res = call_service(&app, TestRequest::get().uri("/api/v1/audit").to_request()).await;
+    expect_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
 }

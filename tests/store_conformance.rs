@@ -67,6 +67,7 @@ conformance!(
     stale_hosts_go_offline,
     runs_of_long_gone_hosts_are_lost,
     interaction_stamp_once_a_minute,
+    audit_events_append_list_and_age_out,
 );
 
 const TTL: Duration = Duration::from_secs(30);
@@ -110,7 +111,9 @@ async fn state_of(store: &Arc<dyn Store>, id: Uuid) -> TerminalState {
 
 async fn migrations_are_recorded_once(store: &Arc<dyn Store>) {
     assert_eq!(store.migrate().await.expect("second migrate"), 0, "a second run applies nothing");
-    assert_eq!(store.schema_version().await.expect("version"), 1);
+    let known = if store.backend() == "postgres" { MIGRATIONS_POSTGRES } else { MIGRATIONS_SQLITE };
+    let latest = known.iter().map(|m| m.version).max().expect("migrations");
+    assert_eq!(store.schema_version().await.expect("version"), latest);
 }
 
 async fn users_and_tokens(store: &Arc<dyn Store>) {
@@ -555,6 +558,84 @@ async fn runs_of_long_gone_hosts_are_lost(store: &Arc<dyn Store>) {
     assert_eq!(store.get_run(ann.id, lost.id).await.expect("get").expect("run").state, RunState::Lost);
     assert_eq!(store.get_run(ann.id, kept.id).await.expect("get").expect("run").state, RunState::Queued);
     assert_eq!(store.get_run(ann.id, done.id).await.expect("get").expect("run").state, RunState::Succeeded);
+}
+
+fn audit_event(user: Uuid, action: AuditAction, at: chrono::DateTime<chrono::Utc>) -> NewAuditEvent {
+    NewAuditEvent {
+        at,
+        user_id: user,
+        token_id: None,
+        action,
+        host_id: Some(Uuid::new_v4()),
+        terminal_id: None,
+        instance_id: "cell-a#000001".into(),
+        detail: Some("signal 9".into()),
+    }
+}
+
+async fn audit_events_append_list_and_age_out(store: &Arc<dyn Store>) {
+    let (ann, bob) = (user(store, "ann").await, user(store, "bob").await);
+    let now = chrono::Utc::now();
+    let old = now - chrono::Duration::days(100);
+    let mut kill = audit_event(ann.id, AuditAction::Kill, now);
+    kill.token_id = Some(Uuid::new_v4());
+    kill.terminal_id = Some(Uuid::new_v4());
+    let batch = vec![
+        audit_event(ann.id, AuditAction::Attach, old),
+        audit_event(ann.id, AuditAction::HostRegistered, now - chrono::Duration::seconds(5)),
+        kill.clone(),
+        audit_event(bob.id, AuditAction::TokenCreated, now),
+    ];
+    store.insert_audit_events(&batch).await.expect("insert");
+    store.insert_audit_events(&[]).await.expect("an empty batch is fine");
+    let listed = store.list_audit_events(ann.id, None, 100).await.expect("list");
+    let actions: Vec<AuditAction> = listed.iter().map(|e| e.action).collect();
+    assert_eq!(actions, vec![AuditAction::Kill, AuditAction::HostRegistered, AuditAction::Attach], "newest first");
+    let newest = &listed[0];
+    assert_eq!(
+        (newest.user_id, newest.token_id, newest.host_id, newest.terminal_id),
+        (ann.id, kill.token_id, kill.host_id, kill.terminal_id)
+    );
+    assert_eq!((newest.instance_id.as_str(), newest.detail.as_deref()), ("cell-a#000001", Some("signal 9")));
+    assert!((newest.at - now).num_milliseconds().abs() <= 1, "time kept to the millisecond");
+    let since = store.list_audit_events(ann.id, Some(now - chrono::Duration::seconds(10)), 100).await.expect("since");
+    assert_eq!(since.len(), 2);
+    assert_eq!(store.list_audit_events(ann.id, None, 1).await.expect("limit").len(), 1);
+    // Retention: only events before the cutoff go, everyone's.
+    let cutoff = now - chrono::Duration::days(90);
+    assert_eq!(store.delete_audit_events_before(cutoff).await.expect("age out"), 1);
+    assert_eq!(store.list_audit_events(ann.id, None, 100).await.expect("list").len(), 2);
+    assert_eq!(store.list_audit_events(bob.id, None, 100).await.expect("list").len(), 1);
+}
+
+/// Audit rows cannot be rewritten, even with SQL.
+#[actix_rt::test]
+async fn audit_events_are_append_only_sqlite() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("t.db");
+    let store = SqliteStore::open(&path).expect("open");
+    store.migrate().await.expect("migrate");
+    let ann = store.ensure_user("ann").await.expect("user");
+    store.insert_audit_events(&[audit_event(ann.id, AuditAction::Spawn, chrono::Utc::now())]).await.expect("insert");
+    let conn = rusqlite::Connection::open(&path).expect("raw open");
+    let err = conn.execute("UPDATE audit_events SET action = 'attach'", []).expect_err("update refused");
+    assert!(err.to_string().contains("append-only"), "{err}");
+    let listed = store.list_audit_events(ann.id, None, 10).await.expect("list");
+    assert_eq!(listed[0].action, AuditAction::Spawn);
+}
+
+#[actix_rt::test]
+async fn audit_events_are_append_only_postgres() {
+    let url = support::pg_database().await;
+    let store = PgStore::connect(&url, 2).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    let ann = store.ensure_user("ann").await.expect("user");
+    store.insert_audit_events(&[audit_event(ann.id, AuditAction::Spawn, chrono::Utc::now())]).await.expect("insert");
+    let client = support::pg_connect(&url).await;
+    let err = client.execute("UPDATE audit_events SET action = 'attach'", &[]).await.expect_err("update refused");
+    assert!(format!("{err:?}").contains("append-only"), "{err:?}");
+    let listed = store.list_audit_events(ann.id, None, 10).await.expect("list");
+    assert_eq!(listed[0].action, AuditAction::Spawn);
 }
 
 /// Processes that open a new embedded database at the same moment (say

@@ -25,6 +25,11 @@ pub enum DirError {
     LastDir,
     #[error("cannot find the home directory to allow by default")]
     NoHome,
+    #[error(
+        "this host's allowed dirs are locked (tether daemon --lock-dirs); \
+         change them on the host with --allow-dir"
+    )]
+    Locked,
 }
 
 /// Canonical, non-empty list of allowed directories.

@@ -16,7 +16,7 @@ use portable_pty::MasterPty;
 use tokio::sync::mpsc;
 
 use super::connection::{Connection, Inbound, Outbound, Outbox};
-use super::dirs::DirAllowlist;
+use super::dirs::{DirAllowlist, DirError};
 use super::limits::HostLimits;
 use super::ping_ledger::PingLedger;
 use super::pty;
@@ -88,6 +88,8 @@ impl TerminalEntry {
 pub struct Host {
     state: StateDir,
     dirs: DirAllowlist,
+    /// `--lock-dirs`: the server may not change `dirs`.
+    dirs_locked: bool,
     terminals: HashMap<String, TerminalEntry>,
     finished_tx: mpsc::UnboundedSender<FinalFrames>,
     finished_rx: mpsc::UnboundedReceiver<FinalFrames>,
@@ -138,9 +140,9 @@ impl Link {
 }
 
 impl Host {
-    pub fn new(state: StateDir, dirs: DirAllowlist) -> Self {
+    pub fn new(state: StateDir, dirs: DirAllowlist, dirs_locked: bool) -> Self {
         let (finished_tx, finished_rx) = mpsc::unbounded_channel();
-        Self { state, dirs, terminals: HashMap::new(), finished_tx, finished_rx }
+        Self { state, dirs, dirs_locked, terminals: HashMap::new(), finished_tx, finished_rx }
     }
 
     /// Waits out a reconnect delay while still noting terminals that end.
@@ -444,6 +446,10 @@ impl Host {
     fn change_dirs(&mut self, request: Dirs) -> DirsResult {
         let mut dirs = self.dirs.clone();
         let changed = match DirsOp::try_from(request.op) {
+            Ok(DirsOp::Add | DirsOp::Remove) if self.dirs_locked => {
+                tracing::warn!(path = %request.path, "tether_daemon_dirs_change_refused");
+                Err(DirError::Locked.to_string())
+            }
             Ok(DirsOp::Add) => dirs.add(&request.path).map_err(|err| err.to_string()),
             Ok(DirsOp::Remove) => dirs.remove(&request.path).map_err(|err| err.to_string()),
             Ok(DirsOp::Unspecified) | Err(_) => Err(format!("unknown dirs op {}", request.op)),

@@ -49,6 +49,9 @@ pub struct DaemonOptions {
     /// Seeds the dir allowlist on the first start (empty = the user's home);
     /// afterwards the persisted list in the state dir is authoritative.
     pub allow_dirs: Vec<PathBuf>,
+    /// `--lock-dirs`: the allowlist is exactly `allow_dirs` (or the home)
+    /// on every start, and the server's dirs add/remove are refused.
+    pub lock_dirs: bool,
     /// PEM CA certificates trusted for `https://` servers besides the
     /// system's roots (`--ca-file`).
     pub ca_file: Option<PathBuf>,
@@ -82,11 +85,12 @@ pub async fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
     let server = server_url::ServerUrl::parse(&opts.server)?;
     let client = crate::tls::http_client(opts.ca_file.as_deref(), supervisor::HTTP_TIMEOUT)?;
     let state = state::StateDir::open(opts.state_dir)?;
-    let dirs = state.load_dirs(&opts.allow_dirs)?;
+    let dirs = if opts.lock_dirs { state.lock_dirs(&opts.allow_dirs)? } else { state.load_dirs(&opts.allow_dirs)? };
     tracing::info!(
         server = %server,
         state_dir = %state.path().display(),
         dirs = ?dirs.dirs(),
+        lock_dirs = opts.lock_dirs,
         "tether_daemon_starting"
     );
     supervisor::Supervisor {
@@ -94,7 +98,7 @@ pub async fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
         server,
         token: opts.token,
         description: registration::HostDescription::of_this_machine(opts.name),
-        host: host::Host::new(state.clone(), dirs),
+        host: host::Host::new(state.clone(), dirs, opts.lock_dirs),
         state,
     }
     .run()

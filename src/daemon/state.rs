@@ -9,6 +9,10 @@
 //! - `credentials.json`: written by the user or their tooling, read on
 //!   request and never logged.
 //!
+//! The directory is 0700 and the files the daemon writes are 0600
+//! (docs/SECURITY.md, "Files"): they name the host and its allowlist. A
+//! `credentials.json` others can read is used, with a warning in the log.
+//!
 //! The files are tiny and touched rarely (start, registration, a dir
 //! change), so they are read and written synchronously.
 
@@ -71,14 +75,16 @@ pub struct StateDir {
 }
 
 impl StateDir {
-    /// Creates the directory (private to the user) if needed.
+    /// Creates the directory (private to the user) if needed, and makes an
+    /// existing one private.
     pub fn open(root: PathBuf) -> Result<Self, StateError> {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&root)
-            .map_err(|source| StateError::Io { path: root.clone(), source })?;
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        let io_error = |source| StateError::Io { path: root.clone(), source };
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&root).map_err(io_error)?;
+        let mode = std::fs::metadata(&root).map_err(io_error)?.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)).map_err(io_error)?;
+        }
         Ok(Self { root })
     }
 
@@ -145,6 +151,14 @@ impl StateDir {
         }
     }
 
+    /// `--lock-dirs`: the allowlist is the flags (or the home) whatever
+    /// `dirs.json` says, and is saved so the file tells the truth.
+    pub fn lock_dirs(&self, flags: &[PathBuf]) -> Result<DirAllowlist, StateError> {
+        let list = DirAllowlist::seed(flags)?;
+        self.save_dirs(&list)?;
+        Ok(list)
+    }
+
     pub fn save_dirs(&self, list: &DirAllowlist) -> Result<(), StateError> {
         self.write_json(DIRS_FILE, &DirsFile { dirs: list.dirs().to_vec() })
     }
@@ -156,7 +170,11 @@ impl StateDir {
             io::ErrorKind::NotFound => CredentialsError::Missing,
             kind => CredentialsError::Unreadable(kind),
         };
-        let size = std::fs::metadata(&path).map_err(unreadable)?.len();
+        let metadata = std::fs::metadata(&path).map_err(unreadable)?;
+        if std::os::unix::fs::PermissionsExt::mode(&metadata.permissions()) & 0o077 != 0 {
+            tracing::warn!(path = %path.display(), "tether_daemon_credentials_file_not_private");
+        }
+        let size = metadata.len();
         if size > MAX_CREDENTIALS_BYTES {
             return Err(CredentialsError::TooLarge);
         }
@@ -173,9 +191,19 @@ impl StateDir {
         let temp = self.root.join(format!(".{name}.tmp"));
         let io_error = |source| StateError::Io { path: path.clone(), source };
         let text = serde_json::to_vec_pretty(value).map_err(|err| io_error(err.into()))?;
-        std::fs::write(&temp, text).map_err(io_error)?;
+        write_private(&temp, &text).map_err(io_error)?;
         std::fs::rename(&temp, &path).map_err(io_error)
     }
+}
+
+/// Writes `text` to a file only its owner can read (0600, also when the
+/// file was left behind with a wider mode).
+fn write_private(path: &Path, text: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(text)
 }
 
 /// `$XDG_STATE_HOME/tether`, else `~/.local/state/tether`, else

@@ -1,6 +1,8 @@
 //! The actix-web application: REST routes, operations endpoints, the web
 //! page, JSON error mapping and per-request metrics.
 
+pub mod body;
+pub mod client_addr;
 pub mod error;
 pub mod ops;
 pub mod origin;
@@ -21,6 +23,7 @@ pub fn configure(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
         web::JsonConfig::default().limit(max_body_bytes).content_type_required(false).error_handler(error::json_error),
     )
     .app_data(web::QueryConfig::default().error_handler(error::query_error))
+    .app_data(body::BodyLimit(max_body_bytes))
     .route("/healthz", web::get().to(ops::healthz))
     .route("/readyz", web::get().to(ops::readyz))
     .route("/metrics", web::get().to(ops::metrics))
@@ -29,6 +32,20 @@ pub fn configure(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
     .configure(rest::configure)
     .configure(page::configure)
     .default_service(web::to(|| async { Err::<actix_web::HttpResponse, _>(error::ApiError::not_found("route")) }));
+}
+
+/// Headers every response carries (docs/SECURITY.md, "What tether
+/// promises"): no MIME sniffing, no Referer leaking a terminal's URL.
+pub fn security_headers() -> actix_web::middleware::DefaultHeaders {
+    actix_web::middleware::DefaultHeaders::new()
+        .add((actix_web::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+        .add((actix_web::http::header::REFERRER_POLICY, "no-referrer"))
+}
+
+/// The routes of the `metrics.listen` listener: `/metrics` alone.
+pub fn configure_metrics(cfg: &mut web::ServiceConfig) {
+    cfg.route("/metrics", web::get().to(ops::metrics_only))
+        .default_service(web::to(|| async { Err::<actix_web::HttpResponse, _>(error::ApiError::not_found("route")) }));
 }
 
 /// Counts requests and records latencies by route pattern (never by raw

@@ -1,10 +1,12 @@
 //! Operations endpoints (docs/REST.md, "Instance and operations"): `/healthz` (process up), `/readyz`
 //! (database reachable, migrations applied, bus when configured),
-//! `/metrics` (Prometheus text) and `/api/v1/instance`.
+//! `/metrics` (Prometheus text; on its own listener with `metrics.listen`)
+//! and `/api/v1/instance`.
 
 use actix_web::{web, HttpResponse};
 use serde_json::json;
 
+use super::error::ApiError;
 use super::state::AppState;
 use crate::store::MIGRATIONS_POSTGRES;
 use crate::store::MIGRATIONS_SQLITE;
@@ -55,7 +57,20 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
     }
 }
 
-pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+/// `/metrics` on the API listener: 404 once `metrics.listen` moved it.
+pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    if state.settings.metrics.listen.is_some() {
+        return Err(ApiError::not_found("route"));
+    }
+    Ok(render_metrics(&state))
+}
+
+/// `/metrics` on the `metrics.listen` listener.
+pub async fn metrics_only(state: web::Data<AppState>) -> HttpResponse {
+    render_metrics(&state)
+}
+
+fn render_metrics(state: &AppState) -> HttpResponse {
     let high_water = crate::relay::viewer::QUEUE_HIGH_WATER.load(std::sync::atomic::Ordering::Relaxed);
     metrics::gauge!("tether_viewer_queue_high_water_bytes").set(high_water as f64);
     let text = state.metrics.render(state.store.backend(), state.store.pool_status());

@@ -71,6 +71,8 @@ pub struct AppState {
     pub metrics: Metrics,
     pub relay: RelayContext,
     pub limiter: AddressLimiter,
+    /// `http.trusted_proxies`, parsed.
+    pub trusted_proxies: Vec<super::client_addr::Cidr>,
     pub runs: Addr<RunDispatcher>,
     /// Set once the bus confirmed this instance's reply subscription.
     pub bus_ready: Arc<std::sync::atomic::AtomicBool>,
@@ -119,6 +121,7 @@ impl AppState {
             bus: bus.clone(),
             requests: Arc::new(PendingRequests::default()),
             remotes: Arc::new(crate::relay::remote::Remotes::default()),
+            audit: crate::audit::AuditLog::start(store.clone(), instance.instance_id.clone()),
         };
         actix_rt::spawn(serve_bus(relay.clone(), inbox));
         actix_rt::spawn(crate::relay::remote::heartbeat(relay.clone()));
@@ -127,6 +130,7 @@ impl AppState {
         let runs = RunDispatcher::new(relay.clone()).start();
         Sweeper::new(relay.clone()).start();
         Ok(web::Data::new(Self {
+            trusted_proxies: super::client_addr::trusted(&settings.http.trusted_proxies),
             settings,
             store,
             instance,

@@ -3,7 +3,8 @@
 //!
 //! Every refusal happens after the upgrade, as a close code the client can
 //! read (browsers cannot see an HTTP status of a failed upgrade): 4401 bad
-//! token, 4403 foreign, 4404 unknown terminal, 4429 per-address cap. The
+//! token, 4403 foreign, 4404 unknown terminal, 4429 a cap of the user
+//! (per client address or in all). The
 //! one exception is a browser page of a foreign origin (`super::origin`):
 //! it gets 403 and no socket at all, before any token is looked at.
 
@@ -15,8 +16,10 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::state::{user_for_token, AppState};
 use crate::auth;
+use crate::relay::limiter::{AddressGuard, Caps};
 use crate::relay::outbox::close_reason;
 use crate::relay::{close, daemon_conn, viewer, MAX_FRAME_BYTES};
+use crate::store::User;
 
 pub const DAEMON_PROTOCOL: &str = "tether.daemon.v1";
 pub const VIEWER_PROTOCOL: &str = "tether.v1";
@@ -84,6 +87,37 @@ fn upgrade(
     Ok((res, session, stream))
 }
 
+/// The token's user and a slot under that user's caps for this request's
+/// client (docs/PROTOCOL.md, "What the server enforces"); otherwise the
+/// socket is closed with the refusal's code.
+async fn admit(
+    req: &HttpRequest,
+    state: &AppState,
+    session: Session,
+    stream: AggregatedMessageStream,
+) -> Option<(User, AddressGuard, Session, AggregatedMessageStream)> {
+    let user = match user_for_token(state, auth::websocket_token(req)).await {
+        Ok(user) => user,
+        Err(e) if e.status == actix_web::http::StatusCode::UNAUTHORIZED => {
+            refuse(session, stream, close::BAD_TOKEN, "bad token");
+            return None;
+        }
+        Err(_) => {
+            refuse(session, stream, close::INTERNAL, "server error");
+            return None;
+        }
+    };
+    let client = super::client_addr::client_addr(req, &state.trusted_proxies);
+    let caps = Caps { per_address: state.settings.http.ws_per_address, per_user: state.settings.http.ws_per_user };
+    match state.limiter.acquire(user.id, client, caps) {
+        Ok(guard) => Some((user, guard, session, stream)),
+        Err(cap) => {
+            refuse(session, stream, close::TOO_MANY, cap.reason());
+            None
+        }
+    }
+}
+
 pub async fn daemon(
     req: HttpRequest,
     body: web::Payload,
@@ -93,20 +127,10 @@ pub async fn daemon(
         Ok(upgraded) => upgraded,
         Err(r) => return refused(r),
     };
-    let peer = req.peer_addr().map(|a| a.ip());
-    let Some(guard) = state.limiter.acquire(peer, state.settings.http.ws_per_address) else {
-        refuse(session, stream, close::TOO_MANY, "too many connections from this address");
+    let Some((user, guard, session, stream)) = admit(&req, &state, session, stream).await else {
         return Ok(res);
     };
-    match user_for_token(&state, auth::websocket_token(&req)).await {
-        Ok(user) => {
-            daemon_conn::start(state.relay.clone(), user.id, session, stream, guard);
-        }
-        Err(e) if e.status == actix_web::http::StatusCode::UNAUTHORIZED => {
-            refuse(session, stream, close::BAD_TOKEN, "bad token");
-        }
-        Err(_) => refuse(session, stream, close::INTERNAL, "server error"),
-    }
+    daemon_conn::start(state.relay.clone(), user.id, session, stream, guard);
     Ok(res)
 }
 
@@ -126,21 +150,8 @@ pub async fn terminal(
         Ok(upgraded) => upgraded,
         Err(r) => return refused(r),
     };
-    let peer = req.peer_addr().map(|a| a.ip());
-    let Some(guard) = state.limiter.acquire(peer, state.settings.http.ws_per_address) else {
-        refuse(session, stream, close::TOO_MANY, "too many connections from this address");
+    let Some((user, guard, session, stream)) = admit(&req, &state, session, stream).await else {
         return Ok(res);
-    };
-    let user = match user_for_token(&state, auth::websocket_token(&req)).await {
-        Ok(user) => user,
-        Err(e) if e.status == actix_web::http::StatusCode::UNAUTHORIZED => {
-            refuse(session, stream, close::BAD_TOKEN, "bad token");
-            return Ok(res);
-        }
-        Err(_) => {
-            refuse(session, stream, close::INTERNAL, "server error");
-            return Ok(res);
-        }
     };
     let Ok(id) = Uuid::parse_str(&path) else {
         refuse(session, stream, close::UNKNOWN_TERMINAL, "unknown terminal");

@@ -8,7 +8,8 @@
 //! - launches unacknowledged for `sweep.launch_timeout_ms` fail (and their
 //!   runs with them);
 //! - lease rows expired for more than a day are deleted;
-//! - runs whose host has been gone longer than `runs.lost_after` become `lost`.
+//! - runs whose host has been gone longer than `runs.lost_after` become `lost`;
+//! - audit events older than `audit.retention_ms` are deleted.
 
 use std::time::Duration;
 
@@ -96,6 +97,12 @@ pub async fn sweep(relay: &RelayContext) -> Result<(), StoreError> {
     for run_id in store.mark_lost_runs(ms(settings.runs.lost_after)).await? {
         tracing::info!(%run_id, "tether_run_lost");
         metrics::counter!("tether_runs_lost_total").increment(1);
+    }
+    let retention = chrono::Duration::milliseconds(i64::try_from(settings.audit.retention_ms).unwrap_or(i64::MAX));
+    let cutoff = chrono::Utc::now().checked_sub_signed(retention).unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+    let aged = store.delete_audit_events_before(cutoff).await?;
+    if aged > 0 {
+        tracing::info!(deleted = aged, "tether_audit_events_aged_out");
     }
     Ok(())
 }

@@ -71,4 +71,6 @@ pub struct RelayContext {
     pub requests: Arc<requests::PendingRequests>,
     /// The viewer proxies of this instance (viewers across instances).
     pub remotes: Arc<remote::Remotes>,
+    /// Where who-did-what is recorded (docs/SECURITY.md, "Audit").
+    pub audit: crate::audit::AuditLog,
 }

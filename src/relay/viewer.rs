@@ -20,7 +20,8 @@ use super::registry::OpenTerminal;
 use super::remote::HomeViewer;
 use super::requests::{locate, Location};
 use super::*;
-use crate::store::{Terminal, TerminalState};
+use crate::audit::{Subject, Throttle};
+use crate::store::{AuditAction, Terminal, TerminalState};
 use crate::viewer_protocol::{ClientMessage, ServerMessage};
 
 /// The largest outbound queue any viewer reached, in bytes (for /metrics).
@@ -44,6 +45,9 @@ pub struct Viewer {
     /// with the id it knows this viewer by; none until joined.
     target: Option<(Recipient<FromViewer>, u64)>,
     closed_by_arbiter: bool,
+    /// `input` and `resize` are audited at most once a minute each.
+    audit_input: Throttle,
+    audit_resize: Throttle,
     _guard: AddressGuard,
 }
 
@@ -64,6 +68,8 @@ impl Viewer {
             stream: Some(stream),
             target: None,
             closed_by_arbiter: false,
+            audit_input: Throttle::default(),
+            audit_resize: Throttle::default(),
             _guard: guard,
         }
     }
@@ -145,6 +151,19 @@ impl Viewer {
         .wait(ctx);
     }
 
+    /// Records an event about this viewer's terminal.
+    fn audit(&self, action: AuditAction, detail: Option<String>) {
+        let subject = Subject { detail, ..Subject::terminal(self.terminal.host_id, self.terminal.id) };
+        self.relay.audit.record(self.terminal.user_id, action, subject);
+    }
+
+    fn input(&mut self, data: Bytes) {
+        if self.audit_input.due(std::time::Instant::now()) {
+            self.audit(AuditAction::Input, None);
+        }
+        self.to_arbiter(|viewer| FromViewer::Input { viewer, data });
+    }
+
     /// Sends the message `make` builds for this viewer's id to its target
     /// (nothing before the join).
     fn to_arbiter(&self, make: impl FnOnce(u64) -> FromViewer) {
@@ -155,10 +174,11 @@ impl Viewer {
 
     fn on_text(&mut self, text: &str, ctx: &mut Context<Self>) {
         match serde_json::from_str::<ClientMessage>(text) {
-            Ok(ClientMessage::Input { data }) => {
-                self.to_arbiter(|viewer| FromViewer::Input { viewer, data: Bytes::from(data.into_bytes()) });
-            }
+            Ok(ClientMessage::Input { data }) => self.input(Bytes::from(data.into_bytes())),
             Ok(ClientMessage::Resize { cols, rows }) => {
+                if self.audit_resize.due(std::time::Instant::now()) {
+                    self.audit(AuditAction::Resize, Some(format!("{}x{}", cols.0, rows.0)));
+                }
                 self.to_arbiter(|viewer| FromViewer::Resize { viewer, cols: cols.0, rows: rows.0 });
             }
             Ok(ClientMessage::View { cols, rows, visible, idle_ms, open }) => {
@@ -179,6 +199,7 @@ impl Actor for Viewer {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         metrics::gauge!("tether_viewer_connections").increment(1.0);
+        self.audit(AuditAction::Attach, None);
         if let Some(stream) = self.stream.take() {
             ctx.add_stream(stream);
         }
@@ -193,6 +214,7 @@ impl Actor for Viewer {
 
     fn stopped(&mut self, _: &mut Self::Context) {
         metrics::gauge!("tether_viewer_connections").decrement(1.0);
+        self.audit(AuditAction::Detach, None);
         if !self.closed_by_arbiter {
             self.to_arbiter(|viewer| FromViewer::Leave { viewer });
         }
@@ -203,7 +225,7 @@ impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for Viewer {
     fn handle(&mut self, msg: Result<AggregatedMessage, ProtocolError>, ctx: &mut Context<Self>) {
         match msg {
             Ok(AggregatedMessage::Text(text)) => self.on_text(&text, ctx),
-            Ok(AggregatedMessage::Binary(data)) => self.to_arbiter(|viewer| FromViewer::Input { viewer, data }),
+            Ok(AggregatedMessage::Binary(data)) => self.input(data),
             Ok(AggregatedMessage::Ping(data)) => {
                 self.push(Frame::Pong(data), ctx);
                 self.to_arbiter(|viewer| FromViewer::Pong { viewer });

@@ -174,7 +174,24 @@ pub trait Store: Send + Sync + 'static {
     // ---- host credentials (encrypted by the caller)
     async fn put_credentials(&self, host_id: Uuid, sealed: &SealedCredentials) -> StoreResult<()>;
     async fn get_credentials(&self, host_id: Uuid) -> StoreResult<Option<SealedCredentials>>;
+
+    // ---- audit (docs/SECURITY.md, "Audit"): appended, listed, aged out; never updated
+    /// Appends a batch of events in one transaction.
+    async fn insert_audit_events(&self, events: &[NewAuditEvent]) -> StoreResult<()>;
+    /// A user's events at or after `since` (all when None), newest first,
+    /// at most `limit`.
+    async fn list_audit_events(
+        &self,
+        user_id: Uuid,
+        since: Option<DateTime<Utc>>,
+        limit: usize,
+    ) -> StoreResult<Vec<AuditEvent>>;
+    /// Deletes events older than `before`; returns how many.
+    async fn delete_audit_events_before(&self, before: DateTime<Utc>) -> StoreResult<u64>;
 }
+
+/// The columns of an audit event, in the order both backends read them.
+const AUDIT_COLS: &str = "id, at, user_id, token_id, action, host_id, terminal_id, instance_id, detail";
 
 /// The lease key of a host's daemon connection (docs/CLUSTER.md, "Ownership: the host lease").
 pub fn host_lease_key(host_id: Uuid) -> String {

@@ -815,4 +815,72 @@ impl Store for PgStore {
             .await?
             .map(|r| SealedCredentials { nonce: r.get(0), ciphertext: r.get(1) }))
     }
+
+    async fn insert_audit_events(&self, events: &[NewAuditEvent]) -> StoreResult<()> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        let stmt = tx
+            .prepare_cached(
+                "INSERT INTO audit_events \
+                 (id, at, user_id, token_id, action, host_id, terminal_id, instance_id, detail) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .await?;
+        for e in events {
+            tx.execute(
+                &stmt,
+                &[
+                    &Uuid::new_v4(),
+                    &e.at,
+                    &e.user_id,
+                    &e.token_id,
+                    &e.action.as_str(),
+                    &e.host_id,
+                    &e.terminal_id,
+                    &e.instance_id,
+                    &e.detail,
+                ],
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn list_audit_events(
+        &self,
+        user_id: Uuid,
+        since: Option<DateTime<Utc>>,
+        limit: usize,
+    ) -> StoreResult<Vec<AuditEvent>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.query(
+            &format!(
+                "SELECT {AUDIT_COLS} \
+             FROM audit_events WHERE user_id = $1 AND ($2::timestamptz IS NULL OR at >= $2) \
+             ORDER BY at DESC, id DESC LIMIT $3"
+            ),
+            &[&user_id, &since, &limit],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(AuditEvent {
+                id: r.get(0),
+                at: r.get(1),
+                user_id: r.get(2),
+                token_id: r.get(3),
+                action: r.get::<_, String>(4).parse()?,
+                host_id: r.get(5),
+                terminal_id: r.get(6),
+                instance_id: r.get(7),
+                detail: r.get(8),
+            })
+        })
+        .collect()
+    }
+
+    async fn delete_audit_events_before(&self, before: DateTime<Utc>) -> StoreResult<u64> {
+        self.execute("DELETE FROM audit_events WHERE at < $1", &[&before]).await
+    }
 }

@@ -188,11 +188,39 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl SqliteStore {
     /// Opens (creating if needed) the database file.
+    /// Opens (creating) the database file. A new file and the directories
+    /// made for it are private (0600 / 0700; docs/SECURITY.md, "Files"),
+    /// and an existing file is made private: it holds run output. SQLite
+    /// gives the WAL and shared-memory files the database file's mode.
     pub fn open(path: &Path) -> StoreResult<Self> {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+        let file_error = |e: std::io::Error| StoreError::Migration(format!("cannot create {}: {e}", path.display()));
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
                 .map_err(|e| StoreError::Migration(format!("cannot create {}: {e}", parent.display())))?;
         }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .map_err(file_error)?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600)).map_err(file_error)?;
+        for suffix in ["-wal", "-shm"] {
+            let mut side = path.as_os_str().to_owned();
+            side.push(suffix);
+            if let Err(e) = std::fs::set_permissions(&side, std::fs::Permissions::from_mode(0o600)) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    return Err(file_error(e));
+                }
+            }
+        }
+        drop(file);
         let conn = Connection::open(path)?;
         conn.busy_timeout(BUSY_TIMEOUT)?;
         // Switching a new file to WAL fails at once with "database is
@@ -1041,5 +1069,88 @@ impl Store for SqliteStore {
             .optional()?)
         })
         .await
+    }
+
+    async fn insert_audit_events(&self, events: &[NewAuditEvent]) -> StoreResult<()> {
+        let events = events.to_vec();
+        self.call(move |c| {
+            let tx = c.transaction()?;
+            {
+                let mut stmt = tx.prepare_cached(
+                    "INSERT INTO audit_events \
+                     (id, at, user_id, token_id, action, host_id, terminal_id, instance_id, detail) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                )?;
+                for e in &events {
+                    stmt.execute(params![
+                        Uuid::new_v4().to_string(),
+                        e.at.timestamp_millis(),
+                        e.user_id.to_string(),
+                        e.token_id.map(|t| t.to_string()),
+                        e.action.as_str(),
+                        e.host_id.map(|h| h.to_string()),
+                        e.terminal_id.map(|t| t.to_string()),
+                        e.instance_id,
+                        e.detail,
+                    ])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_audit_events(
+        &self,
+        user_id: Uuid,
+        since: Option<DateTime<Utc>>,
+        limit: usize,
+    ) -> StoreResult<Vec<AuditEvent>> {
+        let since = since.map(|s| s.timestamp_millis());
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.call(move |c| {
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT {AUDIT_COLS} \
+                 FROM audit_events WHERE user_id = ?1 AND (?2 IS NULL OR at >= ?2) \
+                 ORDER BY at DESC, rowid DESC LIMIT ?3"
+            ))?;
+            let rows = stmt
+                .query_map(params![user_id.to_string(), since, limit], |r| {
+                    Ok((
+                        uuid_col(r, 0)?,
+                        r.get::<_, i64>(1)?,
+                        uuid_col(r, 2)?,
+                        opt_uuid_col(r, 3)?,
+                        r.get::<_, String>(4)?,
+                        opt_uuid_col(r, 5)?,
+                        opt_uuid_col(r, 6)?,
+                        r.get::<_, String>(7)?,
+                        r.get::<_, Option<String>>(8)?,
+                    ))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            rows.into_iter()
+                .map(|(id, at, user_id, token_id, action, host_id, terminal_id, instance_id, detail)| {
+                    Ok(AuditEvent {
+                        id,
+                        at: ts(at),
+                        user_id,
+                        token_id,
+                        action: action.parse()?,
+                        host_id,
+                        terminal_id,
+                        instance_id,
+                        detail,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn delete_audit_events_before(&self, before: DateTime<Utc>) -> StoreResult<u64> {
+        let before = before.timestamp_millis();
+        self.call(move |c| Ok(c.execute("DELETE FROM audit_events WHERE at < ?1", [before])? as u64)).await
     }
 }

@@ -352,3 +352,86 @@ mod tests {
         }
     }
 }
+
+/// What an audit event records (docs/SECURITY.md, "Audit").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditAction {
+    Attach,
+    Detach,
+    Spawn,
+    Kill,
+    /// Input started (at most one a minute per viewer; never the bytes).
+    Input,
+    Resize,
+    TokenCreated,
+    TokenRevoked,
+    HostRegistered,
+}
+
+impl AuditAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Attach => "attach",
+            Self::Detach => "detach",
+            Self::Spawn => "spawn",
+            Self::Kill => "kill",
+            Self::Input => "input",
+            Self::Resize => "resize",
+            Self::TokenCreated => "token_created",
+            Self::TokenRevoked => "token_revoked",
+            Self::HostRegistered => "host_registered",
+        }
+    }
+}
+
+impl FromStr for AuditAction {
+    type Err = StoreError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "attach" => Self::Attach,
+            "detach" => Self::Detach,
+            "spawn" => Self::Spawn,
+            "kill" => Self::Kill,
+            "input" => Self::Input,
+            "resize" => Self::Resize,
+            "token_created" => Self::TokenCreated,
+            "token_revoked" => Self::TokenRevoked,
+            "host_registered" => Self::HostRegistered,
+            other => return Err(StoreError::Corrupt(format!("audit action `{other}`"))),
+        })
+    }
+}
+
+/// One audit event as written: the store assigns nothing but the row id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAuditEvent {
+    pub at: DateTime<Utc>,
+    pub user_id: Uuid,
+    /// The token that acted, when the caller knows it.
+    pub token_id: Option<Uuid>,
+    pub action: AuditAction,
+    pub host_id: Option<Uuid>,
+    pub terminal_id: Option<Uuid>,
+    pub instance_id: String,
+    /// A short note (the signal of a kill, the grid of a resize).
+    pub detail: Option<String>,
+}
+
+/// One stored audit event (docs/REST.md, "Audit").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEvent {
+    pub id: Uuid,
+    pub at: DateTime<Utc>,
+    pub user_id: Uuid,
+    pub token_id: Option<Uuid>,
+    pub action: AuditAction,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<Uuid>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub terminal_id: Option<Uuid>,
+    pub instance_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}

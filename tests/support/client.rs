@@ -116,7 +116,20 @@ pub struct Socket {
 impl Socket {
     /// Connects with an optional Bearer token and the given subprotocols.
     pub async fn connect(url: &str, token: Option<&str>, protocols: &[&str]) -> Socket {
+        Self::connect_with_headers(url, token, protocols, &[]).await
+    }
+
+    /// Like `connect`, with extra request headers (`X-Forwarded-For`, say).
+    pub async fn connect_with_headers(
+        url: &str,
+        token: Option<&str>,
+        protocols: &[&str],
+        headers: &[(&str, &str)],
+    ) -> Socket {
         let mut req = client().ws(url).max_frame_size(8 * 1024 * 1024);
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
         if let Some(token) = token {
             req = req.header("Authorization", format!("Bearer {token}"));
         }

@@ -25,6 +25,11 @@ impl DaemonProcess {
 
     /// Like `start`, dialing `url` (a balancer in front of servers, say).
     pub fn start_url(url: &str, token: &str, state_dir: &Path) -> DaemonProcess {
+        Self::start_with(url, token, state_dir, &[])
+    }
+
+    /// Like `start_url`, with extra `tether daemon` flags.
+    pub fn start_with(url: &str, token: &str, state_dir: &Path, flags: &[&str]) -> DaemonProcess {
         std::fs::create_dir_all(state_dir).expect("state dir");
         let log_path = state_dir.join(format!("daemon-{}.log", rand::random::<u32>()));
         let (out, err) = process::log_file(&log_path);
@@ -32,6 +37,7 @@ impl DaemonProcess {
         command
             .args(["daemon", "--server", url, "--token", token, "--allow-dir", "/tmp", "--state-dir"])
             .arg(state_dir)
+            .args(flags)
             .env_remove("TETHER_TEST_DATABASE_URL")
             .env_remove("TETHER_TEST_REDIS_URL")
             .env_remove("TETHER_TEST_REDIS_CLUSTER")

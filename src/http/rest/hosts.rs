@@ -8,11 +8,12 @@ use serde_json::json;
 
 use super::page::{PageQuery, Position};
 use super::{check_text, on_host, online_hosts, path_id};
+use crate::audit::Subject;
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::http::views::HostView;
 use crate::relay::requests::{HostOp, OpAnswer};
-use crate::store::{HostState, NewHost};
+use crate::store::{AuditAction, HostState, NewHost};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -47,6 +48,7 @@ pub async fn register(
             arch: body.arch,
         })
         .await?;
+    state.relay.audit.record(user.id(), AuditAction::HostRegistered, Subject::host(host.id));
     let online = online_hosts(&state, &[host.id]).await?.contains(&host.id);
     Ok(HttpResponse::Created().json(json!({ "host": HostView::new(host, online) })))
 }

@@ -2,6 +2,7 @@
 //! instance card. Handlers validate input, scope every read and write to
 //! the caller's user, and answer errors in the shape of `http::error`.
 
+mod audit;
 mod hosts;
 mod page;
 mod runs;
@@ -42,7 +43,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .route("/runs", web::post().to(runs::create))
             .route("/runs", web::get().to(runs::list))
             .route("/runs/{id}", web::get().to(runs::get))
-            .route("/runs/{id}/log", web::get().to(runs::log)),
+            .route("/runs/{id}/log", web::get().to(runs::log))
+            .route("/audit", web::get().to(audit::list)),
     );
 }
 

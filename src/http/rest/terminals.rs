@@ -10,11 +10,13 @@ use serde_json::json;
 
 use super::page::{PageQuery, Position};
 use super::{check_argv, check_dir, check_text, field_id, on_host, path_id};
+use crate::audit::Subject;
+use crate::http::body::OptionalJson;
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::relay::requests::{deliver, HostOp, OpAnswer};
 use crate::relay::RequestError;
-use crate::store::{DeleteOutcome, NewTerminal, Terminal, TerminalFilter, TerminalState};
+use crate::store::{AuditAction, DeleteOutcome, NewTerminal, Terminal, TerminalFilter, TerminalState};
 
 /// Grids are clamped to 1..=1000 everywhere (docs/PROTOCOL.md, "Client ->
 /// server"); the API refuses
@@ -75,6 +77,7 @@ pub async fn create(
             run_id: None,
         })
         .await?;
+    state.relay.audit.record(user.id(), AuditAction::Spawn, Subject::terminal(host_id, terminal.id));
     // Spawn at once through the host's owner, wherever it is; with the
     // host offline it stays parked (`pending`, `host_offline`) and is
     // spawned when the host connects. An unacknowledged spawn is never
@@ -169,6 +172,7 @@ pub async fn input(
     }
     let terminal = running_terminal(&state, &user, &id).await?;
     let data = body.into_inner().data.into_bytes().into();
+    state.relay.audit.rest_input(user.id(), terminal.host_id, terminal.id);
     on_host(&state, terminal.host_id, HostOp::Input { terminal_id: terminal.id, data }).await?;
     Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))
 }
@@ -188,6 +192,8 @@ pub async fn resize(
     let cols = grid("cols", Some(body.cols), 80)?;
     let rows = grid("rows", Some(body.rows), 24)?;
     let terminal = running_terminal(&state, &user, &id).await?;
+    let subject = Subject::terminal(terminal.host_id, terminal.id).with_detail(format!("{cols}x{rows}"));
+    state.relay.audit.record(user.id(), AuditAction::Resize, subject);
     on_host(&state, terminal.host_id, HostOp::Resize { terminal_id: terminal.id, cols, rows }).await?;
     Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))
 }
@@ -233,10 +239,12 @@ pub async fn kill(
     state: web::Data<AppState>,
     user: AuthUser,
     id: web::Path<String>,
-    body: Option<web::Json<KillBody>>,
+    body: OptionalJson<KillBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let signal = signal_number(body.as_ref().and_then(|b| b.signal.as_ref()))?;
+    let signal = signal_number(body.0.as_ref().and_then(|b| b.signal.as_ref()))?;
     let terminal = running_terminal(&state, &user, &id).await?;
+    let subject = Subject::terminal(terminal.host_id, terminal.id).with_detail(format!("signal {signal}"));
+    state.relay.audit.record(user.id(), AuditAction::Kill, subject);
     on_host(&state, terminal.host_id, HostOp::Kill { terminal_id: terminal.id, signal }).await?;
     Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))
 }

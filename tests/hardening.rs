@@ -1,0 +1,241 @@
+//! Hardening (docs/SECURITY.md) against real processes: response headers
+//! and the separate metrics listener, private state files, WebSocket caps
+//! per user behind one address and `http.trusted_proxies`, a daemon whose
+//! allowlist is locked, and the audit record of a real terminal session.
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::client::{create_token, daemon_url, viewer_url, Api, Event, Socket, WAIT};
+use support::daemon::DaemonProcess;
+use support::e2e::{self, wait_online, Viewer};
+use support::{free_port, TetherServer};
+use tether::viewer_protocol::ClientMessage;
+
+const DAEMON: &[&str] = &["tether.daemon.v1"];
+const VIEWER: &[&str] = &["tether.v1"];
+
+/// Status and headers of a plain GET.
+async fn get(url: &str) -> (u16, awc::http::header::HeaderMap, String) {
+    let mut res = awc::Client::default().get(url).send().await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    let body = res.body().limit(8 * 1024 * 1024).await.unwrap_or_default();
+    (res.status().as_u16(), res.headers().clone(), String::from_utf8_lossy(&body).into_owned())
+}
+
+#[actix_rt::test]
+async fn responses_carry_security_headers_and_metrics_can_move() {
+    let metrics_listen = format!("127.0.0.1:{}", free_port());
+    let server = TetherServer::start(&[("TETHER_METRICS__LISTEN", &metrics_listen)], &[]).await;
+    for path in ["/healthz", "/", "/api/v1/hosts", "/no-such-page"] {
+        let (status, headers, _) = get(&format!("{}{path}", server.url())).await;
+        assert_ne!(status, 0, "{path}");
+        assert_eq!(headers.get("x-content-type-options").map(|v| v.to_str().unwrap()), Some("nosniff"), "{path}");
+        assert_eq!(headers.get("referrer-policy").map(|v| v.to_str().unwrap()), Some("no-referrer"), "{path}");
+    }
+    // /metrics is no longer served with the API...
+    let (status, _, body) = get(&format!("{}/metrics", server.url())).await;
+    assert_eq!(status, 404, "{body}");
+    // ...but on its own address, and only /metrics there.
+    let (status, headers, body) = get(&format!("http://{metrics_listen}/metrics")).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("tether_"), "{body}");
+    assert_eq!(headers.get("x-content-type-options").map(|v| v.to_str().unwrap()), Some("nosniff"));
+    let (status, _, _) = get(&format!("http://{metrics_listen}/api/v1/hosts")).await;
+    assert_eq!(status, 404, "the metrics listener serves nothing else");
+    assert!(server.log().contains(&format!("/metrics is served on http://{metrics_listen}/metrics only")));
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).permissions().mode() & 0o777
+}
+
+#[actix_rt::test]
+async fn state_files_are_private() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db_dir = dir.path().join("data/tether");
+    let db = db_dir.join("tether.db");
+    let db_setting = db.display().to_string();
+    let server = TetherServer::start(&[("TETHER_DATABASE__SQLITE_PATH", &db_setting)], &[]).await;
+    let api = Api::new(server.url(), create_token(&server, "ann"));
+    let state_dir = dir.path().join("daemon-state");
+    let _daemon = DaemonProcess::start(&server, &api.token, &state_dir);
+    wait_online(&api).await;
+    // The server wrote to the database (the host, its lease): WAL and SHM exist.
+    for suffix in ["", "-wal", "-shm"] {
+        let path = db_dir.join(format!("tether.db{suffix}"));
+        assert_eq!(mode(&path), 0o600, "{}", path.display());
+    }
+    assert_eq!(mode(&db_dir), 0o700, "the database's directory, created by serve");
+    // The harness created the daemon's state dir with the default mode; the
+    // daemon made it private, and its files are private.
+    assert_eq!(mode(&state_dir), 0o700);
+    for name in ["host.json", "dirs.json"] {
+        assert_eq!(mode(&state_dir.join(name)), 0o600, "{name}");
+    }
+}
+
+/// True when the socket is still open after a short wait (it was served,
+/// not closed 4429).
+async fn still_open(sock: &mut Socket) -> bool {
+    loop {
+        match sock.next_within(Duration::from_millis(700)).await {
+            None => return true,
+            Some(Event::Close(_)) => return false,
+            Some(_) => continue,
+        }
+    }
+}
+
+/// A user with a registered host and a (pending) terminal; returns the API
+/// and the terminal id.
+async fn user_with_terminal(server: &TetherServer, name: &str) -> (Api, String) {
+    let api = Api::new(server.url(), create_token(server, name));
+    let (status, body) = api.post("/api/v1/hosts", json!({"hostname": format!("{name}-box")})).await;
+    assert_eq!(status, 201, "{body}");
+    let host = body["host"]["id"].as_str().expect("host id").to_string();
+    let (status, body) = api.post("/api/v1/terminals", json!({"hostId": host})).await;
+    assert_eq!(status, 201, "{body}");
+    (api, body["terminal"]["id"].as_str().expect("terminal id").to_string())
+}
+
+#[actix_rt::test]
+async fn one_users_sockets_do_not_lock_out_another_user_behind_the_same_address() {
+    let server = TetherServer::start(&[("TETHER_HTTP__WS_PER_ADDRESS", "2")], &[]).await;
+    let (ann, ann_terminal) = user_with_terminal(&server, "ann").await;
+    let (bob, bob_terminal) = user_with_terminal(&server, "bob").await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut sock = Socket::connect(&viewer_url(&server, &ann_terminal), Some(&ann.token), VIEWER).await;
+        assert!(still_open(&mut sock).await);
+        held.push(sock);
+    }
+    // Ann is at her cap from this address; a forged X-Forwarded-For does
+    // not help without trusted proxies.
+    let forged = [("X-Forwarded-For", "198.51.100.9")];
+    let mut third =
+        Socket::connect_with_headers(&viewer_url(&server, &ann_terminal), Some(&ann.token), VIEWER, &forged).await;
+    assert_eq!(third.expect_close().await, Some(4429));
+    let mut daemon = Socket::connect(&daemon_url(&server), Some(&ann.token), DAEMON).await;
+    assert_eq!(daemon.expect_close().await, Some(4429));
+    // Bob, from the same address, keeps his own slots: a viewer and a daemon.
+    let mut viewer = Socket::connect(&viewer_url(&server, &bob_terminal), Some(&bob.token), VIEWER).await;
+    assert!(still_open(&mut viewer).await, "bob's viewer was closed");
+    let mut daemon = Socket::connect(&daemon_url(&server), Some(&bob.token), DAEMON).await;
+    assert!(still_open(&mut daemon).await, "bob's daemon was closed");
+}
+
+#[actix_rt::test]
+async fn trusted_proxies_name_the_client_and_the_user_cap_spans_addresses() {
+    let server = TetherServer::start(
+        &[
+            ("TETHER_HTTP__WS_PER_ADDRESS", "1"),
+            ("TETHER_HTTP__WS_PER_USER", "2"),
+            ("TETHER_HTTP__TRUSTED_PROXIES", "127.0.0.0/8"),
+        ],
+        &[],
+    )
+    .await;
+    let (ann, terminal) = user_with_terminal(&server, "ann").await;
+    let url = viewer_url(&server, &terminal);
+    let from = |addr: &'static str| [("X-Forwarded-For", addr)];
+    let mut first = Socket::connect_with_headers(&url, Some(&ann.token), VIEWER, &from("198.51.100.1")).await;
+    assert!(still_open(&mut first).await);
+    let mut same = Socket::connect_with_headers(&url, Some(&ann.token), VIEWER, &from("198.51.100.1")).await;
+    assert_eq!(same.expect_close().await, Some(4429), "one socket per address");
+    let mut other = Socket::connect_with_headers(&url, Some(&ann.token), VIEWER, &from("198.51.100.2")).await;
+    assert!(still_open(&mut other).await, "another client address behind the proxy has its own slot");
+    let mut third = Socket::connect_with_headers(&url, Some(&ann.token), VIEWER, &from("198.51.100.3")).await;
+    assert_eq!(third.expect_close().await, Some(4429), "two sockets per user in all");
+}
+
+#[actix_rt::test]
+async fn a_locked_daemon_refuses_remote_dir_changes() {
+    let server = TetherServer::start(&[], &[]).await;
+    let api = Api::new(server.url(), create_token(&server, "ann"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let _daemon = DaemonProcess::start_with(&server.url(), &api.token, &dir.path().join("state"), &["--lock-dirs"]);
+    let host = wait_online(&api).await;
+    let dirs = format!("/api/v1/hosts/{host}/dirs");
+    let (status, body) = api.post(&dirs, json!({"path": "/var"})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("daemon_refused")), "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("--lock-dirs"), "{body}");
+    let (status, body) = api.delete(&format!("{dirs}?path=/tmp")).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("daemon_refused")), "{body}");
+    let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
+    assert_eq!(body["host"]["dirs"], json!(["/tmp"]), "nothing changed: {body}");
+}
+
+/// Polls the audit log until `done` accepts it.
+async fn audit_until(api: &Api, what: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (status, body) = api.get("/api/v1/audit").await;
+        assert_eq!(status, 200, "{body}");
+        let events = body["events"].as_array().cloned().unwrap_or_default();
+        if done(&events) {
+            return events;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {events:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn count(events: &[Value], action: &str) -> usize {
+    events.iter().filter(|e| e["action"] == action).count()
+}
+
+#[actix_rt::test]
+async fn a_terminal_session_is_audited_without_its_input() {
+    let e = e2e::start(false, &[]).await;
+    let terminal = e2e::terminal(&e, &["sh"]).await;
+    let mut viewer = Viewer::attach(&e, &terminal, "").await;
+    viewer.type_line("echo one-secret-word").await;
+    viewer.until("one-secret-word").await;
+    viewer.type_line("echo two").await;
+    viewer.sock.send_json(serde_json::to_value(ClientMessage::resize(100, 30)).expect("json")).await;
+    viewer.until("two").await;
+    viewer.sock.close().await;
+    let _ = viewer.sock.expect_close().await;
+    // A malformed kill body is refused and the terminal keeps running.
+    let kill = format!("{}/api/v1/terminals/{terminal}/kill", e.server.url());
+    let res = awc::Client::default()
+        .post(&kill)
+        .insert_header(("Authorization", format!("Bearer {}", e.api.token)))
+        .insert_header(("Content-Type", "application/json"))
+        .send_body("{\"signal\": 9")
+        .await
+        .expect("kill");
+    assert_eq!(res.status().as_u16(), 400);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, body) = e.api.get(&format!("/api/v1/terminals/{terminal}")).await;
+    assert_eq!(body["terminal"]["state"], "running", "{body}");
+    let (status, body) = e.api.post(&format!("/api/v1/terminals/{terminal}/kill"), json!({"signal": "KILL"})).await;
+    assert_eq!(status, 202, "{body}");
+    e2e::wait_state(&e.api, &terminal, "exited").await;
+
+    let events = audit_until(&e.api, "the session's events", |events| {
+        ["host_registered", "spawn", "attach", "input", "resize", "detach", "kill"]
+            .iter()
+            .all(|action| count(events, action) >= 1)
+    })
+    .await;
+    assert_eq!(count(&events, "input"), 1, "input started once, however much was typed: {events:#?}");
+    assert_eq!(count(&events, "kill"), 1, "the refused kill is not audited: {events:#?}");
+    let text = serde_json::to_string(&events).expect("json");
+    assert!(!text.contains("secret"), "input bytes are never stored: {text}");
+    let of = |action: &str| events.iter().find(|e| e["action"] == action).expect(action).clone();
+    for action in ["spawn", "attach", "input", "resize", "detach", "kill"] {
+        let event = of(action);
+        assert_eq!(event["terminalId"], terminal.as_str(), "{event}");
+        assert_eq!(event["hostId"], e.host.as_str(), "{event}");
+    }
+    assert_eq!(of("resize")["detail"], "100x30");
+    assert_eq!(of("kill")["detail"], "signal 9");
+    // Newest first: the kill came last.
+    assert_eq!(events[0]["action"], "kill", "{events:#?}");
+}
