@@ -44,6 +44,7 @@ pub struct Settings {
     pub shutdown: ShutdownSettings,
     pub runs: RunsSettings,
     pub director: DirectorSettings,
+    pub auth: AuthSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -223,6 +224,22 @@ pub struct SweepSettings {
 impl Default for SweepSettings {
     fn default() -> Self {
         Self { interval_ms: 30_000, stale_host_ms: 90_000, launch_timeout_ms: 30_000 }
+    }
+}
+
+/// Token checks (docs/REST.md, "Revocation and expiry").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSettings {
+    /// How often each instance asks the database whether the tokens of its
+    /// open sockets are still usable; a revoked or expired token's sockets
+    /// are closed 4401 within this (plus one query).
+    pub revocation_check_ms: u64,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        Self { revocation_check_ms: 500 }
     }
 }
 
@@ -425,7 +442,8 @@ impl Settings {
                 return Err(invalid("cluster.secret", "must be at least 16 characters"));
             }
         }
-        let positive: [(&'static str, u64); 22] = [
+        let positive: [(&'static str, u64); 23] = [
+            ("auth.revocation_check_ms", self.auth.revocation_check_ms),
             ("viewer.slow_ms", self.viewer.slow_ms),
             ("lease.ttl_ms", self.lease.ttl_ms),
             ("lease.renew_ms", self.lease.renew_ms),

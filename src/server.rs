@@ -96,7 +96,10 @@ async fn drain(state: &AppState) {
         }
     }
     crate::store::logged(
-        state.store.release_lease(crate::jobs::sweep::SWEEP_LEASE, &LeaseHolder::instance(&state.instance.instance_id)).await,
+        state
+            .store
+            .release_lease(crate::jobs::sweep::SWEEP_LEASE, &LeaseHolder::instance(&state.instance.instance_id))
+            .await,
         "release the sweep lease",
     );
 }

@@ -3,7 +3,8 @@
 //!
 //! Every refusal happens after the upgrade, as a close code the client can
 //! read (browsers cannot see an HTTP status of a failed upgrade): 4401 bad
-//! token, 4403 foreign, 4404 unknown terminal, 4429 per-address cap. The
+//! token (revoked or expired included), 4403 foreign or outside the token's
+//! scope, 4404 unknown terminal, 4429 per-address cap. The
 //! one exception is a browser page of a foreign origin (`super::origin`):
 //! it gets 403 and no socket at all, before any token is looked at.
 
@@ -13,8 +14,8 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::error::ApiError;
-use super::state::{user_for_token, AppState};
-use crate::auth;
+use super::state::{authenticate, AppState};
+use crate::auth::{self, Access};
 use crate::relay::outbox::close_reason;
 use crate::relay::{close, daemon_conn, viewer, MAX_FRAME_BYTES};
 
@@ -98,9 +99,12 @@ pub async fn daemon(
         refuse(session, stream, close::TOO_MANY, "too many connections from this address");
         return Ok(res);
     };
-    match user_for_token(&state, auth::websocket_token(&req)).await {
-        Ok(user) => {
-            daemon_conn::start(state.relay.clone(), user.id, session, stream, guard);
+    match authenticate(&state, auth::websocket_token(&req)).await {
+        Ok(principal) if principal.may(Access::DaemonSocket, None).is_err() => {
+            refuse(session, stream, close::FORBIDDEN, "this token's scope may not connect a daemon");
+        }
+        Ok(principal) => {
+            daemon_conn::start(state.relay.clone(), principal, session, stream, guard);
         }
         Err(e) if e.status == actix_web::http::StatusCode::UNAUTHORIZED => {
             refuse(session, stream, close::BAD_TOKEN, "bad token");
@@ -131,8 +135,8 @@ pub async fn terminal(
         refuse(session, stream, close::TOO_MANY, "too many connections from this address");
         return Ok(res);
     };
-    let user = match user_for_token(&state, auth::websocket_token(&req)).await {
-        Ok(user) => user,
+    let principal = match authenticate(&state, auth::websocket_token(&req)).await {
+        Ok(principal) => principal,
         Err(e) if e.status == actix_web::http::StatusCode::UNAUTHORIZED => {
             refuse(session, stream, close::BAD_TOKEN, "bad token");
             return Ok(res);
@@ -142,12 +146,16 @@ pub async fn terminal(
             return Ok(res);
         }
     };
+    if principal.may(Access::ViewerSocket, Some(&path)).is_err() {
+        refuse(session, stream, close::FORBIDDEN, "this token's scope does not reach this terminal");
+        return Ok(res);
+    }
     let Ok(id) = Uuid::parse_str(&path) else {
         refuse(session, stream, close::UNKNOWN_TERMINAL, "unknown terminal");
         return Ok(res);
     };
     let terminal = match state.store.terminal_by_id(id).await {
-        Ok(Some(t)) if t.user_id == user.id => t,
+        Ok(Some(t)) if t.user_id == principal.user_id() => t,
         Ok(Some(_)) => {
             refuse(session, stream, close::FORBIDDEN, "not your terminal");
             return Ok(res);
@@ -162,6 +170,6 @@ pub async fn terminal(
         }
     };
     let resume_from = query.from.as_deref().and_then(|f| f.parse::<u64>().ok());
-    viewer::start(state.relay.clone(), terminal, resume_from, session, stream, guard);
+    viewer::start(state.relay.clone(), principal, terminal, resume_from, session, stream, guard);
     Ok(res)
 }

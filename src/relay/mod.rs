@@ -25,6 +25,7 @@ pub mod remote;
 pub mod requests;
 pub mod resume_ring;
 pub mod stamp;
+pub mod token_watch;
 pub mod viewer;
 
 pub use messages::*;
@@ -70,4 +71,6 @@ pub struct RelayContext {
     pub requests: Arc<requests::PendingRequests>,
     /// The viewer proxies of this instance (viewers across instances).
     pub remotes: Arc<remote::Remotes>,
+    /// Open sockets by token, closed 4401 when their token stops being usable.
+    pub tokens: Arc<token_watch::TokenWatch>,
 }

@@ -5,6 +5,12 @@
 //! outbound queue: a client that stops reading is closed 1008 and never
 //! grows the server's memory. An exited terminal is answered from the store
 //! (status, size, final snapshot, exit) without an arbiter.
+//!
+//! A viewer of a token that is not `full` is read-only (docs/PROTOCOL.md,
+//! "Read-only viewers"): its input, resize and view messages never leave
+//! this actor, so it never types and never holds the grid; it is told so
+//! once per kind of message. Its socket is watched under its token's id and
+//! closed 4401 when the token is revoked or expires (`token_watch`).
 
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
@@ -20,7 +26,9 @@ use super::outbox::{Frame, Outbox};
 use super::registry::OpenTerminal;
 use super::remote::HomeViewer;
 use super::requests::{locate, Location};
+use super::token_watch::{TokenRevoked, Watched};
 use super::*;
+use crate::auth::Principal;
 use crate::store::{Terminal, TerminalState};
 use crate::viewer_protocol::{ClientMessage, ServerMessage};
 
@@ -44,12 +52,24 @@ pub struct Viewer {
     /// The terminal's arbiter here, or the home proxy of a remote one.
     target: Option<Recipient<FromViewer>>,
     closed_by_arbiter: bool,
+    /// Input, resize and view stay here (docs/PROTOCOL.md, "Read-only viewers").
+    read_only: bool,
+    /// The kinds of message a read-only viewer was already told about.
+    told_read_only: Vec<&'static str>,
+    principal: Principal,
+    watched: Option<Watched>,
     _guard: AddressGuard,
+}
+
+/// What a read-only viewer is told, once per kind, when it sends `kind`.
+pub fn read_only_message(kind: &str) -> String {
+    format!("read-only: this token may watch this terminal but not {kind}")
 }
 
 impl Viewer {
     pub fn new(
         relay: RelayContext,
+        principal: Principal,
         terminal: Terminal,
         resume_from: Option<u64>,
         outbox: Outbox,
@@ -65,8 +85,25 @@ impl Viewer {
             stream: Some(stream),
             target: None,
             closed_by_arbiter: false,
+            read_only: principal.read_only(),
+            told_read_only: Vec::new(),
+            principal,
+            watched: None,
             _guard: guard,
         }
+    }
+
+    /// True when the message may go on; a read-only viewer's is dropped
+    /// (and the viewer told, the first time for each kind).
+    fn may_control(&mut self, kind: &'static str, ctx: &mut Context<Self>) -> bool {
+        if !self.read_only {
+            return true;
+        }
+        if !self.told_read_only.contains(&kind) {
+            self.told_read_only.push(kind);
+            self.push(Frame::Text(ServerMessage::error(read_only_message(kind)).to_json()), ctx);
+        }
+        false
     }
 
     fn push(&mut self, frame: Frame, ctx: &mut Context<Self>) {
@@ -155,6 +192,9 @@ impl Viewer {
 
     fn on_text(&mut self, text: &str, ctx: &mut Context<Self>) {
         match serde_json::from_str::<ClientMessage>(text) {
+            Ok(ClientMessage::Input { .. }) if !self.may_control("send input", ctx) => {}
+            Ok(ClientMessage::Resize { .. }) if !self.may_control("resize it", ctx) => {}
+            Ok(ClientMessage::View { .. }) if !self.may_control("claim its grid", ctx) => {}
             Ok(ClientMessage::Input { data }) => {
                 self.to_arbiter(FromViewer::Input { viewer: self.id, data: Bytes::from(data.into_bytes()) });
             }
@@ -179,6 +219,7 @@ impl Actor for Viewer {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         metrics::gauge!("tether_viewer_connections").increment(1.0);
+        self.watched = Some(self.relay.tokens.watch(self.principal.token_id, ctx.address().recipient()));
         if let Some(stream) = self.stream.take() {
             ctx.add_stream(stream);
         }
@@ -203,7 +244,11 @@ impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for Viewer {
     fn handle(&mut self, msg: Result<AggregatedMessage, ProtocolError>, ctx: &mut Context<Self>) {
         match msg {
             Ok(AggregatedMessage::Text(text)) => self.on_text(&text, ctx),
-            Ok(AggregatedMessage::Binary(data)) => self.to_arbiter(FromViewer::Input { viewer: self.id, data }),
+            Ok(AggregatedMessage::Binary(data)) => {
+                if self.may_control("send input", ctx) {
+                    self.to_arbiter(FromViewer::Input { viewer: self.id, data });
+                }
+            }
             Ok(AggregatedMessage::Ping(data)) => {
                 self.push(Frame::Pong(data), ctx);
                 self.to_arbiter(FromViewer::Pong { viewer: self.id });
@@ -217,6 +262,14 @@ impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for Viewer {
 
     fn finished(&mut self, ctx: &mut Context<Self>) {
         ctx.stop();
+    }
+}
+
+impl Handler<TokenRevoked> for Viewer {
+    type Result = ();
+    fn handle(&mut self, _: TokenRevoked, ctx: &mut Context<Self>) {
+        tracing::info!(terminal_id = %self.terminal.id, token_id = %self.principal.token_id, "tether_viewer_token_revoked");
+        self.close(close::BAD_TOKEN, "token revoked or expired", ctx);
     }
 }
 
@@ -249,6 +302,7 @@ impl Handler<ViewerOut> for Viewer {
 /// Starts a viewer actor for an upgraded socket.
 pub fn start(
     relay: RelayContext,
+    principal: Principal,
     terminal: Terminal,
     resume_from: Option<u64>,
     session: actix_ws::Session,
@@ -256,5 +310,5 @@ pub fn start(
     guard: AddressGuard,
 ) -> Addr<Viewer> {
     let outbox = Outbox::start(session, relay.settings.viewer.queue_bytes, Some(&QUEUE_HIGH_WATER));
-    Viewer::new(relay, terminal, resume_from, outbox, stream, guard).start()
+    Viewer::new(relay, principal, terminal, resume_from, outbox, stream, guard).start()
 }

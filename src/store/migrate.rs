@@ -12,11 +12,15 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
-pub const MIGRATIONS_POSTGRES: &[Migration] =
-    &[Migration { version: 1, name: "foundation", sql: include_str!("../../migrations/postgres/0001_foundation.sql") }];
+pub const MIGRATIONS_POSTGRES: &[Migration] = &[
+    Migration { version: 1, name: "foundation", sql: include_str!("../../migrations/postgres/0001_foundation.sql") },
+    Migration { version: 2, name: "tokens", sql: include_str!("../../migrations/postgres/0002_tokens.sql") },
+];
 
-pub const MIGRATIONS_SQLITE: &[Migration] =
-    &[Migration { version: 1, name: "foundation", sql: include_str!("../../migrations/sqlite/0001_foundation.sql") }];
+pub const MIGRATIONS_SQLITE: &[Migration] = &[
+    Migration { version: 1, name: "foundation", sql: include_str!("../../migrations/sqlite/0001_foundation.sql") },
+    Migration { version: 2, name: "tokens", sql: include_str!("../../migrations/sqlite/0002_tokens.sql") },
+];
 
 /// The error for a database migrated by a newer binary.
 pub(super) fn too_new(found: i64, known: i64) -> super::StoreError {
