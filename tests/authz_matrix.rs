@@ -13,7 +13,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::client::{create_token, daemon_url, hello, viewer_url, Api, Event, Socket};
+use support::client::{create_token, hello, Api, Event, Socket};
 use support::TetherServer;
 use tether::auth::Access;
 use tether::http::routes::{RouteSpec, ROUTES};
