@@ -165,6 +165,16 @@ async fn read_viewers_watch_and_revoked_tokens_are_closed_on_every_instance() {
     writer.until("still-6-here").await;
     sharer.until("still-6-here").await;
 
+    // A token row deleted behind the server's back ends its sockets too.
+    let db = support::pg_connect(&database).await;
+    let share_id = share_row["id"].as_str().expect("share id");
+    let deleted = db.execute("DELETE FROM api_tokens WHERE id = $1::text::uuid", &[&share_id]).await.expect("delete");
+    assert_eq!(deleted, 1);
+    let (code, took) = close_of(&mut sharer, Instant::now()).await;
+    assert_eq!(code, Some(4401), "the deleted token's viewer, after {took:?}");
+    writer.type_line("echo writer-$((3*3))-stays").await;
+    writer.until("writer-9-stays").await;
+
     // The daemon token revoked from the command line: its socket is
     // closed 4401 and the daemon stops (a refused token is fatal to it).
     let out = a.run(&["token", "revoke", &daemon_id], &[]);
