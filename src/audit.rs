@@ -58,6 +58,12 @@ impl Subject {
         self.detail = Some(detail.into());
         self
     }
+
+    /// The token the action was taken with.
+    pub fn by(mut self, token_id: Uuid) -> Self {
+        self.token_id = Some(token_id);
+        self
+    }
 }
 
 impl AuditLog {
@@ -70,7 +76,7 @@ impl AuditLog {
 
     /// Records `input` for input sent over REST, at most once a minute per
     /// user and terminal.
-    pub fn rest_input(&self, user_id: Uuid, host_id: Uuid, terminal_id: Uuid) {
+    pub fn rest_input(&self, user_id: Uuid, token_id: Uuid, host_id: Uuid, terminal_id: Uuid) {
         let due = {
             let mut throttles = self.rest_input.lock().unwrap_or_else(|p| p.into_inner());
             let now = Instant::now();
@@ -79,7 +85,7 @@ impl AuditLog {
             throttles.entry((user_id, terminal_id)).or_default().due(now)
         };
         if due {
-            self.record(user_id, AuditAction::Input, Subject::terminal(host_id, terminal_id));
+            self.record(user_id, AuditAction::Input, Subject::terminal(host_id, terminal_id).by(token_id));
         }
     }
 

@@ -4,12 +4,20 @@
 //! as the subprotocol `tether.auth.TOKEN`.
 //!
 //! Tokens in query strings are never read.
+//!
+//! A request that presented a usable token is made by a [`Principal`]: the
+//! user, the token's id and its scope. [`Access`] is what a route or socket
+//! asks of it (docs/REST.md, "Scopes"); [`Principal::may`] is the one place
+//! that decides.
 
 use actix_web::http::header;
 use actix_web::HttpRequest;
 use base64::Engine;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::store::{ApiToken, Store, StoreResult, TokenScope, User};
 
 /// Prefix of every API token.
 pub const TOKEN_PREFIX: &str = "tth_";
@@ -64,6 +72,137 @@ pub fn offered_subprotocols(req: &HttpRequest) -> Vec<String> {
         .collect()
 }
 
+/// Reads a token lifetime as `token create --ttl` takes it: a whole number
+/// and one unit, `s`, `m`, `h` or `d` (`90s`, `30m`, `12h`, `30d`).
+pub fn parse_ttl(text: &str) -> Result<std::time::Duration, String> {
+    let bad = || format!("`{text}` is not a lifetime: use a number and s, m, h or d (90s, 30m, 12h, 30d)");
+    let text = text.trim();
+    let unit = text.chars().last().ok_or_else(bad)?;
+    let seconds: u64 = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => return Err(bad()),
+    };
+    let count: u64 = text[..text.len() - 1].parse().map_err(|_| bad())?;
+    let total = count.checked_mul(seconds).filter(|t| *t > 0).ok_or_else(bad)?;
+    Ok(std::time::Duration::from_secs(total))
+}
+
+/// Who made a request: the user and the token that authenticated it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub user: User,
+    /// The token's id (never its secret): audit records and revocation use it.
+    pub token_id: Uuid,
+    pub scope: TokenScope,
+    /// A share token's one terminal.
+    pub share_terminal: Option<Uuid>,
+    /// The host a daemon token is bound to (None: not yet).
+    pub bound_host: Option<Uuid>,
+}
+
+impl Principal {
+    pub fn new(user: User, token: &ApiToken) -> Self {
+        Self {
+            user,
+            token_id: token.id,
+            scope: token.scope,
+            share_terminal: token.terminal_id,
+            bound_host: token.host_id,
+        }
+    }
+
+    pub fn user_id(&self) -> Uuid {
+        self.user.id
+    }
+
+    /// True for a viewer that may only watch.
+    pub fn read_only(&self) -> bool {
+        self.scope != TokenScope::Full
+    }
+
+    /// Whether this principal may use a route or socket of kind `access`;
+    /// `terminal` is the terminal the path names, if any. Ownership is the
+    /// handler's check (another user's resource is 404); this is the scope's.
+    pub fn may(&self, access: Access, terminal: Option<&str>) -> Result<(), Denied> {
+        let allowed = match (self.scope, access) {
+            (_, Access::Public) => true,
+            (TokenScope::Full, _) => true,
+            (TokenScope::Daemon, Access::RegisterHost | Access::DaemonSocket) => true,
+            (TokenScope::Daemon, _) => false,
+            (TokenScope::Read, Access::ReadTerminal | Access::ViewerSocket) => match self.share_terminal {
+                None => true,
+                Some(shared) => terminal.and_then(|t| Uuid::parse_str(t).ok()) == Some(shared),
+            },
+            (TokenScope::Read, Access::Read) => self.share_terminal.is_none(),
+            (TokenScope::Read, _) => false,
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(Denied { scope: self.scope, shared: self.share_terminal.is_some(), access })
+        }
+    }
+}
+
+/// Whether `principal` may speak for `host_id` (a hello, a registration): a
+/// `daemon` token is bound to the first host it registers or says hello for
+/// (or the one given at create) and to no other, so one machine's token
+/// cannot impersonate another; other scopes reach every host of their user
+/// (ownership is the caller's check).
+pub async fn speaks_for(store: &dyn Store, principal: &Principal, host_id: Uuid) -> StoreResult<bool> {
+    if principal.scope != TokenScope::Daemon {
+        return Ok(true);
+    }
+    if let Some(bound) = principal.bound_host {
+        return Ok(bound == host_id);
+    }
+    Ok(store.bind_token_host(principal.token_id, host_id).await? == Some(host_id))
+}
+
+/// What a route or socket asks of the token (docs/REST.md, "Scopes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// No token needed (health, metrics, the instance card).
+    Public,
+    /// Reads a user's resources: `full` and `read` tokens.
+    Read,
+    /// Reads one terminal named by the path: also a share token of that terminal.
+    ReadTerminal,
+    /// Changes something, or manages tokens: `full` tokens only.
+    Control,
+    /// `POST /hosts`: `full` and `daemon` tokens.
+    RegisterHost,
+    /// `/ws/v1/daemon`: `full` and `daemon` tokens.
+    DaemonSocket,
+    /// `/ws/v1/terminals/{id}`: `full`, `read`, and a share token of that terminal.
+    ViewerSocket,
+}
+
+/// A scope that does not reach a route.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.explain())]
+pub struct Denied {
+    pub scope: TokenScope,
+    pub shared: bool,
+    pub access: Access,
+}
+
+impl Denied {
+    fn explain(&self) -> String {
+        if self.shared {
+            return "a share token reaches only its one terminal, read-only".into();
+        }
+        match self.scope {
+            TokenScope::Daemon => "a daemon token may only register its host and dial /ws/v1/daemon".into(),
+            TokenScope::Read => "a read token may only read; this needs a full token".into(),
+            TokenScope::Full => "not allowed".into(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,6 +219,53 @@ mod tests {
         assert!(!looks_like_token("tth_"));
         assert!(!looks_like_token("abc"));
         assert!(!looks_like_token("tth_a b"));
+    }
+
+    #[test]
+    fn lifetimes_take_one_unit() {
+        assert_eq!(parse_ttl("90s"), Ok(std::time::Duration::from_secs(90)));
+        assert_eq!(parse_ttl("30m"), Ok(std::time::Duration::from_secs(1800)));
+        assert_eq!(parse_ttl("12h"), Ok(std::time::Duration::from_secs(43_200)));
+        assert_eq!(parse_ttl("30d"), Ok(std::time::Duration::from_secs(2_592_000)));
+        for bad in ["", "s", "0s", "10", "1w", "-5m", "1.5h", "99999999999999999999d"] {
+            assert!(parse_ttl(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn scopes_reach_their_routes_only() {
+        let user = User { id: Uuid::new_v4(), name: "ann".into(), created_at: chrono::Utc::now() };
+        let mk = |scope, share: Option<Uuid>| Principal {
+            user: user.clone(),
+            token_id: Uuid::new_v4(),
+            scope,
+            share_terminal: share,
+            bound_host: None,
+        };
+        let all = [
+            Access::Public,
+            Access::Read,
+            Access::ReadTerminal,
+            Access::Control,
+            Access::RegisterHost,
+            Access::DaemonSocket,
+            Access::ViewerSocket,
+        ];
+        let full = mk(TokenScope::Full, None);
+        assert!(all.iter().all(|a| full.may(*a, None).is_ok()));
+        let daemon = mk(TokenScope::Daemon, None);
+        let reached: Vec<_> = all.iter().filter(|a| daemon.may(**a, None).is_ok()).collect();
+        assert_eq!(reached, [&Access::Public, &Access::RegisterHost, &Access::DaemonSocket]);
+        let read = mk(TokenScope::Read, None);
+        let reached: Vec<_> = all.iter().filter(|a| read.may(**a, None).is_ok()).collect();
+        assert_eq!(reached, [&Access::Public, &Access::Read, &Access::ReadTerminal, &Access::ViewerSocket]);
+        let shared = Uuid::new_v4();
+        let share = mk(TokenScope::Read, Some(shared));
+        let id = shared.to_string();
+        let reached: Vec<_> = all.iter().filter(|a| share.may(**a, Some(&id)).is_ok()).collect();
+        assert_eq!(reached, [&Access::Public, &Access::ReadTerminal, &Access::ViewerSocket]);
+        assert!(share.may(Access::ViewerSocket, Some(&Uuid::new_v4().to_string())).is_err());
+        assert!(share.may(Access::ReadTerminal, None).is_err());
     }
 
     #[test]

@@ -46,6 +46,7 @@ pub struct Settings {
     pub director: DirectorSettings,
     pub audit: AuditSettings,
     pub metrics: MetricsSettings,
+    pub auth: AuthSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -235,6 +236,22 @@ pub struct SweepSettings {
 impl Default for SweepSettings {
     fn default() -> Self {
         Self { interval_ms: 30_000, stale_host_ms: 90_000, launch_timeout_ms: 30_000 }
+    }
+}
+
+/// Token checks (docs/REST.md, "Revocation and expiry").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSettings {
+    /// How often each instance asks the database whether the tokens of its
+    /// open sockets are still usable; a revoked or expired token's sockets
+    /// are closed 4401 within this (plus one query).
+    pub revocation_check_ms: u64,
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        Self { revocation_check_ms: 500 }
     }
 }
 
@@ -469,8 +486,9 @@ impl Settings {
                 return Err(invalid("cluster.secret", "must be at least 16 characters"));
             }
         }
-        let positive: [(&'static str, u64); 25] = [
+        let positive: [(&'static str, u64); 26] = [
             ("audit.retention_ms", self.audit.retention_ms),
+            ("auth.revocation_check_ms", self.auth.revocation_check_ms),
             ("http.ws_per_address", self.http.ws_per_address as u64),
             ("http.ws_per_user", self.http.ws_per_user as u64),
             ("viewer.slow_ms", self.viewer.slow_ms),

@@ -44,7 +44,7 @@ impl Demo {
 pub async fn start(state: &AppState, base_url: &str) -> Result<Demo, DemoError> {
     let user = state.store.ensure_user("demo").await?;
     let token = crate::auth::generate_token();
-    state.store.insert_token(user.id, &crate::auth::hash_token(&token)).await?;
+    state.store.insert_token(&crate::store::NewToken::full(user.id, &crate::auth::hash_token(&token))).await?;
     let state_dir = std::env::temp_dir().join(format!("tether-demo-{}", std::process::id()));
     let options = crate::daemon::DaemonOptions {
         server: base_url.to_string(),

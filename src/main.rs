@@ -62,9 +62,15 @@ enum Command {
         /// The server's HTTP base URL, e.g. http://127.0.0.1:8080.
         #[arg(long, value_name = "URL")]
         server: String,
-        /// An API token of the user who owns this host.
+        /// An API token of the user who owns this host (a `daemon` token is best).
+        /// Prefer TETHER_TOKEN or --token-file: every local user can read a
+        /// command line.
         #[arg(long, value_name = "TOKEN", env = "TETHER_TOKEN", hide_env_values = true)]
-        token: String,
+        token: Option<String>,
+        /// Read the token from this file (mode 0600; refused when group or
+        /// others may read it). Wins over --token and TETHER_TOKEN.
+        #[arg(long, value_name = "PATH")]
+        token_file: Option<PathBuf>,
         /// Display name of this host (default: its hostname).
         #[arg(long, value_name = "NAME")]
         name: Option<String>,
@@ -127,6 +133,29 @@ enum TokenCommand {
         /// The user the token belongs to (created if needed).
         #[arg(long, value_name = "NAME")]
         user: String,
+        /// What the token may do: full, daemon (dial and register one host) or read.
+        #[arg(long, value_enum, default_value = "full")]
+        scope: tether::store::TokenScope,
+        /// Lifetime: a number and s, m, h or d (90s, 30m, 12h, 30d); default: no expiry.
+        #[arg(long, value_name = "TTL", value_parser = tether::auth::parse_ttl)]
+        ttl: Option<std::time::Duration>,
+        /// A label shown by `token list`.
+        #[arg(long, value_name = "LABEL")]
+        name: Option<String>,
+        /// Bind a daemon token to this host id now (else: the first host it registers).
+        #[arg(long, value_name = "ID")]
+        host: Option<uuid::Uuid>,
+    },
+    /// List a user's tokens: id, label, scope, created, expires, last used (never a secret).
+    List {
+        /// Whose tokens.
+        #[arg(long, value_name = "NAME")]
+        user: String,
+    },
+    /// Revoke a token: refused at once, its open sockets closed 4401 within a second.
+    Revoke {
+        /// The token's id (from `token list`).
+        id: uuid::Uuid,
     },
 }
 
@@ -197,7 +226,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let settings = Settings::load_with(cli.config.as_deref(), &flags).map_err(Failure::config)?;
     match cli.command {
         Command::Serve { role, demo, .. } => serve(settings, role, demo).await,
-        Command::Daemon { server, token, name, state_dir, allow_dirs, lock_dirs, ca_file } => {
+        Command::Daemon { server, token, token_file, name, state_dir, allow_dirs, lock_dirs, ca_file } => {
+            let token = match (token_file, token) {
+                (Some(path), _) => tether::daemon::read_token_file(&path).map_err(Failure::config)?,
+                (None, Some(token)) => token,
+                (None, None) => {
+                    return Err(Failure::config("a token is needed: set TETHER_TOKEN or pass --token-file PATH"))
+                }
+            };
             let options = tether::daemon::DaemonOptions {
                 server,
                 token,
@@ -221,17 +257,115 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             eprintln!("tether: {applied} migration(s) applied; {} schema at version {version}", store.backend());
             Ok(())
         }
-        Command::Token { command: TokenCommand::Create { user } } => {
-            let user = user.trim().to_string();
-            if user.is_empty() || user.len() > 128 || user.chars().any(char::is_control) {
-                return Err(Failure::config("--user must be a non-empty name of at most 128 characters"));
+        Command::Token { command } => token_command(&settings, command).await,
+    }
+}
+
+/// `token list`: one aligned line per token, never a secret.
+fn token_table(tokens: &[tether::store::ApiToken], now: chrono::DateTime<chrono::Utc>) -> String {
+    let when = |t: Option<chrono::DateTime<chrono::Utc>>, none: &str| {
+        t.map_or(none.to_string(), |t| t.format("%Y-%m-%d %H:%M:%SZ").to_string())
+    };
+    let mut rows = vec![["ID", "LABEL", "SCOPE", "STATE", "CREATED", "EXPIRES", "LAST USED"].map(String::from)];
+    for t in tokens {
+        let state = match (t.revoked_at, t.expires_at) {
+            (Some(_), _) => "revoked",
+            (None, Some(e)) if e <= now => "expired",
+            _ => "active",
+        };
+        let scope = match t.terminal_id {
+            Some(terminal) => format!("read (share {terminal})"),
+            None => t.scope.to_string(),
+        };
+        rows.push([
+            t.id.to_string(),
+            t.name.clone().unwrap_or_else(|| "-".into()),
+            scope,
+            state.to_string(),
+            when(Some(t.created_at), "-"),
+            when(t.expires_at, "never"),
+            when(t.last_used_at, "never"),
+        ]);
+    }
+    let widths: Vec<usize> = (0..7).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for row in rows {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Checks a `--user` name.
+fn user_name(user: &str) -> Result<String, Failure> {
+    let user = user.trim().to_string();
+    if user.is_empty() || user.len() > 128 || user.chars().any(char::is_control) {
+        return Err(Failure::config("--user must be a non-empty name of at most 128 characters"));
+    }
+    Ok(user)
+}
+
+/// `tether token create|list|revoke` against the database (docs/CLI.md, "Tokens").
+async fn token_command(settings: &Settings, command: TokenCommand) -> Result<(), Failure> {
+    use tether::store::{NewToken, TokenScope};
+    match command {
+        TokenCommand::Create { user, scope, ttl, name, host } => {
+            let user = user_name(&user)?;
+            if host.is_some() && scope != TokenScope::Daemon {
+                return Err(Failure::config("--host binds a daemon token: add --scope daemon"));
             }
-            let store = tether::store::open(&settings).await.map_err(Failure::runtime)?;
+            let name = name.map(|n| n.trim().to_string()).filter(|n| !n.is_empty());
+            if name.as_ref().is_some_and(|n| n.chars().count() > 128 || n.chars().any(char::is_control)) {
+                return Err(Failure::config("--name must be at most 128 characters without control characters"));
+            }
+            let expires_at = match ttl {
+                None => None,
+                Some(ttl) => Some(
+                    chrono::Duration::from_std(ttl)
+                        .ok()
+                        .and_then(|ttl| chrono::Utc::now().checked_add_signed(ttl))
+                        .ok_or_else(|| Failure::config("--ttl is too long"))?,
+                ),
+            };
+            let store = tether::store::open(settings).await.map_err(Failure::runtime)?;
             let user = store.ensure_user(&user).await.map_err(Failure::runtime)?;
-            let token = tether::auth::generate_token();
-            store.insert_token(user.id, &tether::auth::hash_token(&token)).await.map_err(Failure::runtime)?;
-            eprintln!("tether: token created for user `{}`; it is shown only once", user.name);
-            println!("{token}");
+            if let Some(host) = host {
+                if store.get_host(user.id, host).await.map_err(Failure::runtime)?.is_none() {
+                    return Err(Failure::runtime(format!("user `{}` has no host {host}", user.name)));
+                }
+            }
+            let secret = tether::auth::generate_token();
+            let new = NewToken {
+                name,
+                scope,
+                expires_at,
+                host_id: host,
+                ..NewToken::full(user.id, &tether::auth::hash_token(&secret))
+            };
+            let token = store.insert_token(&new).await.map_err(Failure::runtime)?;
+            let expires = token.expires_at.map_or("never".to_string(), |e| e.to_rfc3339());
+            eprintln!(
+                "tether: {scope} token {} created for user `{}` (expires: {expires}); it is shown only once",
+                token.id, user.name
+            );
+            println!("{secret}");
+            Ok(())
+        }
+        TokenCommand::List { user } => {
+            let user = user_name(&user)?;
+            let store = tether::store::open(settings).await.map_err(Failure::runtime)?;
+            let user = store.ensure_user(&user).await.map_err(Failure::runtime)?;
+            let tokens = store.list_tokens(user.id).await.map_err(Failure::runtime)?;
+            print!("{}", token_table(&tokens, chrono::Utc::now()));
+            Ok(())
+        }
+        TokenCommand::Revoke { id } => {
+            let store = tether::store::open(settings).await.map_err(Failure::runtime)?;
+            if !store.revoke_token(None, id).await.map_err(Failure::runtime)? {
+                return Err(Failure::runtime(format!("no token with id {id}")));
+            }
+            eprintln!("tether: token {id} revoked; its open sockets close within a second");
             Ok(())
         }
     }

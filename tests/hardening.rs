@@ -236,6 +236,38 @@ async fn a_terminal_session_is_audited_without_its_input() {
     }
     assert_eq!(of("resize")["detail"], "100x30");
     assert_eq!(of("kill")["detail"], "signal 9");
+    // Every event names the token it was done with (the test's one token).
+    let (_, tokens) = e.api.get("/api/v1/tokens").await;
+    let token_id = tokens["tokens"][0]["id"].clone();
+    assert!(token_id.is_string(), "{tokens}");
+    for event in &events {
+        assert_eq!(event["tokenId"], token_id, "{event}");
+    }
     // Newest first: the kill came last.
     assert_eq!(events[0]["action"], "kill", "{events:#?}");
+}
+
+/// Creating and revoking a token over REST is audited, naming the token
+/// that did it and the token it was done to.
+#[actix_rt::test]
+async fn tokens_created_and_revoked_are_audited() {
+    let e = e2e::start(false, &[]).await;
+    let (status, created) = e.api.post("/api/v1/tokens", json!({"name": "ci", "scope": "read"})).await;
+    assert_eq!(status, 201, "{created}");
+    let new_id = created["token"]["id"].as_str().expect("id").to_string();
+    let (status, _) = e.api.delete(&format!("/api/v1/tokens/{new_id}")).await;
+    assert_eq!(status, 204);
+    let events = audit_until(&e.api, "token events", |events| {
+        count(events, "token_created") == 1 && count(events, "token_revoked") == 1
+    })
+    .await;
+    let (_, tokens) = e.api.get("/api/v1/tokens").await;
+    let mine = tokens["tokens"].as_array().expect("tokens").iter().find(|t| t["id"] != new_id.as_str()).expect("mine")
+        ["id"]
+        .clone();
+    for action in ["token_created", "token_revoked"] {
+        let event = events.iter().find(|ev| ev["action"] == action).expect(action);
+        assert_eq!(event["tokenId"], mine, "{event}");
+        assert_eq!(event["detail"], format!("token {new_id}"), "{event}");
+    }
 }

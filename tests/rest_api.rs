@@ -53,7 +53,7 @@ macro_rules! app {
 async fn token(state: &AppState, user: &str) -> String {
     let user = state.store.ensure_user(user).await.expect("user");
     let token = tether::auth::generate_token();
-    state.store.insert_token(user.id, &tether::auth::hash_token(&token)).await.expect("token");
+    state.store.insert_token(&store::NewToken::full(user.id, &tether::auth::hash_token(&token))).await.expect("token");
     token
 }
 

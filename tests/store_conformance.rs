@@ -46,6 +46,9 @@ macro_rules! conformance {
 conformance!(
     migrations_are_recorded_once,
     users_and_tokens,
+    tokens_scope_expiry_and_revocation,
+    token_last_use_is_stamped_once_a_minute,
+    daemon_tokens_bind_to_their_first_host,
     hosts_upsert_and_scope,
     host_delete_removes_dependents,
     terminal_lifecycle_compares_state,
@@ -111,17 +114,89 @@ async fn state_of(store: &Arc<dyn Store>, id: Uuid) -> TerminalState {
 
 async fn migrations_are_recorded_once(store: &Arc<dyn Store>) {
     assert_eq!(store.migrate().await.expect("second migrate"), 0, "a second run applies nothing");
-    let known = if store.backend() == "postgres" { MIGRATIONS_POSTGRES } else { MIGRATIONS_SQLITE };
-    let latest = known.iter().map(|m| m.version).max().expect("migrations");
+    let migrations = if store.backend() == "postgres" { MIGRATIONS_POSTGRES } else { MIGRATIONS_SQLITE };
+    let latest = migrations.iter().map(|m| m.version).max().expect("migrations");
     assert_eq!(store.schema_version().await.expect("version"), latest);
 }
 
 async fn users_and_tokens(store: &Arc<dyn Store>) {
     let ann = user(store, "ann").await;
     assert_eq!(user(store, "ann").await.id, ann.id, "ensure_user is idempotent");
-    store.insert_token(ann.id, "hash-1").await.expect("token");
-    assert_eq!(store.user_by_token("hash-1").await.expect("lookup").map(|u| u.id), Some(ann.id));
-    assert_eq!(store.user_by_token("hash-2").await.expect("lookup"), None);
+    let token = store.insert_token(&NewToken::full(ann.id, "hash-1")).await.expect("token");
+    assert_eq!((token.scope, token.expires_at, token.revoked_at), (TokenScope::Full, None, None));
+    let (found_user, found) = store.token_by_hash("hash-1").await.expect("lookup").expect("found");
+    assert_eq!((found_user.id, found.id), (ann.id, token.id));
+    assert_eq!(store.token_by_hash("hash-2").await.expect("lookup"), None);
+}
+
+async fn tokens_scope_expiry_and_revocation(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let bob = user(store, "bob").await;
+    let now = chrono::Utc::now();
+    let daemon = store
+        .insert_token(&NewToken {
+            name: Some("laptop".into()),
+            scope: TokenScope::Daemon,
+            expires_at: Some(now + chrono::Duration::hours(1)),
+            ..NewToken::full(ann.id, "hash-daemon")
+        })
+        .await
+        .expect("daemon token");
+    assert_eq!((daemon.scope, daemon.name.as_deref()), (TokenScope::Daemon, Some("laptop")));
+    let expired = store
+        .insert_token(&NewToken {
+            expires_at: Some(now - chrono::Duration::seconds(1)),
+            ..NewToken::full(ann.id, "hash-old")
+        })
+        .await
+        .expect("expired token");
+    assert_eq!(store.token_by_hash("hash-old").await.expect("lookup"), None, "an expired token is refused");
+    assert!(store.token_by_hash("hash-daemon").await.expect("lookup").is_some());
+    let usable = store.usable_tokens(&[daemon.id, expired.id, Uuid::new_v4()]).await.expect("usable");
+    assert_eq!(usable, vec![daemon.id], "only the live token is usable");
+
+    // Another user cannot revoke it; its owner (or the operator) can, once.
+    assert!(!store.revoke_token(Some(bob.id), daemon.id).await.expect("revoke as bob"));
+    assert!(store.token_by_hash("hash-daemon").await.expect("lookup").is_some());
+    assert!(store.revoke_token(Some(ann.id), daemon.id).await.expect("revoke"));
+    let first = store.token_by_id(daemon.id).await.expect("read").expect("row").revoked_at.expect("revoked");
+    assert!(store.revoke_token(None, daemon.id).await.expect("revoke again"));
+    assert_eq!(store.token_by_id(daemon.id).await.expect("read").expect("row").revoked_at, Some(first));
+    assert_eq!(store.token_by_hash("hash-daemon").await.expect("lookup"), None, "a revoked token is refused");
+    assert!(store.usable_tokens(&[daemon.id]).await.expect("usable").is_empty());
+    assert!(!store.revoke_token(None, Uuid::new_v4()).await.expect("revoke unknown"));
+
+    let listed: Vec<Uuid> = store.list_tokens(ann.id).await.expect("list").iter().map(|t| t.id).collect();
+    assert_eq!(listed, vec![daemon.id, expired.id]);
+    assert!(store.list_tokens(bob.id).await.expect("list").is_empty());
+}
+
+async fn token_last_use_is_stamped_once_a_minute(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let token = store.insert_token(&NewToken::full(ann.id, "hash-1")).await.expect("token");
+    let t0 = chrono::Utc::now();
+    store.touch_token(token.id, t0).await.expect("touch");
+    let stamped = |store: Arc<dyn Store>| async move {
+        store.token_by_id(token.id).await.expect("read").expect("row").last_used_at.expect("stamped")
+    };
+    let first = stamped(store.clone()).await;
+    assert!((first - t0).num_milliseconds().abs() < 2, "{first} vs {t0}");
+    store.touch_token(token.id, t0 + chrono::Duration::seconds(59)).await.expect("touch");
+    assert_eq!(stamped(store.clone()).await, first, "not again within a minute");
+    store.touch_token(token.id, t0 + chrono::Duration::seconds(61)).await.expect("touch");
+    assert!(stamped(store.clone()).await > first, "again after a minute");
+}
+
+async fn daemon_tokens_bind_to_their_first_host(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let token = store
+        .insert_token(&NewToken { scope: TokenScope::Daemon, ..NewToken::full(ann.id, "hash-1") })
+        .await
+        .expect("token");
+    let (h1, h2) = (Uuid::new_v4(), Uuid::new_v4());
+    assert_eq!(store.bind_token_host(token.id, h1).await.expect("bind"), Some(h1));
+    assert_eq!(store.bind_token_host(token.id, h2).await.expect("bind"), Some(h1), "the first host stays");
+    assert_eq!(store.bind_token_host(Uuid::new_v4(), h2).await.expect("bind"), None, "no such token");
 }
 
 async fn hosts_upsert_and_scope(store: &Arc<dyn Store>) {
@@ -661,5 +736,69 @@ fn openers_of_a_new_sqlite_file_at_the_same_moment_all_succeed() {
             let opened = opener.join().expect("opener thread");
             assert!(opened.is_ok(), "round {round}: {opened:?}");
         }
+    }
+}
+
+/// Tokens made before migration 0002 keep working: scope `full`, no expiry,
+/// each with an id of its own.
+mod token_migration {
+    use super::*;
+
+    async fn check_upgraded(store: &dyn Store) {
+        let (user, token) = store.token_by_hash("old-hash").await.expect("lookup").expect("old token works");
+        assert_eq!(user.name, "old");
+        assert_eq!((token.scope, token.expires_at, token.revoked_at, token.name), (TokenScope::Full, None, None, None));
+        let (_, other) = store.token_by_hash("old-hash-2").await.expect("lookup").expect("second old token");
+        assert_ne!(token.id, other.id, "each token gets its own id");
+    }
+
+    #[actix_rt::test]
+    async fn sqlite_tokens_become_full() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("t.db");
+        {
+            let conn = rusqlite::Connection::open(&path).expect("open");
+            conn.execute_batch(
+                "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text NOT NULL, applied_at integer NOT NULL);",
+            )
+            .expect("schema_migrations");
+            conn.execute_batch(MIGRATIONS_SQLITE[0].sql).expect("0001");
+            conn.execute_batch(
+                "INSERT INTO schema_migrations VALUES (1, 'foundation', 0);
+                 INSERT INTO users VALUES ('6f1c5a52-51a6-4bb4-9d43-4a1a4c4f1e01', 'old', 0);
+                 INSERT INTO api_tokens VALUES ('old-hash', '6f1c5a52-51a6-4bb4-9d43-4a1a4c4f1e01', 0);
+                 INSERT INTO api_tokens VALUES ('old-hash-2', '6f1c5a52-51a6-4bb4-9d43-4a1a4c4f1e01', 0);",
+            )
+            .expect("old rows");
+        }
+        let store = SqliteStore::open(&path).expect("open store");
+        assert!(store.migrate().await.expect("migrate") >= 1);
+        check_upgraded(&store).await;
+    }
+
+    #[actix_rt::test]
+    async fn postgres_tokens_become_full() {
+        let url = support::pg_database().await;
+        let client = support::pg_connect(&url).await;
+        client
+            .batch_execute(
+                "CREATE TABLE schema_migrations (version bigint PRIMARY KEY, name text NOT NULL, \
+                 applied_at timestamptz NOT NULL DEFAULT now());",
+            )
+            .await
+            .expect("schema_migrations");
+        client.batch_execute(MIGRATIONS_POSTGRES[0].sql).await.expect("0001");
+        client
+            .batch_execute(
+                "INSERT INTO schema_migrations (version, name) VALUES (1, 'foundation');
+                 INSERT INTO users (id, name) VALUES ('6f1c5a52-51a6-4bb4-9d43-4a1a4c4f1e01', 'old');
+                 INSERT INTO api_tokens (token_hash, user_id) VALUES ('old-hash', '6f1c5a52-51a6-4bb4-9d43-4a1a4c4f1e01');
+                 INSERT INTO api_tokens (token_hash, user_id) VALUES ('old-hash-2', '6f1c5a52-51a6-4bb4-9d43-4a1a4c4f1e01');",
+            )
+            .await
+            .expect("old rows");
+        let store = PgStore::connect(&url, 4).await.expect("connect");
+        assert!(store.migrate().await.expect("migrate") >= 1);
+        check_upgraded(&store).await;
     }
 }

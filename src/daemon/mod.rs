@@ -31,11 +31,13 @@ mod server_url;
 mod state;
 mod supervisor;
 mod terminal;
+mod token_file;
 
 use std::path::PathBuf;
 
 pub use self::server_url::BadServerUrl;
 pub use self::state::{default_state_dir, StateError};
+pub use self::token_file::{read_token_file, TokenFileError};
 
 /// How to run the daemon (the `tether daemon` flags).
 #[derive(Debug, Clone)]

@@ -8,6 +8,7 @@ pub mod ops;
 pub mod origin;
 pub mod page;
 pub mod rest;
+pub mod routes;
 pub mod state;
 pub mod views;
 pub mod ws;
@@ -17,19 +18,15 @@ use std::time::Instant;
 use actix_web::dev::{Service, ServiceResponse};
 use actix_web::web;
 
-/// Registers every route of the application.
+/// Registers every route of the application: the route table
+/// (`routes::ROUTES`), then the web page.
 pub fn configure(cfg: &mut web::ServiceConfig, max_body_bytes: usize) {
     cfg.app_data(
         web::JsonConfig::default().limit(max_body_bytes).content_type_required(false).error_handler(error::json_error),
     )
     .app_data(web::QueryConfig::default().error_handler(error::query_error))
     .app_data(body::BodyLimit(max_body_bytes))
-    .route("/healthz", web::get().to(ops::healthz))
-    .route("/readyz", web::get().to(ops::readyz))
-    .route("/metrics", web::get().to(ops::metrics))
-    .route("/ws/v1/daemon", web::get().to(ws::daemon))
-    .route("/ws/v1/terminals/{id}", web::get().to(ws::terminal))
-    .configure(rest::configure)
+    .configure(routes::configure)
     .configure(page::configure)
     .default_service(web::to(|| async { Err::<actix_web::HttpResponse, _>(error::ApiError::not_found("route")) }));
 }

@@ -1,16 +1,15 @@
 //! What every request handler shares: settings, the store, this instance's
-//! identity and the metrics handle; plus the `AuthUser` extractor.
+//! identity and the metrics handle; token authentication and the `AuthUser`
+//! extractor.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use actix::{Actor, Addr};
-use actix_web::{web, FromRequest, HttpRequest};
+use actix_web::{web, FromRequest, HttpMessage, HttpRequest};
 use uuid::Uuid;
 
 use super::error::ApiError;
-use crate::auth;
+use crate::auth::{self, Principal};
 use crate::bus::Bus;
 use crate::config::ConfigError;
 use crate::config::{ms, Settings};
@@ -23,7 +22,7 @@ use crate::relay::limiter::AddressLimiter;
 use crate::relay::registry::HostRegistry;
 use crate::relay::requests::{serve_bus, PendingRequests};
 use crate::relay::RelayContext;
-use crate::store::{Store, User};
+use crate::store::{Store, LAST_USED_EVERY};
 
 /// The role a `tether serve` process plays (docs/ARCHITECTURE.md, "Processes and roles").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -122,7 +121,9 @@ impl AppState {
             requests: Arc::new(PendingRequests::default()),
             remotes: Arc::new(crate::relay::remote::Remotes::default()),
             audit: crate::audit::AuditLog::start(store.clone(), instance.instance_id.clone()),
+            tokens: Arc::new(crate::relay::token_watch::TokenWatch::default()),
         };
+        actix_rt::spawn(relay.tokens.clone().run(store.clone(), ms(settings.auth.revocation_check_ms)));
         actix_rt::spawn(serve_bus(relay.clone(), inbox));
         actix_rt::spawn(crate::relay::remote::heartbeat(relay.clone()));
         let bus_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -177,31 +178,42 @@ async fn subscribe_replies(relay: RelayContext, ready: Arc<std::sync::atomic::At
     }
 }
 
-/// The user behind the request's Bearer token; 401 without a valid one.
-pub struct AuthUser(pub User);
+/// The principal of a request the route table let through
+/// (`super::routes`): its user, token id and scope.
+pub struct AuthUser(pub Principal);
 
 impl AuthUser {
+    /// The caller's user id.
     pub fn id(&self) -> Uuid {
-        self.0.id
+        self.0.user.id
     }
 }
 
-/// Looks up the user of a presented token.
-pub async fn user_for_token(state: &AppState, token: Option<String>) -> Result<User, ApiError> {
+/// The principal of a presented token: 401 unless the token exists, is
+/// not revoked and has not expired. Stamps the token's last use (at most
+/// once a minute, `store::LAST_USED_EVERY`).
+pub async fn authenticate(state: &AppState, token: Option<String>) -> Result<Principal, ApiError> {
     let token = token.filter(|t| auth::looks_like_token(t)).ok_or_else(ApiError::unauthorized)?;
-    state.store.user_by_token(&auth::hash_token(&token)).await?.ok_or_else(ApiError::unauthorized)
+    let (user, row) = state.store.token_by_hash(&auth::hash_token(&token)).await?.ok_or_else(ApiError::unauthorized)?;
+    let now = chrono::Utc::now();
+    let stale =
+        row.last_used_at.is_none_or(|at| now - at >= chrono::Duration::from_std(LAST_USED_EVERY).unwrap_or_default());
+    if stale {
+        crate::store::logged(state.store.touch_token(row.id, now).await, "stamp a token's last use");
+    }
+    Ok(Principal::new(user, &row))
 }
 
 impl FromRequest for AuthUser {
     type Error = ApiError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self, Self::Error>>>>;
+    type Future = std::future::Ready<Result<Self, Self::Error>>;
 
+    /// Set by the route table's middleware before any other extractor runs;
+    /// a handler outside the table has none (a bug: 500, never a pass).
     fn from_request(req: &HttpRequest, _payload: &mut actix_web::dev::Payload) -> Self::Future {
-        let state = req.app_data::<web::Data<AppState>>().cloned();
-        let token = auth::bearer_token(req);
-        Box::pin(async move {
-            let state = state.ok_or_else(ApiError::internal)?;
-            Ok(AuthUser(user_for_token(&state, token).await?))
-        })
+        std::future::ready(req.extensions().get::<Principal>().cloned().map(AuthUser).ok_or_else(|| {
+            tracing::error!(path = req.path(), "tether_route_without_principal");
+            ApiError::internal()
+        }))
     }
 }

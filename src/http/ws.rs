@@ -3,8 +3,9 @@
 //!
 //! Every refusal happens after the upgrade, as a close code the client can
 //! read (browsers cannot see an HTTP status of a failed upgrade): 4401 bad
-//! token, 4403 foreign, 4404 unknown terminal, 4429 a cap of the user
-//! (per client address or in all). The
+//! token (revoked or expired included), 4403 foreign or outside the token's
+//! scope, 4404 unknown terminal, 4429 a cap of the user (per client address
+//! or in all). The
 //! one exception is a browser page of a foreign origin (`super::origin`):
 //! it gets 403 and no socket at all, before any token is looked at.
 
@@ -14,12 +15,11 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::error::ApiError;
-use super::state::{user_for_token, AppState};
-use crate::auth;
+use super::state::{authenticate, AppState};
+use crate::auth::{self, Access, Principal};
 use crate::relay::limiter::{AddressGuard, Caps};
 use crate::relay::outbox::close_reason;
 use crate::relay::{close, daemon_conn, viewer, MAX_FRAME_BYTES};
-use crate::store::User;
 
 pub const DAEMON_PROTOCOL: &str = "tether.daemon.v1";
 pub const VIEWER_PROTOCOL: &str = "tether.v1";
@@ -87,17 +87,17 @@ fn upgrade(
     Ok((res, session, stream))
 }
 
-/// The token's user and a slot under that user's caps for this request's
-/// client (docs/PROTOCOL.md, "What the server enforces"); otherwise the
-/// socket is closed with the refusal's code.
+/// The token's principal and a slot under its user's caps for this
+/// request's client (docs/PROTOCOL.md, "What the server enforces");
+/// otherwise the socket is closed with the refusal's code.
 async fn admit(
     req: &HttpRequest,
     state: &AppState,
     session: Session,
     stream: AggregatedMessageStream,
-) -> Option<(User, AddressGuard, Session, AggregatedMessageStream)> {
-    let user = match user_for_token(state, auth::websocket_token(req)).await {
-        Ok(user) => user,
+) -> Option<(Principal, AddressGuard, Session, AggregatedMessageStream)> {
+    let principal = match authenticate(state, auth::websocket_token(req)).await {
+        Ok(principal) => principal,
         Err(e) if e.status == actix_web::http::StatusCode::UNAUTHORIZED => {
             refuse(session, stream, close::BAD_TOKEN, "bad token");
             return None;
@@ -109,8 +109,8 @@ async fn admit(
     };
     let client = super::client_addr::client_addr(req, &state.trusted_proxies);
     let caps = Caps { per_address: state.settings.http.ws_per_address, per_user: state.settings.http.ws_per_user };
-    match state.limiter.acquire(user.id, client, caps) {
-        Ok(guard) => Some((user, guard, session, stream)),
+    match state.limiter.acquire(principal.user_id(), client, caps) {
+        Ok(guard) => Some((principal, guard, session, stream)),
         Err(cap) => {
             refuse(session, stream, close::TOO_MANY, cap.reason());
             None
@@ -127,10 +127,14 @@ pub async fn daemon(
         Ok(upgraded) => upgraded,
         Err(r) => return refused(r),
     };
-    let Some((user, guard, session, stream)) = admit(&req, &state, session, stream).await else {
+    let Some((principal, guard, session, stream)) = admit(&req, &state, session, stream).await else {
         return Ok(res);
     };
-    daemon_conn::start(state.relay.clone(), user.id, session, stream, guard);
+    if principal.may(Access::DaemonSocket, None).is_err() {
+        refuse(session, stream, close::FORBIDDEN, "this token's scope may not connect a daemon");
+        return Ok(res);
+    }
+    daemon_conn::start(state.relay.clone(), principal, session, stream, guard);
     Ok(res)
 }
 
@@ -150,15 +154,19 @@ pub async fn terminal(
         Ok(upgraded) => upgraded,
         Err(r) => return refused(r),
     };
-    let Some((user, guard, session, stream)) = admit(&req, &state, session, stream).await else {
+    let Some((principal, guard, session, stream)) = admit(&req, &state, session, stream).await else {
         return Ok(res);
     };
+    if principal.may(Access::ViewerSocket, Some(&path)).is_err() {
+        refuse(session, stream, close::FORBIDDEN, "this token's scope does not reach this terminal");
+        return Ok(res);
+    }
     let Ok(id) = Uuid::parse_str(&path) else {
         refuse(session, stream, close::UNKNOWN_TERMINAL, "unknown terminal");
         return Ok(res);
     };
     let terminal = match state.store.terminal_by_id(id).await {
-        Ok(Some(t)) if t.user_id == user.id => t,
+        Ok(Some(t)) if t.user_id == principal.user_id() => t,
         Ok(Some(_)) => {
             refuse(session, stream, close::FORBIDDEN, "not your terminal");
             return Ok(res);
@@ -173,6 +181,6 @@ pub async fn terminal(
         }
     };
     let resume_from = query.from.as_deref().and_then(|f| f.parse::<u64>().ok());
-    viewer::start(state.relay.clone(), terminal, resume_from, session, stream, guard);
+    viewer::start(state.relay.clone(), principal, terminal, resume_from, session, stream, guard);
     Ok(res)
 }

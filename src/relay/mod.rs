@@ -25,6 +25,7 @@ pub mod remote;
 pub mod requests;
 pub mod resume_ring;
 pub mod stamp;
+pub mod token_watch;
 pub mod viewer;
 pub mod waiting_watch;
 
@@ -73,4 +74,6 @@ pub struct RelayContext {
     pub remotes: Arc<remote::Remotes>,
     /// Where who-did-what is recorded (docs/SECURITY.md, "Audit").
     pub audit: crate::audit::AuditLog,
+    /// Open sockets by token, closed 4401 when their token stops being usable.
+    pub tokens: Arc<token_watch::TokenWatch>,
 }

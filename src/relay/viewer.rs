@@ -5,6 +5,12 @@
 //! outbound queue: a client that stops reading is closed 1008 and never
 //! grows the server's memory. An exited terminal is answered from the store
 //! (status, size, final snapshot, exit) without an arbiter.
+//!
+//! A viewer of a token that is not `full` is read-only (docs/PROTOCOL.md,
+//! "Read-only viewers"): its input, resize and view messages never leave
+//! this actor, so it never types and never holds the grid; it is told so
+//! once per kind of message. Its socket is watched under its token's id and
+//! closed 4401 when the token is revoked or expires (`token_watch`).
 
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
@@ -19,8 +25,10 @@ use super::outbox::{Frame, Outbox};
 use super::registry::OpenTerminal;
 use super::remote::HomeViewer;
 use super::requests::{locate, Location};
+use super::token_watch::{TokenRevoked, Watched};
 use super::*;
 use crate::audit::{Subject, Throttle};
+use crate::auth::Principal;
 use crate::store::{AuditAction, Terminal, TerminalState};
 use crate::viewer_protocol::{ClientMessage, ServerMessage};
 
@@ -48,12 +56,24 @@ pub struct Viewer {
     /// `input` and `resize` are audited at most once a minute each.
     audit_input: Throttle,
     audit_resize: Throttle,
+    /// Input, resize and view stay here (docs/PROTOCOL.md, "Read-only viewers").
+    read_only: bool,
+    /// The kinds of message a read-only viewer was already told about.
+    told_read_only: Vec<&'static str>,
+    principal: Principal,
+    watched: Option<Watched>,
     _guard: AddressGuard,
+}
+
+/// What a read-only viewer is told, once per kind, when it sends `kind`.
+pub fn read_only_message(kind: &str) -> String {
+    format!("read-only: this token may watch this terminal but not {kind}")
 }
 
 impl Viewer {
     pub fn new(
         relay: RelayContext,
+        principal: Principal,
         terminal: Terminal,
         resume_from: Option<u64>,
         outbox: Outbox,
@@ -70,8 +90,25 @@ impl Viewer {
             closed_by_arbiter: false,
             audit_input: Throttle::default(),
             audit_resize: Throttle::default(),
+            read_only: principal.read_only(),
+            told_read_only: Vec::new(),
+            principal,
+            watched: None,
             _guard: guard,
         }
+    }
+
+    /// True when the message may go on; a read-only viewer's is dropped
+    /// (and the viewer told, the first time for each kind).
+    fn may_control(&mut self, kind: &'static str, ctx: &mut Context<Self>) -> bool {
+        if !self.read_only {
+            return true;
+        }
+        if !self.told_read_only.contains(&kind) {
+            self.told_read_only.push(kind);
+            self.push(Frame::Text(ServerMessage::error(read_only_message(kind)).to_json()), ctx);
+        }
+        false
     }
 
     fn push(&mut self, frame: Frame, ctx: &mut Context<Self>) {
@@ -153,7 +190,8 @@ impl Viewer {
 
     /// Records an event about this viewer's terminal.
     fn audit(&self, action: AuditAction, detail: Option<String>) {
-        let subject = Subject { detail, ..Subject::terminal(self.terminal.host_id, self.terminal.id) };
+        let subject = Subject { detail, ..Subject::terminal(self.terminal.host_id, self.terminal.id) }
+            .by(self.principal.token_id);
         self.relay.audit.record(self.terminal.user_id, action, subject);
     }
 
@@ -174,6 +212,9 @@ impl Viewer {
 
     fn on_text(&mut self, text: &str, ctx: &mut Context<Self>) {
         match serde_json::from_str::<ClientMessage>(text) {
+            Ok(ClientMessage::Input { .. }) if !self.may_control("send input", ctx) => {}
+            Ok(ClientMessage::Resize { .. }) if !self.may_control("resize it", ctx) => {}
+            Ok(ClientMessage::View { .. }) if !self.may_control("claim its grid", ctx) => {}
             Ok(ClientMessage::Input { data }) => self.input(Bytes::from(data.into_bytes())),
             Ok(ClientMessage::Resize { cols, rows }) => {
                 if self.audit_resize.due(std::time::Instant::now()) {
@@ -200,6 +241,7 @@ impl Actor for Viewer {
     fn started(&mut self, ctx: &mut Self::Context) {
         metrics::gauge!("tether_viewer_connections").increment(1.0);
         self.audit(AuditAction::Attach, None);
+        self.watched = Some(self.relay.tokens.watch(self.principal.token_id, ctx.address().recipient()));
         if let Some(stream) = self.stream.take() {
             ctx.add_stream(stream);
         }
@@ -225,7 +267,11 @@ impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for Viewer {
     fn handle(&mut self, msg: Result<AggregatedMessage, ProtocolError>, ctx: &mut Context<Self>) {
         match msg {
             Ok(AggregatedMessage::Text(text)) => self.on_text(&text, ctx),
-            Ok(AggregatedMessage::Binary(data)) => self.input(data),
+            Ok(AggregatedMessage::Binary(data)) => {
+                if self.may_control("send input", ctx) {
+                    self.input(data);
+                }
+            }
             Ok(AggregatedMessage::Ping(data)) => {
                 self.push(Frame::Pong(data), ctx);
                 self.to_arbiter(|viewer| FromViewer::Pong { viewer });
@@ -239,6 +285,14 @@ impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for Viewer {
 
     fn finished(&mut self, ctx: &mut Context<Self>) {
         ctx.stop();
+    }
+}
+
+impl Handler<TokenRevoked> for Viewer {
+    type Result = ();
+    fn handle(&mut self, _: TokenRevoked, ctx: &mut Context<Self>) {
+        tracing::info!(terminal_id = %self.terminal.id, token_id = %self.principal.token_id, "tether_viewer_token_revoked");
+        self.close(close::BAD_TOKEN, "token revoked or expired", ctx);
     }
 }
 
@@ -271,6 +325,7 @@ impl Handler<ViewerOut> for Viewer {
 /// Starts a viewer actor for an upgraded socket.
 pub fn start(
     relay: RelayContext,
+    principal: Principal,
     terminal: Terminal,
     resume_from: Option<u64>,
     session: actix_ws::Session,
@@ -278,5 +333,5 @@ pub fn start(
     guard: AddressGuard,
 ) -> Addr<Viewer> {
     let outbox = Outbox::start(session, relay.settings.viewer.queue_bytes, Some(&QUEUE_HIGH_WATER));
-    Viewer::new(relay, terminal, resume_from, outbox, stream, guard).start()
+    Viewer::new(relay, principal, terminal, resume_from, outbox, stream, guard).start()
 }

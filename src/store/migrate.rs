@@ -14,11 +14,13 @@ pub struct Migration {
 
 pub const MIGRATIONS_POSTGRES: &[Migration] = &[
     Migration { version: 1, name: "foundation", sql: include_str!("../../migrations/postgres/0001_foundation.sql") },
+    Migration { version: 2, name: "tokens", sql: include_str!("../../migrations/postgres/0002_tokens.sql") },
     Migration { version: 3, name: "audit", sql: include_str!("../../migrations/postgres/0003_audit.sql") },
 ];
 
 pub const MIGRATIONS_SQLITE: &[Migration] = &[
     Migration { version: 1, name: "foundation", sql: include_str!("../../migrations/sqlite/0001_foundation.sql") },
+    Migration { version: 2, name: "tokens", sql: include_str!("../../migrations/sqlite/0002_tokens.sql") },
     Migration { version: 3, name: "audit", sql: include_str!("../../migrations/sqlite/0003_audit.sql") },
 ];
 

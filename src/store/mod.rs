@@ -9,6 +9,7 @@
 mod migrate;
 pub mod postgres;
 pub mod sqlite;
+mod tokens;
 mod types;
 
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use uuid::Uuid;
 
 use crate::config::Settings;
 pub use migrate::{Migration, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
+pub use tokens::*;
 pub use types::*;
 
 /// A failure of the store.
@@ -65,9 +67,25 @@ pub trait Store: Send + Sync + 'static {
     // ---- users and tokens
     /// Returns the user with this name, creating it if needed.
     async fn ensure_user(&self, name: &str) -> StoreResult<User>;
-    async fn insert_token(&self, user_id: Uuid, token_hash: &str) -> StoreResult<()>;
-    /// The user a token hash belongs to.
-    async fn user_by_token(&self, token_hash: &str) -> StoreResult<Option<User>>;
+    async fn insert_token(&self, new: &NewToken) -> StoreResult<ApiToken>;
+    /// The user and row of a token hash, only while the token is neither
+    /// revoked nor expired (expiry judged by the database's clock).
+    async fn token_by_hash(&self, token_hash: &str) -> StoreResult<Option<(User, ApiToken)>>;
+    /// A token by id, whoever owns it, revoked or not.
+    async fn token_by_id(&self, id: Uuid) -> StoreResult<Option<ApiToken>>;
+    /// A user's tokens, oldest first, revoked ones included.
+    async fn list_tokens(&self, user_id: Uuid) -> StoreResult<Vec<ApiToken>>;
+    /// Revokes a token (of `user_id` when given); false when there is no
+    /// such token. Revoking twice keeps the first revocation time.
+    async fn revoke_token(&self, user_id: Option<Uuid>, id: Uuid) -> StoreResult<bool>;
+    /// Writes `last_used_at = now` unless the stored stamp is younger than
+    /// [`LAST_USED_EVERY`] (so at most once a minute across instances).
+    async fn touch_token(&self, id: Uuid, now: DateTime<Utc>) -> StoreResult<()>;
+    /// Binds a token to `host_id` if it is bound to none yet; returns the
+    /// host it is bound to afterwards (None: no such token).
+    async fn bind_token_host(&self, id: Uuid, host_id: Uuid) -> StoreResult<Option<Uuid>>;
+    /// Which of `ids` are still usable (exist, not revoked, not expired).
+    async fn usable_tokens(&self, ids: &[Uuid]) -> StoreResult<Vec<Uuid>>;
 
     // ---- hosts
     /// Registers a host; an existing host of the same user and hostname is

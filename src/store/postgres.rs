@@ -40,6 +40,25 @@ const RUN_COLS: &str = "id, user_id, host_id, argv, dir, state, exit_code, cpu_m
      output_bytes, wall_ms, terminal_id, created_at, finished_at, \
      (SELECT t.exit_signal FROM terminals t WHERE t.id = runs.terminal_id)";
 
+const TOKEN_COLS: &str =
+    "id, user_id, name, scope, host_id, terminal_id, created_at, expires_at, last_used_at, revoked_at";
+
+fn token_row(row: &Row) -> StoreResult<ApiToken> {
+    let scope: String = row.get(3);
+    Ok(ApiToken {
+        id: row.get(0),
+        user_id: row.get(1),
+        name: row.get(2),
+        scope: scope.parse()?,
+        host_id: row.get(4),
+        terminal_id: row.get(5),
+        created_at: row.get(6),
+        expires_at: row.get(7),
+        last_used_at: row.get(8),
+        revoked_at: row.get(9),
+    })
+}
+
 fn user_row(row: &Row) -> User {
     User { id: row.get(0), name: row.get(1), created_at: row.get(2) }
 }
@@ -228,21 +247,105 @@ impl Store for PgStore {
         Ok(user_row(&row))
     }
 
-    async fn insert_token(&self, user_id: Uuid, token_hash: &str) -> StoreResult<()> {
-        self.execute("INSERT INTO api_tokens (token_hash, user_id) VALUES ($1, $2)", &[&token_hash, &user_id]).await?;
+    async fn insert_token(&self, new: &NewToken) -> StoreResult<ApiToken> {
+        let row = self
+            .query_opt(
+                &format!(
+                    "INSERT INTO api_tokens (id, token_hash, user_id, name, scope, host_id, terminal_id, expires_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {TOKEN_COLS}"
+                ),
+                &[
+                    &Uuid::new_v4(),
+                    &new.token_hash,
+                    &new.user_id,
+                    &new.name,
+                    &new.scope.as_str(),
+                    &new.host_id,
+                    &new.terminal_id,
+                    &new.expires_at,
+                ],
+            )
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("token insert returned nothing".into()))?;
+        token_row(&row)
+    }
+
+    async fn token_by_hash(&self, token_hash: &str) -> StoreResult<Option<(User, ApiToken)>> {
+        let cols: String = TOKEN_COLS.split(", ").map(|c| format!("t.{c}")).collect::<Vec<_>>().join(", ");
+        let row = self
+            .query_opt(
+                &format!(
+                    "SELECT {cols}, u.id, u.name, u.created_at FROM api_tokens t JOIN users u ON u.id = t.user_id \
+                     WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())"
+                ),
+                &[&token_hash],
+            )
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let user = User { id: row.get(10), name: row.get(11), created_at: row.get(12) };
+        Ok(Some((user, token_row(&row)?)))
+    }
+
+    async fn token_by_id(&self, id: Uuid) -> StoreResult<Option<ApiToken>> {
+        self.query_opt(&format!("SELECT {TOKEN_COLS} FROM api_tokens WHERE id = $1"), &[&id])
+            .await?
+            .as_ref()
+            .map(token_row)
+            .transpose()
+    }
+
+    async fn list_tokens(&self, user_id: Uuid) -> StoreResult<Vec<ApiToken>> {
+        self.query(
+            &format!("SELECT {TOKEN_COLS} FROM api_tokens WHERE user_id = $1 ORDER BY created_at, id"),
+            &[&user_id],
+        )
+        .await?
+        .iter()
+        .map(token_row)
+        .collect()
+    }
+
+    async fn revoke_token(&self, user_id: Option<Uuid>, id: Uuid) -> StoreResult<bool> {
+        let n = self
+            .execute(
+                "UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, now()) \
+                 WHERE id = $1 AND ($2::uuid IS NULL OR user_id = $2)",
+                &[&id, &user_id],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    async fn touch_token(&self, id: Uuid, now: DateTime<Utc>) -> StoreResult<()> {
+        self.execute(
+            "UPDATE api_tokens SET last_used_at = $2::timestamptz \
+             WHERE id = $1 AND (last_used_at IS NULL OR last_used_at <= $2::timestamptz - make_interval(secs => $3))",
+            &[&id, &now, &secs(LAST_USED_EVERY)],
+        )
+        .await?;
         Ok(())
     }
 
-    async fn user_by_token(&self, token_hash: &str) -> StoreResult<Option<User>> {
-        Ok(self
+    async fn bind_token_host(&self, id: Uuid, host_id: Uuid) -> StoreResult<Option<Uuid>> {
+        let row = self
             .query_opt(
-                "SELECT u.id, u.name, u.created_at FROM api_tokens t JOIN users u ON u.id = t.user_id \
-                 WHERE t.token_hash = $1",
-                &[&token_hash],
+                "WITH bound AS (UPDATE api_tokens SET host_id = $2 WHERE id = $1 AND host_id IS NULL RETURNING host_id) \
+                 SELECT host_id FROM bound UNION ALL SELECT host_id FROM api_tokens WHERE id = $1 LIMIT 1",
+                &[&id, &host_id],
             )
-            .await?
-            .as_ref()
-            .map(user_row))
+            .await?;
+        Ok(row.and_then(|r| r.get::<_, Option<Uuid>>(0)))
+    }
+
+    async fn usable_tokens(&self, ids: &[Uuid]) -> StoreResult<Vec<Uuid>> {
+        let rows = self
+            .query(
+                "SELECT id FROM api_tokens WHERE id = ANY($1) AND revoked_at IS NULL \
+                 AND (expires_at IS NULL OR expires_at > now())",
+                &[&ids],
+            )
+            .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     async fn upsert_host(&self, new: &NewHost) -> StoreResult<Host> {

@@ -267,6 +267,39 @@ fn run_by(conn: &Connection, clause: &str, args: &[&dyn rusqlite::ToSql]) -> Sto
     conn.query_row(&sql, args, run_raw).optional()?.map(run_from_raw).transpose()
 }
 
+const TOKEN_COLS: &str =
+    "id, user_id, name, scope, host_id, terminal_id, created_at, expires_at, last_used_at, revoked_at";
+/// The token of a hash, only while usable (`?1` hash, `?2` now).
+const USABLE_TOKEN_BY_HASH: &str = "token_hash = ?1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?2)";
+
+fn token_raw(row: &Row<'_>) -> rusqlite::Result<(ApiToken, String)> {
+    Ok((
+        ApiToken {
+            id: uuid_col(row, 0)?,
+            user_id: uuid_col(row, 1)?,
+            name: row.get(2)?,
+            scope: TokenScope::Full,
+            host_id: opt_uuid_col(row, 4)?,
+            terminal_id: opt_uuid_col(row, 5)?,
+            created_at: ts(row.get(6)?),
+            expires_at: opt_ts(row.get(7)?),
+            last_used_at: opt_ts(row.get(8)?),
+            revoked_at: opt_ts(row.get(9)?),
+        },
+        row.get(3)?,
+    ))
+}
+
+fn token_from_raw((mut token, scope): (ApiToken, String)) -> StoreResult<ApiToken> {
+    token.scope = scope.parse()?;
+    Ok(token)
+}
+
+fn token_by(conn: &Connection, clause: &str, args: &[&dyn rusqlite::ToSql]) -> StoreResult<Option<ApiToken>> {
+    let sql = format!("SELECT {TOKEN_COLS} FROM api_tokens WHERE {clause}");
+    conn.query_row(&sql, args, token_raw).optional()?.map(token_from_raw).transpose()
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
@@ -338,28 +371,118 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn insert_token(&self, user_id: Uuid, token_hash: &str) -> StoreResult<()> {
+    async fn insert_token(&self, new: &NewToken) -> StoreResult<ApiToken> {
+        let new = new.clone();
+        self.call(move |c| {
+            let id = Uuid::new_v4();
+            c.execute(
+                "INSERT INTO api_tokens (id, token_hash, user_id, name, scope, host_id, terminal_id, created_at, \
+                 expires_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                params![
+                    id.to_string(),
+                    new.token_hash,
+                    new.user_id.to_string(),
+                    new.name,
+                    new.scope.as_str(),
+                    new.host_id.map(|h| h.to_string()),
+                    new.terminal_id.map(|t| t.to_string()),
+                    now_ms(),
+                    new.expires_at.map(|e| e.timestamp_millis()),
+                ],
+            )?;
+            token_by(c, "id = ?1", &[&id.to_string()])?
+                .ok_or_else(|| StoreError::Corrupt("inserted token not found".into()))
+        })
+        .await
+    }
+
+    async fn token_by_hash(&self, token_hash: &str) -> StoreResult<Option<(User, ApiToken)>> {
         let hash = token_hash.to_string();
         self.call(move |c| {
+            let Some(token) = token_by(c, USABLE_TOKEN_BY_HASH, &[&hash, &now_ms()])? else { return Ok(None) };
+            let user = c
+                .query_row(
+                    &format!("SELECT {USER_COLS} FROM users WHERE id = ?1"),
+                    [token.user_id.to_string()],
+                    user_row,
+                )
+                .optional()?;
+            Ok(user.map(|u| (u, token)))
+        })
+        .await
+    }
+
+    async fn token_by_id(&self, id: Uuid) -> StoreResult<Option<ApiToken>> {
+        self.call(move |c| token_by(c, "id = ?1", &[&id.to_string()])).await
+    }
+
+    async fn list_tokens(&self, user_id: Uuid) -> StoreResult<Vec<ApiToken>> {
+        self.call(move |c| {
+            let sql = format!("SELECT {TOKEN_COLS} FROM api_tokens WHERE user_id = ?1 ORDER BY created_at, id");
+            let mut stmt = c.prepare(&sql)?;
+            let raws = stmt.query_map([user_id.to_string()], token_raw)?.collect::<Result<Vec<_>, _>>()?;
+            raws.into_iter().map(token_from_raw).collect()
+        })
+        .await
+    }
+
+    async fn revoke_token(&self, user_id: Option<Uuid>, id: Uuid) -> StoreResult<bool> {
+        self.call(move |c| {
+            let n = c.execute(
+                "UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, ?1) \
+                 WHERE id = ?2 AND (?3 IS NULL OR user_id = ?3)",
+                params![now_ms(), id.to_string(), user_id.map(|u| u.to_string())],
+            )?;
+            Ok(n == 1)
+        })
+        .await
+    }
+
+    async fn touch_token(&self, id: Uuid, now: DateTime<Utc>) -> StoreResult<()> {
+        self.call(move |c| {
+            let now = now.timestamp_millis();
+            let every = ttl_ms(LAST_USED_EVERY);
             c.execute(
-                "INSERT INTO api_tokens (token_hash, user_id, created_at) VALUES (?1, ?2, ?3)",
-                params![hash, user_id.to_string(), now_ms()],
+                "UPDATE api_tokens SET last_used_at = ?1 \
+                 WHERE id = ?2 AND (last_used_at IS NULL OR last_used_at <= ?1 - ?3)",
+                params![now, id.to_string(), every],
             )?;
             Ok(())
         })
         .await
     }
 
-    async fn user_by_token(&self, token_hash: &str) -> StoreResult<Option<User>> {
-        let hash = token_hash.to_string();
+    async fn bind_token_host(&self, id: Uuid, host_id: Uuid) -> StoreResult<Option<Uuid>> {
         self.call(move |c| {
-            Ok(c.query_row(
-                "SELECT u.id, u.name, u.created_at FROM api_tokens t JOIN users u ON u.id = t.user_id \
-                 WHERE t.token_hash = ?1",
-                [hash],
-                user_row,
-            )
-            .optional()?)
+            c.execute(
+                "UPDATE api_tokens SET host_id = ?1 WHERE id = ?2 AND host_id IS NULL",
+                params![host_id.to_string(), id.to_string()],
+            )?;
+            Ok(token_by(c, "id = ?1", &[&id.to_string()])?.and_then(|t| t.host_id))
+        })
+        .await
+    }
+
+    async fn usable_tokens(&self, ids: &[Uuid]) -> StoreResult<Vec<Uuid>> {
+        let ids: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+        self.call(move |c| {
+            let now = now_ms();
+            let mut usable = Vec::new();
+            for chunk in ids.chunks(500) {
+                let marks = vec!["?"; chunk.len()].join(", ");
+                let sql = format!(
+                    "SELECT id FROM api_tokens WHERE id IN ({marks}) AND revoked_at IS NULL \
+                     AND (expires_at IS NULL OR expires_at > ?)"
+                );
+                let mut args: Vec<&dyn rusqlite::ToSql> = chunk.iter().map(|id| id as &dyn rusqlite::ToSql).collect();
+                args.push(&now);
+                let mut stmt = c.prepare(&sql)?;
+                let found = stmt.query_map(args.as_slice(), |row| uuid_col(row, 0))?;
+                for id in found {
+                    usable.push(id?);
+                }
+            }
+            Ok(usable)
         })
         .await
     }

@@ -24,20 +24,33 @@ impl DaemonProcess {
     }
 
     /// Like `start`, dialing `url` (a balancer in front of servers, say).
+    /// The token goes in `TETHER_TOKEN`, as docs/CLI.md advises.
     pub fn start_url(url: &str, token: &str, state_dir: &Path) -> DaemonProcess {
         Self::start_with(url, token, state_dir, &[])
     }
 
     /// Like `start_url`, with extra `tether daemon` flags.
     pub fn start_with(url: &str, token: &str, state_dir: &Path, flags: &[&str]) -> DaemonProcess {
+        Self::spawn(url, state_dir, |command| {
+            command.env("TETHER_TOKEN", token).args(flags);
+        })
+    }
+
+    /// Like `start_url`, the token read from `token_file` (`--token-file`).
+    pub fn start_with_token_file(url: &str, token_file: &Path, state_dir: &Path) -> DaemonProcess {
+        Self::spawn(url, state_dir, |command| {
+            command.env_remove("TETHER_TOKEN").arg("--token-file").arg(token_file);
+        })
+    }
+
+    fn spawn(url: &str, state_dir: &Path, token: impl FnOnce(&mut Command)) -> DaemonProcess {
         std::fs::create_dir_all(state_dir).expect("state dir");
         let log_path = state_dir.join(format!("daemon-{}.log", rand::random::<u32>()));
         let (out, err) = process::log_file(&log_path);
         let mut command = Command::new(TETHER);
         command
-            .args(["daemon", "--server", url, "--token", token, "--allow-dir", "/tmp", "--state-dir"])
+            .args(["daemon", "--server", url, "--allow-dir", "/tmp", "--state-dir"])
             .arg(state_dir)
-            .args(flags)
             .env_remove("TETHER_TEST_DATABASE_URL")
             .env_remove("TETHER_TEST_REDIS_URL")
             .env_remove("TETHER_TEST_REDIS_CLUSTER")
@@ -45,6 +58,7 @@ impl DaemonProcess {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
+        token(&mut command);
         let child = process::spawn_tied(command, None).expect("spawn tether daemon");
         DaemonProcess { child: Some(child), state_dir: state_dir.to_path_buf(), log_path }
     }
@@ -55,6 +69,11 @@ impl DaemonProcess {
 
     pub fn log(&self) -> String {
         process::read_log(&self.log_path)
+    }
+
+    /// The exit status, once the daemon has ended by itself.
+    pub fn try_exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Kills the daemon at once (SIGKILL); its PTYs lose their master and end.

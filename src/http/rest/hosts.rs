@@ -1,5 +1,5 @@
 //! `/api/v1/hosts` (docs/REST.md, "Hosts" and "Daemon requests"): register
-//! (upsert by user + hostname), list and get with live state, delete (409 while online), and
+//! (upsert by user + hostname; a daemon token only its own host), list and get with live state, delete (409 while online), and
 //! the requests answered by the daemon: dirs, limits, credentials.
 
 use actix_web::{web, HttpResponse};
@@ -9,11 +9,12 @@ use serde_json::json;
 use super::page::{PageQuery, Position};
 use super::{check_text, on_host, online_hosts, path_id};
 use crate::audit::Subject;
+use crate::auth;
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::http::views::HostView;
 use crate::relay::requests::{HostOp, OpAnswer};
-use crate::store::{AuditAction, HostState, NewHost};
+use crate::store::{AuditAction, HostState, NewHost, TokenScope};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -38,6 +39,13 @@ pub async fn register(
     check_text("name", &name, 255, true)?;
     check_text("platform", &body.platform, 64, false)?;
     check_text("arch", &body.arch, 64, false)?;
+    // A daemon token bound to a host may register only that host again.
+    if let (TokenScope::Daemon, Some(bound)) = (user.0.scope, user.0.bound_host) {
+        let same = state.store.get_host(user.id(), bound).await?.is_some_and(|h| h.hostname == body.hostname);
+        if !same {
+            return Err(bound_elsewhere());
+        }
+    }
     let host = state
         .store
         .upsert_host(&NewHost {
@@ -48,9 +56,21 @@ pub async fn register(
             arch: body.arch,
         })
         .await?;
-    state.relay.audit.record(user.id(), AuditAction::HostRegistered, Subject::host(host.id));
+    if !auth::speaks_for(state.store.as_ref(), &user.0, host.id).await? {
+        return Err(bound_elsewhere());
+    }
+    let subject = Subject::host(host.id).by(user.0.token_id);
+    state.relay.audit.record(user.id(), AuditAction::HostRegistered, subject);
     let online = online_hosts(&state, &[host.id]).await?.contains(&host.id);
     Ok(HttpResponse::Created().json(json!({ "host": HostView::new(host, online) })))
+}
+
+fn bound_elsewhere() -> ApiError {
+    ApiError::new(
+        actix_web::http::StatusCode::FORBIDDEN,
+        "token_bound_to_other_host",
+        "this daemon token is bound to another host; create a new daemon token for this machine",
+    )
 }
 
 #[derive(Debug, Deserialize)]

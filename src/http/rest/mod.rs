@@ -1,17 +1,18 @@
-//! The REST API under `/api/v1` (docs/REST.md): hosts, terminals, runs and the
-//! instance card. Handlers validate input, scope every read and write to
-//! the caller's user, and answer errors in the shape of `http::error`.
+//! The REST API under `/api/v1` (docs/REST.md): hosts, terminals, runs and
+//! tokens; the routes and who may call them are `super::routes`. Handlers
+//! validate input, scope every read and write to the caller's user, and
+//! answer errors in the shape of `http::error`.
 
-mod audit;
-mod hosts;
+pub mod audit;
+pub mod hosts;
 mod page;
-mod runs;
-mod terminals;
+pub mod runs;
+pub mod terminals;
+pub mod tokens;
 
 use std::collections::HashSet;
 
 use actix_web::http::StatusCode;
-use actix_web::web;
 use uuid::Uuid;
 
 use super::error::ApiError;
@@ -19,34 +20,6 @@ use super::state::AppState;
 use crate::relay::requests::{deliver, HostOp, OpAnswer};
 use crate::relay::RequestError;
 use crate::store::host_lease_key;
-
-/// Registers the `/api/v1` routes.
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        web::scope("/api/v1")
-            .route("/instance", web::get().to(super::ops::instance))
-            .route("/hosts", web::post().to(hosts::register))
-            .route("/hosts", web::get().to(hosts::list))
-            .route("/hosts/{id}", web::get().to(hosts::get))
-            .route("/hosts/{id}", web::delete().to(hosts::delete))
-            .route("/hosts/{id}/dirs", web::post().to(hosts::add_dir))
-            .route("/hosts/{id}/dirs", web::delete().to(hosts::remove_dir))
-            .route("/hosts/{id}/limits/refresh", web::post().to(hosts::refresh_limits))
-            .route("/hosts/{id}/credentials/refresh", web::post().to(hosts::refresh_credentials))
-            .route("/terminals", web::post().to(terminals::create))
-            .route("/terminals", web::get().to(terminals::list))
-            .route("/terminals/{id}", web::get().to(terminals::get))
-            .route("/terminals/{id}", web::delete().to(terminals::delete))
-            .route("/terminals/{id}/input", web::post().to(terminals::input))
-            .route("/terminals/{id}/resize", web::post().to(terminals::resize))
-            .route("/terminals/{id}/kill", web::post().to(terminals::kill))
-            .route("/runs", web::post().to(runs::create))
-            .route("/runs", web::get().to(runs::list))
-            .route("/runs/{id}", web::get().to(runs::get))
-            .route("/runs/{id}/log", web::get().to(runs::log))
-            .route("/audit", web::get().to(audit::list)),
-    );
-}
 
 /// A resource id from the path; a malformed id names nothing, so 404.
 fn path_id(raw: &str, what: &str) -> Result<Uuid, ApiError> {

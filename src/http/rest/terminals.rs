@@ -77,7 +77,11 @@ pub async fn create(
             run_id: None,
         })
         .await?;
-    state.relay.audit.record(user.id(), AuditAction::Spawn, Subject::terminal(host_id, terminal.id));
+    state.relay.audit.record(
+        user.id(),
+        AuditAction::Spawn,
+        Subject::terminal(host_id, terminal.id).by(user.0.token_id),
+    );
     // Spawn at once through the host's owner, wherever it is; with the
     // host offline it stays parked (`pending`, `host_offline`) and is
     // spawned when the host connects. An unacknowledged spawn is never
@@ -172,7 +176,7 @@ pub async fn input(
     }
     let terminal = running_terminal(&state, &user, &id).await?;
     let data = body.into_inner().data.into_bytes().into();
-    state.relay.audit.rest_input(user.id(), terminal.host_id, terminal.id);
+    state.relay.audit.rest_input(user.id(), user.0.token_id, terminal.host_id, terminal.id);
     on_host(&state, terminal.host_id, HostOp::Input { terminal_id: terminal.id, data }).await?;
     Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))
 }
@@ -192,7 +196,8 @@ pub async fn resize(
     let cols = grid("cols", Some(body.cols), 80)?;
     let rows = grid("rows", Some(body.rows), 24)?;
     let terminal = running_terminal(&state, &user, &id).await?;
-    let subject = Subject::terminal(terminal.host_id, terminal.id).with_detail(format!("{cols}x{rows}"));
+    let subject =
+        Subject::terminal(terminal.host_id, terminal.id).with_detail(format!("{cols}x{rows}")).by(user.0.token_id);
     state.relay.audit.record(user.id(), AuditAction::Resize, subject);
     on_host(&state, terminal.host_id, HostOp::Resize { terminal_id: terminal.id, cols, rows }).await?;
     Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))
@@ -243,7 +248,8 @@ pub async fn kill(
 ) -> Result<HttpResponse, ApiError> {
     let signal = signal_number(body.0.as_ref().and_then(|b| b.signal.as_ref()))?;
     let terminal = running_terminal(&state, &user, &id).await?;
-    let subject = Subject::terminal(terminal.host_id, terminal.id).with_detail(format!("signal {signal}"));
+    let subject =
+        Subject::terminal(terminal.host_id, terminal.id).with_detail(format!("signal {signal}")).by(user.0.token_id);
     state.relay.audit.record(user.id(), AuditAction::Kill, subject);
     on_host(&state, terminal.host_id, HostOp::Kill { terminal_id: terminal.id, signal }).await?;
     Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))

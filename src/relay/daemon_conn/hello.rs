@@ -1,5 +1,5 @@
 //! The hello of a daemon connection: admission (the host is the token's
-//! user's and belongs to this cell), the claim (subscribe, seize the lease,
+//! user's, a daemon token's own host, and belongs to this cell), the claim (subscribe, seize the lease,
 //! tell the previous owner), reconciliation of terminal rows, then the
 //! acknowledgement and the parked spawns.
 
@@ -118,6 +118,7 @@ impl Handler<Hello> for DaemonConn {
         let hello = msg.0;
         let relay = self.relay.clone();
         let user_id = self.user_id;
+        let principal = self.principal.clone();
         let addr = ctx.address();
         let queue = self.outbox.queued_counter();
         let host_id = Uuid::parse_str(&hello.host_id).ok();
@@ -126,6 +127,12 @@ impl Handler<Hello> for DaemonConn {
             let host = relay.store.host_by_id(host_id).await.map_err(|e| refused(database_error(e)))?;
             if host.is_none_or(|h| h.user_id != user_id) {
                 return Err(Refused(close::FORBIDDEN, "unknown or foreign host", None));
+            }
+            if !crate::auth::speaks_for(relay.store.as_ref(), &principal, host_id)
+                .await
+                .map_err(|e| refused(database_error(e)))?
+            {
+                return Err(Refused(close::FORBIDDEN, "this daemon token is bound to another host", None));
             }
             // Database admission (docs/ARCHITECTURE.md, "Cells"): a host placed on another cell
             // belongs there.

@@ -9,7 +9,9 @@
 //! waiting for each to be handled, so frames of one connection are applied
 //! strictly in order and a fast daemon is slowed by TCP rather than
 //! buffered. Until the hello is done, frames are held (at most 256 frames /
-//! 4 MiB, else 1008). The hello checks the host, registers with the
+//! 4 MiB, else 1008). The socket is closed 4401 when its token is revoked or
+//! expires (`token_watch`). The hello checks the host (and a daemon token's
+//! binding to one host), registers with the
 //! `HostRegistry` (newest wins), seizes the lease, reconciles terminal rows,
 //! acknowledges, then spawns parked terminals.
 //!
@@ -36,7 +38,9 @@ use super::arbiter::TerminalArbiter;
 use super::limiter::AddressGuard;
 use super::outbox::{Frame, Outbox};
 use super::registry::{HostRegistry, OpenTerminal, Ready, Register, TerminalLifecycle, Unregister};
+use super::token_watch::{TokenRevoked, Watched};
 use super::*;
+use crate::auth::Principal;
 use crate::proto::v1::{daemon_frame, server_frame, DaemonFrame, ServerFrame};
 use crate::store::{
     host_lease_key, Capabilities, ExitStatus, HostState, LeaseHolder, RunState, RunUsage, StoreError, TerminalState,
@@ -71,7 +75,11 @@ struct Owned {
 
 pub struct DaemonConn {
     relay: RelayContext,
+    /// The token that opened the socket: its user owns the host, a daemon
+    /// token is bound to one host (docs/PROTOCOL.md, "What the server enforces").
+    principal: Principal,
     user_id: Uuid,
+    watched: Option<Watched>,
     outbox: Outbox,
     stream: Option<AggregatedMessageStream>,
     host: Option<HostSession>,
@@ -86,14 +94,16 @@ pub struct DaemonConn {
 impl DaemonConn {
     pub fn new(
         relay: RelayContext,
-        user_id: Uuid,
+        principal: Principal,
         outbox: Outbox,
         stream: AggregatedMessageStream,
         guard: AddressGuard,
     ) -> Self {
         Self {
             relay,
-            user_id,
+            user_id: principal.user_id(),
+            principal,
+            watched: None,
             outbox,
             stream: Some(stream),
             host: None,
@@ -226,6 +236,7 @@ impl Actor for DaemonConn {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         metrics::gauge!("tether_daemon_connections").increment(1.0);
+        self.watched = Some(self.relay.tokens.watch(self.principal.token_id, ctx.address().recipient()));
         self.start_reader(ctx);
         ctx.run_interval(Duration::from_secs(30), |act, ctx| {
             if act.last_heard.elapsed() > IDLE_LIMIT {
@@ -309,6 +320,14 @@ impl Handler<CloseDaemon> for DaemonConn {
     }
 }
 
+impl Handler<TokenRevoked> for DaemonConn {
+    type Result = ();
+    fn handle(&mut self, _: TokenRevoked, ctx: &mut Context<Self>) {
+        tracing::info!(token_id = %self.principal.token_id, "tether_daemon_token_revoked");
+        self.close(close::BAD_TOKEN, "token revoked or expired", ctx);
+    }
+}
+
 impl Handler<ToDaemon> for DaemonConn {
     type Result = ();
     fn handle(&mut self, msg: ToDaemon, ctx: &mut Context<Self>) {
@@ -346,11 +365,11 @@ impl Handler<DetachArbiter> for DaemonConn {
 /// Starts a connection actor for an upgraded daemon socket.
 pub fn start(
     relay: RelayContext,
-    user_id: Uuid,
+    principal: Principal,
     session: actix_ws::Session,
     stream: AggregatedMessageStream,
     guard: AddressGuard,
 ) -> Addr<DaemonConn> {
     let outbox = Outbox::start(session, OUTBOUND_LIMIT, None);
-    DaemonConn::new(relay, user_id, outbox, stream, guard).start()
+    DaemonConn::new(relay, principal, outbox, stream, guard).start()
 }

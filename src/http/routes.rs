@@ -1,0 +1,129 @@
+//! The route table: every REST route and both sockets, each with the
+//! [`Access`] it asks of a token (docs/REST.md, "Scopes"). The router is
+//! built from [`ROUTES`] and nothing else, and its middleware checks the
+//! token against the row's access before any extractor or handler runs, so
+//! a route cannot be added without saying who may call it, and the
+//! authorization matrix test (tests/authz_matrix.rs) walks the same table.
+//!
+//! REST routes: no usable token is 401, a scope that does not reach the
+//! route is 403 (`insufficient_scope`); whether the resource is the caller's
+//! is the handler's check (404). Sockets authenticate in their handlers
+//! (`super::ws`) because a refusal there is a close code (4401/4403).
+
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::{Method, StatusCode};
+use actix_web::middleware::{from_fn, Next};
+use actix_web::{web, HttpMessage, ResponseError};
+
+use super::error::ApiError;
+use super::state::{authenticate, AppState};
+use super::{ops, rest, ws};
+use crate::auth::{self, Access};
+
+/// One route: method, path pattern, what it asks of a token, its handler.
+pub struct RouteSpec {
+    pub method: &'static str,
+    pub path: &'static str,
+    pub access: Access,
+    handler: fn(actix_web::Route) -> actix_web::Route,
+}
+
+impl RouteSpec {
+    /// True for the two WebSocket upgrades.
+    pub fn is_socket(&self) -> bool {
+        matches!(self.access, Access::DaemonSocket | Access::ViewerSocket)
+    }
+}
+
+macro_rules! route {
+    ($method:literal, $path:literal, $access:ident, $handler:path) => {
+        RouteSpec { method: $method, path: $path, access: Access::$access, handler: |r| r.to($handler) }
+    };
+}
+
+/// Every route the API serves besides the web page's static files.
+pub const ROUTES: &[RouteSpec] = &[
+    route!("GET", "/healthz", Public, ops::healthz),
+    route!("GET", "/readyz", Public, ops::readyz),
+    route!("GET", "/metrics", Public, ops::metrics),
+    route!("GET", "/ws/v1/daemon", DaemonSocket, ws::daemon),
+    route!("GET", "/ws/v1/terminals/{id}", ViewerSocket, ws::terminal),
+    route!("GET", "/api/v1/instance", Public, ops::instance),
+    route!("POST", "/api/v1/hosts", RegisterHost, rest::hosts::register),
+    route!("GET", "/api/v1/hosts", Read, rest::hosts::list),
+    route!("GET", "/api/v1/hosts/{id}", Read, rest::hosts::get),
+    route!("DELETE", "/api/v1/hosts/{id}", Control, rest::hosts::delete),
+    route!("POST", "/api/v1/hosts/{id}/dirs", Control, rest::hosts::add_dir),
+    route!("DELETE", "/api/v1/hosts/{id}/dirs", Control, rest::hosts::remove_dir),
+    route!("POST", "/api/v1/hosts/{id}/limits/refresh", Control, rest::hosts::refresh_limits),
+    route!("POST", "/api/v1/hosts/{id}/credentials/refresh", Control, rest::hosts::refresh_credentials),
+    route!("POST", "/api/v1/terminals", Control, rest::terminals::create),
+    route!("GET", "/api/v1/terminals", Read, rest::terminals::list),
+    route!("GET", "/api/v1/terminals/{id}", ReadTerminal, rest::terminals::get),
+    route!("DELETE", "/api/v1/terminals/{id}", Control, rest::terminals::delete),
+    route!("POST", "/api/v1/terminals/{id}/input", Control, rest::terminals::input),
+    route!("POST", "/api/v1/terminals/{id}/resize", Control, rest::terminals::resize),
+    route!("POST", "/api/v1/terminals/{id}/kill", Control, rest::terminals::kill),
+    route!("POST", "/api/v1/runs", Control, rest::runs::create),
+    route!("GET", "/api/v1/runs", Read, rest::runs::list),
+    route!("GET", "/api/v1/runs/{id}", Read, rest::runs::get),
+    route!("GET", "/api/v1/runs/{id}/log", Read, rest::runs::log),
+    route!("GET", "/api/v1/audit", Read, rest::audit::list),
+    route!("GET", "/api/v1/tokens", Control, rest::tokens::list),
+    route!("POST", "/api/v1/tokens", Control, rest::tokens::create),
+    route!("DELETE", "/api/v1/tokens/{id}", Control, rest::tokens::revoke),
+];
+
+/// Registers [`ROUTES`]: one resource per path, each behind [`authorize`].
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    let mut paths: Vec<&'static str> = Vec::new();
+    for spec in ROUTES {
+        if !paths.contains(&spec.path) {
+            paths.push(spec.path);
+        }
+    }
+    for path in paths {
+        let mut resource = web::resource(path);
+        for spec in ROUTES.iter().filter(|s| s.path == path) {
+            let method = Method::from_bytes(spec.method.as_bytes()).unwrap_or(Method::GET);
+            resource = resource.route((spec.handler)(web::route().method(method)));
+        }
+        cfg.service(resource.wrap(from_fn(authorize)));
+    }
+}
+
+/// The table row a request matched.
+fn spec_of(req: &ServiceRequest) -> Option<&'static RouteSpec> {
+    let pattern = req.match_pattern()?;
+    ROUTES.iter().find(|s| s.path == pattern && s.method == req.method().as_str())
+}
+
+/// Authenticates a REST request and checks its scope against the route's
+/// access; the principal goes into the request's extensions for `AuthUser`.
+async fn authorize(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<EitherBody<impl MessageBody>>, actix_web::Error> {
+    let Some(spec) = spec_of(&req) else {
+        // Only a method the resource does not serve gets here.
+        let res = ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed");
+        return Ok(req.into_response(res.error_response()).map_into_right_body());
+    };
+    if spec.access == Access::Public || spec.is_socket() {
+        return Ok(next.call(req).await?.map_into_left_body());
+    }
+    let Some(state) = req.app_data::<web::Data<AppState>>().cloned() else {
+        return Ok(req.into_response(ApiError::internal().error_response()).map_into_right_body());
+    };
+    let principal = match authenticate(&state, auth::bearer_token(req.request())).await {
+        Ok(principal) => principal,
+        Err(e) => return Ok(req.into_response(e.error_response()).map_into_right_body()),
+    };
+    if let Err(denied) = principal.may(spec.access, req.match_info().get("id")) {
+        let res = ApiError::new(StatusCode::FORBIDDEN, "insufficient_scope", denied.to_string());
+        return Ok(req.into_response(res.error_response()).map_into_right_body());
+    }
+    req.extensions_mut().insert(principal);
+    Ok(next.call(req).await?.map_into_left_body())
+}

@@ -1,0 +1,304 @@
+//! Tokens end to end (docs/REST.md, "Tokens" and "Scopes"; docs/CLI.md,
+//! "Tokens"): real `tether serve` instances sharing PostgreSQL and Redis,
+//! real daemons. A read viewer watches but never types; revoking a token
+//! closes its sockets 4401 on every instance and refuses it at once; a
+//! daemon token speaks for one host; the CLI creates, lists, expires and
+//! revokes tokens and the daemon reads its token from a private file.
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use prost::Message as _;
+
+use serde_json::{json, Value};
+use support::client::{create_token, daemon_url, hello, Api, Event, Socket};
+use support::daemon::DaemonProcess;
+use support::e2e::{wait_state, Viewer};
+use support::{pg_database, redis_url, unique_prefix, TetherServer};
+use tether::proto::v1::server_frame;
+use tether::viewer_protocol::{ClientMessage, ServerMessage};
+
+/// Makes a token over REST; answers (id, secret, resource).
+async fn make_token(api: &Api, body: Value) -> (String, String, Value) {
+    let (status, made) = api.post("/api/v1/tokens", body).await;
+    assert_eq!(status, 201, "{made}");
+    let id = made["token"]["id"].as_str().expect("id").to_string();
+    (id, made["secret"].as_str().expect("secret").to_string(), made["token"].clone())
+}
+
+/// Reads a viewer's frames until `check` accepts a control message; the
+/// messages seen on the way are returned too.
+async fn until_message(viewer: &mut Viewer, check: impl Fn(&ServerMessage) -> bool) -> Vec<ServerMessage> {
+    let mut seen = Vec::new();
+    loop {
+        match viewer.sock.next().await {
+            Event::Text(t) => {
+                let message = ServerMessage::parse(&t).expect("a viewer control message");
+                let done = check(&message);
+                seen.push(message);
+                if done {
+                    return seen;
+                }
+            }
+            Event::Binary(b) => viewer.live.extend_from_slice(&b),
+            Event::Close(code) => panic!("closed {code:?}; saw {seen:?}"),
+            Event::Ping => {}
+        }
+    }
+}
+
+/// Waits for a viewer's close and answers its code and how long it took.
+async fn close_of(viewer: &mut Viewer, since: Instant) -> (Option<u16>, Duration) {
+    let code = viewer.sock.expect_close().await;
+    (code, since.elapsed())
+}
+
+fn private_file(dir: &std::path::Path, name: &str, text: &str, mode: u32) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    path
+}
+
+#[actix_rt::test]
+async fn read_viewers_watch_and_revoked_tokens_are_closed_on_every_instance() {
+    let database = pg_database().await;
+    let redis = redis_url();
+    let prefix = unique_prefix();
+    let env = [
+        ("TETHER_DATABASE__URL", database.as_str()),
+        ("TETHER_REDIS__URL", redis.as_str()),
+        ("TETHER_BUS__PREFIX", prefix.as_str()),
+    ];
+    let a = TetherServer::start(&env, &[]).await;
+    let b = TetherServer::start(&env, &[]).await;
+    let full = create_token(&a, "ann");
+    let api = Api::new(a.url(), full.clone());
+
+    // The daemon reads a daemon token from a 0600 file and binds it to its host.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (daemon_id, daemon_secret, _) = make_token(&api, json!({"scope": "daemon", "name": "laptop"})).await;
+    let token_file = private_file(dir.path(), "token", &format!("{daemon_secret}\n"), 0o600);
+    let mut daemon = DaemonProcess::start_with_token_file(&a.url(), &token_file, &dir.path().join("state"));
+    let hosts = api
+        .wait_for("/api/v1/hosts", "host online", |b| {
+            b["hosts"].as_array().is_some_and(|h| h.iter().any(|h| h["state"] == "online"))
+        })
+        .await;
+    let host = hosts["hosts"][0]["id"].as_str().expect("host id").to_string();
+    let (_, tokens) = api.get("/api/v1/tokens").await;
+    let daemon_row =
+        tokens["tokens"].as_array().expect("tokens").iter().find(|t| t["id"] == daemon_id.as_str()).cloned();
+    let daemon_row = daemon_row.expect("the daemon token is listed");
+    assert_eq!((daemon_row["scope"].as_str(), daemon_row["hostId"].as_str()), (Some("daemon"), Some(host.as_str())));
+    assert!(!tokens.to_string().contains("tth_"), "a listing never holds a secret: {tokens}");
+
+    let (status, t) = api.post("/api/v1/terminals", json!({"hostId": host, "argv": ["sh"], "dir": "/tmp"})).await;
+    assert_eq!(status, 201, "{t}");
+    let terminal = t["terminal"]["id"].as_str().expect("terminal id").to_string();
+    wait_state(&api, &terminal, "running").await;
+
+    let (read_id, read, _) = make_token(&api, json!({"scope": "read"})).await;
+    let (_, share, share_row) = make_token(&api, json!({"terminalId": terminal, "name": "for bob"})).await;
+    assert_eq!(share_row["scope"], "read");
+    assert_eq!(share_row["terminalId"], terminal.as_str());
+    assert!(share_row["expiresAt"].is_string(), "a share token expires: {share_row}");
+
+    let mut writer = Viewer::attach_to(&a, &full, &terminal, "").await;
+    let mut reader = Viewer::attach_to(&b, &read, &terminal, "").await; // across instances
+    let mut sharer = Viewer::attach_to(&a, &share, &terminal, "").await;
+
+    // The reader's input, resize and view stay on its instance; it is told
+    // once for each.
+    let typed = ClientMessage::Input { data: "echo typed-by-reader\n".into() };
+    reader.sock.send_json(serde_json::to_value(&typed).expect("json")).await;
+    reader.sock.send_binary(&b"echo typed-by-reader-binary\n"[..]).await;
+    reader.sock.send_json(json!({"type": "resize", "cols": 33, "rows": 11})).await;
+    reader
+        .sock
+        .send_json(json!({"type": "view", "cols": 33, "rows": 11, "visible": true, "idleMs": 0, "open": true}))
+        .await;
+    let mut refusals = Vec::new();
+    for _ in 0..3 {
+        let seen = until_message(&mut reader, |m| matches!(m, ServerMessage::Error { .. })).await;
+        for m in &seen {
+            assert!(!matches!(m, ServerMessage::Size { yours: true, .. }), "a reader never holds the grid: {seen:?}");
+        }
+        if let Some(ServerMessage::Error { message }) = seen.last() {
+            refusals.push(message.clone());
+        }
+    }
+    assert_eq!(
+        refusals,
+        [
+            "read-only: this token may watch this terminal but not send input",
+            "read-only: this token may watch this terminal but not resize it",
+            "read-only: this token may watch this terminal but not claim its grid",
+        ]
+    );
+    writer.type_line("echo marker-$((6*7))").await;
+    writer.until("marker-42").await;
+    reader.until("marker-42").await;
+    sharer.until("marker-42").await;
+    assert!(!writer.text().contains("typed-by-reader"), "the reader's input reached the shell: {}", writer.text());
+    let (_, current) = api.get(&format!("/api/v1/terminals/{terminal}")).await;
+    assert_ne!((current["terminal"]["cols"].as_u64(), current["terminal"]["rows"].as_u64()), (Some(33), Some(11)));
+
+    // The share token reads its terminal and nothing else.
+    let sharer_api = Api::new(a.url(), share.clone());
+    assert_eq!(sharer_api.get(&format!("/api/v1/terminals/{terminal}")).await.0, 200);
+    assert_eq!(sharer_api.get("/api/v1/hosts").await.0, 403);
+
+    // Revoked on A, the reader on B is closed 4401 and refused at once.
+    let revoked_at = Instant::now();
+    assert_eq!(api.delete(&format!("/api/v1/tokens/{read_id}")).await.0, 204);
+    assert_eq!(Api::new(b.url(), read.clone()).get("/api/v1/hosts").await.0, 401, "refused on the next request");
+    let (code, took) = close_of(&mut reader, revoked_at).await;
+    eprintln!("the revoked reader on the other instance was closed {code:?} after {took:?}");
+    assert_eq!(code, Some(4401));
+    // The bound is the check interval (500 ms) plus one query; generous
+    // here because the test machine is shared.
+    assert!(took < Duration::from_secs(3), "closed after {took:?}");
+    writer.type_line("echo still-$((2*3))-here").await;
+    writer.until("still-6-here").await;
+    sharer.until("still-6-here").await;
+
+    // A token row deleted behind the server's back ends its sockets too.
+    let db = support::pg_connect(&database).await;
+    let share_id = share_row["id"].as_str().expect("share id");
+    let deleted = db.execute("DELETE FROM api_tokens WHERE id = $1::text::uuid", &[&share_id]).await.expect("delete");
+    assert_eq!(deleted, 1);
+    let (code, took) = close_of(&mut sharer, Instant::now()).await;
+    assert_eq!(code, Some(4401), "the deleted token's viewer, after {took:?}");
+    writer.type_line("echo writer-$((3*3))-stays").await;
+    writer.until("writer-9-stays").await;
+
+    // The daemon token revoked from the command line: its socket is
+    // closed 4401 and the daemon stops (a refused token is fatal to it).
+    let out = a.run(&["token", "revoke", &daemon_id], &[]);
+    assert!(out.status.success(), "token revoke: {}", String::from_utf8_lossy(&out.stderr));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while daemon.try_exit_status().is_none() {
+        assert!(Instant::now() < deadline, "the daemon kept running; its log:\n{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(daemon.log().contains("bad token"), "{}", daemon.log());
+    api.wait_for(&format!("/api/v1/hosts/{host}"), "host offline", |b| b["host"]["state"] == "offline").await;
+}
+
+/// Says hello for `host` with `token` and answers the close code, or None
+/// when the server acknowledged.
+async fn hello_as(server: &TetherServer, token: &str, host: &str) -> Option<u16> {
+    let mut sock = Socket::connect(&daemon_url(server), Some(token), &["tether.daemon.v1"]).await;
+    sock.send_frame(hello(host)).await;
+    loop {
+        match sock.next().await {
+            Event::Binary(b) => {
+                let frame = tether::proto::v1::ServerFrame::decode(b.as_ref()).expect("server frame").frame;
+                if matches!(frame, Some(server_frame::Frame::HelloAck(_))) {
+                    return None;
+                }
+            }
+            Event::Close(code) => return code,
+            _ => {}
+        }
+    }
+}
+
+#[actix_rt::test]
+async fn a_daemon_token_speaks_for_one_host() {
+    let server = TetherServer::start(&[], &[]).await;
+    let api = Api::new(server.url(), create_token(&server, "ann"));
+    let out = server.run(&["token", "create", "--user", "ann", "--scope", "daemon", "--name", "box-1"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let daemon = Api::new(server.url(), String::from_utf8(out.stdout).expect("utf8").trim());
+    let register = |api: &Api, hostname: &str| {
+        let body = json!({"name": hostname, "hostname": hostname, "platform": "linux", "arch": "x86_64"});
+        let api = Api::new(api.base.clone(), api.token.clone());
+        async move { api.post("/api/v1/hosts", body).await }
+    };
+    let (status, h1) = register(&daemon, "box-1").await;
+    assert_eq!(status, 201, "{h1}");
+    let h1 = h1["host"]["id"].as_str().expect("id").to_string();
+    assert_eq!(register(&daemon, "box-1").await.0, 201, "its own host again");
+    let (status, refused) = register(&daemon, "box-2").await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (403, Some("token_bound_to_other_host")), "{refused}");
+    let (status, h2) = register(&api, "box-2").await;
+    assert_eq!(status, 201, "{h2}");
+    let h2 = h2["host"]["id"].as_str().expect("id").to_string();
+    assert_eq!(api.get("/api/v1/hosts").await.1["hosts"].as_array().map(Vec::len), Some(2));
+
+    // One machine's token cannot say hello as another.
+    assert_eq!(hello_as(&server, &daemon.token, &h2).await, Some(4403));
+    assert_eq!(hello_as(&server, &daemon.token, &h1).await, None);
+    // A daemon token bound at create.
+    let out = server.run(&["token", "create", "--user", "ann", "--scope", "daemon", "--host", &h2], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let bound = String::from_utf8(out.stdout).expect("utf8").trim().to_string();
+    assert_eq!(hello_as(&server, &bound, &h1).await, Some(4403));
+    assert_eq!(hello_as(&server, &bound, &h2).await, None);
+    // --host is for daemon tokens, and for the user's own hosts.
+    let out = server.run(&["token", "create", "--user", "ann", "--host", &h2], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = server.run(&["token", "create", "--user", "bob", "--scope", "daemon", "--host", &h2], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout.is_empty());
+}
+
+#[actix_rt::test]
+async fn the_cli_creates_lists_expires_and_revokes_tokens() {
+    let server = TetherServer::start(&[], &[]).await;
+    let out = server.run(&["token", "create", "--user", "ann", "--ttl", "3s", "--name", "short-lived"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).expect("utf8");
+    assert_eq!(stdout.lines().count(), 1, "the token alone on stdout: {stdout:?}");
+    let secret = stdout.trim().to_string();
+    assert!(secret.starts_with("tth_"));
+    let api = Api::new(server.url(), secret.clone());
+    assert_eq!(api.get("/api/v1/hosts").await.0, 200);
+
+    let list = server.run(&["token", "list", "--user", "ann"], &[]);
+    assert!(list.status.success(), "{}", String::from_utf8_lossy(&list.stderr));
+    let table = String::from_utf8(list.stdout).expect("utf8");
+    assert!(!table.contains("tth_"), "never a secret: {table}");
+    let row = table.lines().find(|l| l.contains("short-lived")).unwrap_or_else(|| panic!("no row: {table}"));
+    assert!(row.contains(" full ") && row.contains(" active "), "{row}");
+    assert!(!row.ends_with("never"), "the use was stamped: {row}");
+    let id = row.split_whitespace().next().expect("id").to_string();
+
+    // Expired: refused, and listed as such.
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    assert_eq!(api.get("/api/v1/hosts").await.0, 401);
+    let table = String::from_utf8(server.run(&["token", "list", "--user", "ann"], &[]).stdout).expect("utf8");
+    assert!(table.lines().any(|l| l.starts_with(&id) && l.contains(" expired ")), "{table}");
+
+    let out = server.run(&["token", "revoke", &id], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8(server.run(&["token", "list", "--user", "ann"], &[]).stdout).expect("utf8");
+    assert!(table.lines().any(|l| l.starts_with(&id) && l.contains(" revoked ")), "{table}");
+    let out = server.run(&["token", "revoke", "00000000-0000-4000-8000-000000000000"], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    for bad in [["--ttl", "5x"], ["--scope", "admin"]] {
+        let out = server.run(&[&["token", "create", "--user", "ann"][..], &bad[..]].concat(), &[]);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(out.stdout.is_empty());
+    }
+}
+
+#[actix_rt::test]
+async fn the_daemon_refuses_a_token_file_others_can_read() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let open = private_file(dir.path(), "token", "tth_abc\n", 0o644);
+    let out = support::tether_cmd(
+        &["daemon", "--server", "http://127.0.0.1:9", "--token-file", open.to_str().expect("path")],
+        &[("TETHER_TOKEN", "")],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("mode 0644") && stderr.contains("chmod 600"), "{stderr}");
+    let out = support::tether_cmd(&["daemon", "--server", "http://127.0.0.1:9"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("TETHER_TOKEN"), "{}", String::from_utf8_lossy(&out.stderr));
+}
