@@ -147,12 +147,24 @@ enum TokenCommand {
         host: Option<uuid::Uuid>,
     },
     /// List a user's tokens: id, label, scope, created, expires, last used (never a secret).
+    ///
+    /// Revoked and expired tokens are listed too, so they can be told apart
+    /// from the ones still in use. Works on the database directly.
+    #[command(after_long_help = "Examples:
+  tether token list --user ann")]
     List {
         /// Whose tokens.
         #[arg(long, value_name = "NAME")]
         user: String,
     },
     /// Revoke a token: refused at once, its open sockets closed 4401 within a second.
+    ///
+    /// Every instance checks its open sockets' tokens every
+    /// auth.revocation_check_ms, so a revoked token's viewers and daemons are
+    /// closed wherever they are connected.
+    #[command(after_long_help = "Examples:
+  tether token list --user ann
+  tether token revoke 0b7e6f52-3c1d-4a0e-9f1e-2d3c4b5a6978")]
     Revoke {
         /// The token's id (from `token list`).
         id: uuid::Uuid,

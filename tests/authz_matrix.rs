@@ -68,7 +68,7 @@ fn case_for(spec: &RouteSpec, w: &World) -> (String, Option<Value>, bool) {
         ("POST", "/api/v1/hosts") => {
             (spec.path.into(), Some(json!({"name": "new", "hostname": "new-box", "platform": "linux"})), false)
         }
-        ("GET", "/api/v1/hosts" | "/api/v1/terminals" | "/api/v1/runs" | "/api/v1/tokens") => {
+        ("GET", "/api/v1/hosts" | "/api/v1/terminals" | "/api/v1/runs" | "/api/v1/tokens" | "/api/v1/audit") => {
             (spec.path.into(), None, false)
         }
         ("GET" | "DELETE", "/api/v1/hosts/{id}") => (id(spec.path, &w.host), None, true),
