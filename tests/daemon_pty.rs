@@ -478,9 +478,19 @@ async fn a_burst_of_input_frames_waits_for_a_busy_program() {
     let daemon = start_daemon(&server);
     server.accept_and_ack().await;
     let sink = daemon.work.join("input-burst.txt");
-    let script = format!("stty raw -echo; sleep 2; exec head -c 30000 > {}", sink.display());
+    let raw = daemon.work.join("input-burst.raw");
+    // Input that reached the PTY before `stty raw` would meet the canonical
+    // line discipline, which keeps 4 KiB of an unfinished line and drops the
+    // rest (as on any terminal): the burst starts once the mode is raw.
+    let script =
+        format!("stty raw -echo && touch {}; sleep 2; exec head -c 30000 > {}", raw.display(), sink.display());
     server.send(spawn("busy", &daemon.work, &["sh", "-c", &script])).await;
     expect_started(&mut server, "busy").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !raw.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "the program never switched its terminal to raw mode");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let line = "k".repeat(100);
     for _ in 0..300 {
         server.send(input("busy", &line)).await;

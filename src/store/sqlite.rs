@@ -418,7 +418,7 @@ impl Store for SqliteStore {
 
     async fn list_tokens(&self, user_id: Uuid) -> StoreResult<Vec<ApiToken>> {
         self.call(move |c| {
-            let sql = format!("SELECT {TOKEN_COLS} FROM api_tokens WHERE user_id = ?1 ORDER BY created_at, id");
+            let sql = format!("SELECT {TOKEN_COLS} FROM api_tokens WHERE user_id = ?1 ORDER BY created_at, rowid");
             let mut stmt = c.prepare(&sql)?;
             let raws = stmt.query_map([user_id.to_string()], token_raw)?.collect::<Result<Vec<_>, _>>()?;
             raws.into_iter().map(token_from_raw).collect()
