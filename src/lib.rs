@@ -10,6 +10,7 @@ pub mod attach;
 pub mod audit;
 pub mod auth;
 pub mod bus;
+pub mod cell;
 pub mod cli;
 pub mod client;
 pub mod config;
