@@ -2,9 +2,9 @@
 //! line, the examples and the tests (docs/CLI.md, "What the client speaks").
 //!
 //! - [`Client`] holds the server's base URL and an API token and makes the
-//!   REST calls (`rest`): hosts, terminals, runs, each list followed
-//!   through `nextCursor` pages, each error body mapped to
-//!   [`ClientError::Api`].
+//!   REST calls (`rest`): hosts, terminals, runs, tokens and the audit
+//!   log, each paged list followed through `nextCursor`, each error body
+//!   mapped to [`ClientError::Api`].
 //! - [`resolve`] turns what a person types (a host name, an id prefix) into
 //!   one resource, or says which candidates matched.
 //! - [`viewer`] speaks the viewer protocol: the raw socket `tether attach`
@@ -24,7 +24,10 @@ use std::path::Path;
 use std::time::Duration;
 
 pub use error::{ApiErrorBody, ClientError};
-pub use resources::{Host, NewRun, NewTerminal, Run, RunLog, RunUsage, Terminal, TerminalFilter};
+pub use resources::{
+    AuditEvent, AuditFilter, CreatedToken, Host, NewRun, NewTerminal, NewToken, Run, RunLog, RunUsage, Terminal,
+    TerminalFilter, Token,
+};
 
 /// How long one REST call may take, connection included.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);

@@ -125,6 +125,74 @@ pub struct RunUsage {
     pub other: Map<String, Value>,
 }
 
+/// An API token as listed: never its secret (docs/REST.md, "Tokens").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Token {
+    pub id: Uuid,
+    pub name: Option<String>,
+    /// `full`, `daemon` or `read`.
+    pub scope: String,
+    /// The host a `daemon` token is bound to.
+    pub host_id: Option<Uuid>,
+    /// The one terminal a share token reaches.
+    pub terminal_id: Option<Uuid>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
+impl Token {
+    /// Whether the server would still accept it at `now`.
+    pub fn is_usable_at(&self, now: DateTime<Utc>) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|at| at > now)
+    }
+}
+
+/// The answer to `POST /tokens`: the token and its secret, which the server
+/// shows this once.
+#[derive(Clone, PartialEq, Deserialize)]
+pub struct CreatedToken {
+    pub token: Token,
+    /// `tth_...`, to hand to `Client::new` or `tether login`.
+    pub secret: String,
+}
+
+/// Never prints the secret.
+impl std::fmt::Debug for CreatedToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreatedToken").field("token", &self.token).field("secret", &"<redacted>").finish()
+    }
+}
+
+/// One entry of the caller's audit log (docs/REST.md, "Audit").
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEvent {
+    pub id: Uuid,
+    pub at: DateTime<Utc>,
+    pub user_id: Uuid,
+    /// The token the action was done with.
+    pub token_id: Option<Uuid>,
+    /// `attach`, `detach`, `spawn`, `kill`, `input`, `resize`,
+    /// `token_created`, `token_revoked` or `host_registered`.
+    pub action: String,
+    // Left out by the server when they do not apply, and so here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_id: Option<Uuid>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminal_id: Option<Uuid>,
+    /// The instance that recorded it.
+    pub instance_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    #[serde(flatten)]
+    pub other: Map<String, Value>,
+}
+
 /// `POST /terminals`.
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -151,6 +219,34 @@ pub struct NewRun {
     pub argv: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dir: Option<String>,
+}
+
+/// `POST /tokens`. A `terminal_id` makes a share token: `read`, expiring
+/// in `ttl_seconds` or 24 h.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewToken {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `full` (the server's default), `daemon` or `read`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// None: never expires (unless it is a share token).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub terminal_id: Option<Uuid>,
+}
+
+/// The query of `GET /audit`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AuditFilter {
+    /// Leaves out events older than this (inclusive bound).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<DateTime<Utc>>,
+    /// At most this many, newest first: 1..5000; the server's default is 500.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
 }
 
 /// Filters of `GET /terminals`.
@@ -180,5 +276,61 @@ mod tests {
         assert_eq!(terminal.error(), Some("boom"));
         assert!(!terminal.is_live());
         assert_eq!(serde_json::to_value(&terminal).unwrap(), raw);
+    }
+
+    #[test]
+    fn tokens_and_audit_events_round_trip_as_sent() {
+        let raw = serde_json::json!({
+            "id": "0b9f6a7e-2f55-4c1e-9d7b-1c2d3e4f5a6b", "name": "laptop", "scope": "daemon",
+            "hostId": "1b9f6a7e-2f55-4c1e-9d7b-1c2d3e4f5a6b", "terminalId": null,
+            "createdAt": "2026-12-02T01:00:00Z", "expiresAt": "2026-12-03T01:00:00Z", "lastUsedAt": null,
+            "revokedAt": null
+        });
+        let token: Token = serde_json::from_value(raw.clone()).unwrap();
+        assert!(token.is_usable_at("2026-12-02T12:00:00Z".parse().unwrap()));
+        assert!(!token.is_usable_at("2026-12-03T01:00:00Z".parse().unwrap()), "expired at its expiry");
+        assert_eq!(serde_json::to_value(&token).unwrap(), raw);
+        // hostId, terminalId and detail are left out when they do not apply;
+        // tokenId is null, not left out.
+        let raw = serde_json::json!({
+            "id": "2b9f6a7e-2f55-4c1e-9d7b-1c2d3e4f5a6b", "at": "2026-12-02T01:40:00.123Z",
+            "userId": "3b9f6a7e-2f55-4c1e-9d7b-1c2d3e4f5a6b", "tokenId": null, "action": "token_created",
+            "instanceId": "tether-0#3fa9c1"
+        });
+        let event: AuditEvent = serde_json::from_value(raw.clone()).unwrap();
+        assert_eq!((event.host_id, event.detail.as_deref()), (None, None));
+        assert_eq!(serde_json::to_value(&event).unwrap(), raw);
+    }
+
+    #[test]
+    fn created_tokens_never_print_their_secret() {
+        let created: CreatedToken = serde_json::from_value(serde_json::json!({
+            "token": {"id": "0b9f6a7e-2f55-4c1e-9d7b-1c2d3e4f5a6b", "name": null, "scope": "full", "hostId": null,
+                      "terminalId": null, "createdAt": "2026-12-02T01:00:00Z", "expiresAt": null,
+                      "lastUsedAt": null, "revokedAt": null},
+            "secret": "tth_very_secret"
+        }))
+        .unwrap();
+        assert_eq!(created.secret, "tth_very_secret");
+        assert!(!format!("{created:?}").contains("tth_very_secret"));
+    }
+
+    #[actix_rt::test]
+    async fn new_tokens_and_audit_filters_send_only_what_is_set() {
+        let share = NewToken { terminal_id: Some(Uuid::nil()), ttl_seconds: Some(60), ..Default::default() };
+        assert_eq!(
+            serde_json::to_value(&share).unwrap(),
+            serde_json::json!({"ttlSeconds": 60, "terminalId": "00000000-0000-0000-0000-000000000000"})
+        );
+        let since = "2026-12-02T01:40:00.123Z".parse().unwrap();
+        let uri = |filter: &AuditFilter| {
+            let request = awc::Client::default().get("http://h/api/v1/audit").query(filter).unwrap();
+            request.get_uri().to_string()
+        };
+        assert_eq!(
+            uri(&AuditFilter { since: Some(since), limit: Some(7) }),
+            "http://h/api/v1/audit?since=2026-12-02T01%3A40%3A00.123Z&limit=7"
+        );
+        assert_eq!(uri(&AuditFilter::default()), "http://h/api/v1/audit?");
     }
 }

@@ -3,7 +3,8 @@
 //! Single resources come wrapped (`{"host":{...}}`) and lists too
 //! (`{"hosts":[...]}`); a list with more behind it carries `nextCursor`,
 //! which [`Client::list`] follows until the last page, so callers always
-//! get the whole list.
+//! get the whole list. The audit log is the exception: one answer, as
+//! long as its `limit`.
 
 use awc::http::header::HeaderMap;
 use awc::http::Method;
@@ -14,7 +15,10 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use super::error::{from_response, from_send};
-use super::resources::{Host, NewRun, NewTerminal, Run, RunLog, Terminal, TerminalFilter};
+use super::resources::{
+    AuditEvent, AuditFilter, CreatedToken, Host, NewRun, NewTerminal, NewToken, Run, RunLog, Terminal, TerminalFilter,
+    Token,
+};
 use super::{Client, ClientError};
 
 /// Items asked for per page (the API's default; its maximum is 5000).
@@ -110,14 +114,8 @@ impl Client {
                 }
                 Err(e) => return Err(e),
             };
-            let mut body = decode(&url, &bytes)?;
-            let list = match body.get_mut(key).map(Value::take) {
-                Some(Value::Array(list)) => list,
-                _ => return Err(ClientError::Decode { url, message: format!("no `{key}` list") }),
-            };
-            for item in list {
-                items.push(from_value(&url, item)?);
-            }
+            let body = decode(&url, &bytes)?;
+            items.extend(take_list(&url, &body, key)?);
             match body.get("nextCursor").and_then(Value::as_str) {
                 // A cursor that does not move would loop forever.
                 Some(next) if Some(next) != after.as_deref() && !next.is_empty() => after = Some(next.to_owned()),
@@ -241,6 +239,47 @@ impl Client {
             .map_err(|_| ClientError::Decode { url: url.clone(), message: "bad Tether-Next-Offset".into() })?;
         let complete = header("Tether-Log-Complete")? == "true";
         Ok(RunLog { from, data, next_offset, complete })
+    }
+
+    // --- tokens --------------------------------------------------------------------
+
+    /// `GET /tokens`: the user's tokens, oldest first, revoked and expired
+    /// ones included; never a secret. Needs a `full` token.
+    pub async fn tokens(&self) -> Result<Vec<Token>, ClientError> {
+        self.list("/api/v1/tokens", "tokens", &()).await
+    }
+
+    /// `POST /tokens`: the new token and its secret (shown this once).
+    pub async fn create_token(&self, new: &NewToken) -> Result<CreatedToken, ClientError> {
+        let body = serde_json::to_value(new).map_err(|e| ClientError::Encode(e.to_string()))?;
+        let path = "/api/v1/tokens";
+        let answer = self.send_json(Method::POST, path, Some(&body)).await?;
+        from_value(&format!("{}{path}", self.server), answer)
+    }
+
+    /// `DELETE /tokens/{id}`: refused at once from then on, its open
+    /// sockets closed 4401. Revoking a revoked token is not an error.
+    pub async fn revoke_token(&self, id: Uuid) -> Result<(), ClientError> {
+        self.send_json(Method::DELETE, &format!("/api/v1/tokens/{id}"), None).await.map(drop)
+    }
+
+    // --- audit ---------------------------------------------------------------------
+
+    /// `GET /audit?since=&limit=`: the user's audit events, newest first.
+    /// One answer, not pages: `filter.limit` bounds it (500 when not given).
+    pub async fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEvent>, ClientError> {
+        let path = "/api/v1/audit";
+        let bytes = self.call(Method::GET, path, Some(filter), None).await?;
+        let url = format!("{}{path}", self.server);
+        take_list(&url, &decode(&url, &bytes)?, "events")
+    }
+}
+
+/// The items of the list `key` in a list answer (`{"hosts":[...]}`).
+fn take_list<T: DeserializeOwned>(url: &str, body: &Value, key: &str) -> Result<Vec<T>, ClientError> {
+    match body.get(key) {
+        Some(Value::Array(list)) => list.iter().map(|item| from_value(url, item.clone())).collect(),
+        _ => Err(ClientError::Decode { url: url.to_owned(), message: format!("no `{key}` list") }),
     }
 }
 
