@@ -4,7 +4,9 @@
 //! `run` streaming as it happens and exiting with the run's code (128+n
 //! for a signal, a message for a lost run), `--json` and `--quiet` against
 //! the REST resources, the run log from an offset and followers that come
-//! late, list pages, id prefixes, and the messages of the usual mistakes. Every request a test makes itself goes through `tether::client`.
+//! late, list pages, id prefixes, tokens and the audit log through the
+//! client, and the messages of the usual mistakes. Every request a test
+//! makes itself goes through `tether::client`.
 
 mod support;
 
@@ -14,7 +16,7 @@ use serde_json::Value;
 use support::cli::{Person, CLI_WAIT};
 use support::e2e::{self, E2e};
 use tether::client::resolve::short_id;
-use tether::client::{Client, Host, NewTerminal, TerminalFilter};
+use tether::client::{AuditFilter, Client, ClientError, Host, NewTerminal, NewToken, TerminalFilter};
 use uuid::Uuid;
 
 /// The user's client, through the library.
@@ -653,6 +655,81 @@ fn completions_for_every_shell() {
         }
     }
     person.run(&["completions", "tcsh"]).fails(2, &["tcsh"]);
+}
+
+/// Tokens and the audit log through the client against a real server
+/// (SQLite): a token is made, listed without its secret, used, revoked and
+/// then refused; the audit log names both and answers `since` and `limit`.
+#[actix_rt::test]
+async fn the_client_makes_lists_uses_and_revokes_tokens_and_reads_the_audit_log() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+
+    let new =
+        NewToken { name: Some("ci".into()), scope: Some("read".into()), ttl_seconds: Some(3600), ..Default::default() };
+    let made = client.create_token(&new).await.expect("create a token");
+    assert!(made.secret.starts_with("tth_"), "{made:?}");
+    assert_eq!((made.token.name.as_deref(), made.token.scope.as_str()), (Some("ci"), "read"));
+    assert!(made.token.expires_at.is_some_and(|at| at > made.token.created_at), "{made:?}");
+    let id = made.token.id;
+
+    // Listed with what it was made with, and never a secret.
+    let tokens = client.tokens().await.expect("tokens");
+    assert_eq!(tokens.len(), 2, "the test's token and the new one: {tokens:?}");
+    let listed = tokens.iter().find(|t| t.id == id).expect("the new token is listed");
+    assert_eq!(listed, &made.token);
+    assert!(listed.is_usable_at(chrono::Utc::now()));
+    let listing = serde_json::to_string(&tokens).expect("json");
+    assert!(!listing.contains(&made.secret) && !listing.contains("tth_"), "{listing}");
+
+    // Used: a read token reads, and the token routes are for full tokens only.
+    let ci = Client::new(&e.server.url(), &made.secret, None).expect("client");
+    assert_eq!(ci.hosts().await.expect("hosts with the new token"), vec![host]);
+    let refused = ci.tokens().await.expect_err("a read token lists no tokens");
+    assert_eq!((refused.code(), refused.is_unauthorized()), (Some("insufficient_scope"), false), "{refused}");
+    let stamped = client.tokens().await.expect("tokens");
+    assert!(stamped.iter().any(|t| t.id == id && t.last_used_at.is_some()), "its use was stamped: {stamped:?}");
+
+    // Revoked: refused on the next request, and listed as revoked.
+    client.revoke_token(id).await.expect("revoke");
+    let refused = ci.hosts().await.expect_err("a revoked token is refused");
+    assert!(refused.is_unauthorized(), "{refused}");
+    let tokens = client.tokens().await.expect("tokens");
+    let listed = tokens.iter().find(|t| t.id == id).expect("a revoked token is still listed");
+    assert!(listed.revoked_at.is_some() && !listed.is_usable_at(chrono::Utc::now()), "{listed:?}");
+
+    // The audit log, newest first: the revocation, then the creation, both
+    // naming the token, after the host's registration.
+    eventually("the token events in the audit log", || async {
+        client.audit(&AuditFilter::default()).await.expect("audit").iter().any(|e| e.action == "token_revoked")
+    })
+    .await;
+    let events = client.audit(&AuditFilter::default()).await.expect("audit");
+    let actions: Vec<&str> = events.iter().map(|e| e.action.as_str()).collect();
+    assert_eq!(actions, ["token_revoked", "token_created", "host_registered"], "{events:#?}");
+    for event in &events[..2] {
+        assert_eq!(event.detail, Some(format!("token {id}")), "{event:?}");
+        assert_eq!(event.token_id, Some(tokens.iter().find(|t| t.id != id).expect("the test's token").id));
+    }
+    let created_at = events[1].at;
+    let since = |since, limit| AuditFilter { since: Some(since), limit };
+    let from_creation = client.audit(&since(created_at, None)).await.expect("audit since");
+    assert_eq!(from_creation, events[..2], "`since` is inclusive and leaves out older events");
+    let newest = client.audit(&AuditFilter { since: None, limit: Some(1) }).await.expect("audit limit");
+    assert_eq!(newest, events[..1]);
+    let later = client.audit(&since(chrono::Utc::now() + chrono::Duration::seconds(60), Some(5))).await;
+    assert_eq!(later.expect("audit since later"), []);
+    let refused = client.audit(&AuditFilter { since: None, limit: Some(0) }).await.expect_err("limit 0");
+    assert!(matches!(&refused, ClientError::Api { status: 400, code, .. } if code == "invalid_limit"), "{refused}");
+
+    // The API's refusals as typed errors.
+    client.revoke_token(id).await.expect("revoking twice is not an error");
+    let unknown = client.revoke_token(Uuid::new_v4()).await.expect_err("an unknown token");
+    assert!(unknown.is_not_found(), "{unknown}");
+    let bad = NewToken { scope: Some("admin".into()), ..Default::default() };
+    let refused = client.create_token(&bad).await.expect_err("scope admin");
+    assert!(matches!(&refused, ClientError::Api { status: 400, code, .. } if code == "invalid_scope"), "{refused}");
 }
 
 /// A fake server with pages of one item shows the client follows

@@ -9,11 +9,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use support::client::{create_token, daemon_url, viewer_url, Api, Event, Socket, WAIT};
 use support::daemon::DaemonProcess;
 use support::e2e::{self, wait_online, Viewer};
 use support::{free_port, TetherServer};
+use tether::client::{AuditEvent, AuditFilter, NewToken};
 use tether::viewer_protocol::ClientMessage;
 
 const DAEMON: &[&str] = &["tether.daemon.v1"];
@@ -171,12 +172,11 @@ async fn a_locked_daemon_refuses_remote_dir_changes() {
 }
 
 /// Polls the audit log until `done` accepts it.
-async fn audit_until(api: &Api, what: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+async fn audit_until(api: &Api, what: &str, done: impl Fn(&[AuditEvent]) -> bool) -> Vec<AuditEvent> {
+    let client = api.client();
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let (status, body) = api.get("/api/v1/audit").await;
-        assert_eq!(status, 200, "{body}");
-        let events = body["events"].as_array().cloned().unwrap_or_default();
+        let events = client.audit(&AuditFilter::default()).await.unwrap_or_else(|e| panic!("the audit log: {e}"));
         if done(&events) {
             return events;
         }
@@ -185,8 +185,8 @@ async fn audit_until(api: &Api, what: &str, done: impl Fn(&[Value]) -> bool) -> 
     }
 }
 
-fn count(events: &[Value], action: &str) -> usize {
-    events.iter().filter(|e| e["action"] == action).count()
+fn count(events: &[AuditEvent], action: &str) -> usize {
+    events.iter().filter(|e| e.action == action).count()
 }
 
 #[actix_rt::test]
@@ -228,23 +228,22 @@ async fn a_terminal_session_is_audited_without_its_input() {
     assert_eq!(count(&events, "kill"), 1, "the refused kill is not audited: {events:#?}");
     let text = serde_json::to_string(&events).expect("json");
     assert!(!text.contains("secret"), "input bytes are never stored: {text}");
-    let of = |action: &str| events.iter().find(|e| e["action"] == action).expect(action).clone();
+    let of = |action: &str| events.iter().find(|e| e.action == action).expect(action).clone();
     for action in ["spawn", "attach", "input", "resize", "detach", "kill"] {
         let event = of(action);
-        assert_eq!(event["terminalId"], terminal.as_str(), "{event}");
-        assert_eq!(event["hostId"], e.host.as_str(), "{event}");
+        assert_eq!(event.terminal_id.map(|t| t.to_string()), Some(terminal.clone()), "{event:?}");
+        assert_eq!(event.host_id.map(|h| h.to_string()), Some(e.host.clone()), "{event:?}");
     }
-    assert_eq!(of("resize")["detail"], "100x30");
-    assert_eq!(of("kill")["detail"], "signal 9");
+    assert_eq!(of("resize").detail.as_deref(), Some("100x30"));
+    assert_eq!(of("kill").detail.as_deref(), Some("signal 9"));
     // Every event names the token it was done with (the test's one token).
-    let (_, tokens) = e.api.get("/api/v1/tokens").await;
-    let token_id = tokens["tokens"][0]["id"].clone();
-    assert!(token_id.is_string(), "{tokens}");
+    let tokens = e.api.client().tokens().await.expect("tokens");
+    let token_id = tokens.first().expect("the test's token").id;
     for event in &events {
-        assert_eq!(event["tokenId"], token_id, "{event}");
+        assert_eq!(event.token_id, Some(token_id), "{event:?}");
     }
     // Newest first: the kill came last.
-    assert_eq!(events[0]["action"], "kill", "{events:#?}");
+    assert_eq!(events[0].action, "kill", "{events:#?}");
 }
 
 /// Creating and revoking a token over REST is audited, naming the token
@@ -252,22 +251,19 @@ async fn a_terminal_session_is_audited_without_its_input() {
 #[actix_rt::test]
 async fn tokens_created_and_revoked_are_audited() {
     let e = e2e::start(false, &[]).await;
-    let (status, created) = e.api.post("/api/v1/tokens", json!({"name": "ci", "scope": "read"})).await;
-    assert_eq!(status, 201, "{created}");
-    let new_id = created["token"]["id"].as_str().expect("id").to_string();
-    let (status, _) = e.api.delete(&format!("/api/v1/tokens/{new_id}")).await;
-    assert_eq!(status, 204);
+    let client = e.api.client();
+    let new = NewToken { name: Some("ci".into()), scope: Some("read".into()), ..Default::default() };
+    let new_id = client.create_token(&new).await.expect("create a token").token.id;
+    client.revoke_token(new_id).await.expect("revoke it");
     let events = audit_until(&e.api, "token events", |events| {
         count(events, "token_created") == 1 && count(events, "token_revoked") == 1
     })
     .await;
-    let (_, tokens) = e.api.get("/api/v1/tokens").await;
-    let mine = tokens["tokens"].as_array().expect("tokens").iter().find(|t| t["id"] != new_id.as_str()).expect("mine")
-        ["id"]
-        .clone();
+    let tokens = client.tokens().await.expect("tokens");
+    let mine = tokens.iter().find(|t| t.id != new_id).expect("mine").id;
     for action in ["token_created", "token_revoked"] {
-        let event = events.iter().find(|ev| ev["action"] == action).expect(action);
-        assert_eq!(event["tokenId"], mine, "{event}");
-        assert_eq!(event["detail"], format!("token {new_id}"), "{event}");
+        let event = events.iter().find(|ev| ev.action == action).expect(action);
+        assert_eq!(event.token_id, Some(mine), "{event:?}");
+        assert_eq!(event.detail, Some(format!("token {new_id}")), "{event:?}");
     }
 }

@@ -12,20 +12,26 @@ use std::time::{Duration, Instant};
 
 use prost::Message as _;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use support::client::{create_token, daemon_url, hello, Api, Event, Socket};
 use support::daemon::DaemonProcess;
-use support::e2e::{wait_state, Viewer};
+use support::e2e::{wait_online, wait_state, Viewer};
 use support::{pg_database, redis_url, unique_prefix, TetherServer};
+use tether::client::{Client, ClientError, CreatedToken, NewTerminal, NewToken};
 use tether::proto::v1::server_frame;
 use tether::viewer_protocol::{ClientMessage, ServerMessage};
 
-/// Makes a token over REST; answers (id, secret, resource).
-async fn make_token(api: &Api, body: Value) -> (String, String, Value) {
-    let (status, made) = api.post("/api/v1/tokens", body).await;
-    assert_eq!(status, 201, "{made}");
-    let id = made["token"]["id"].as_str().expect("id").to_string();
-    (id, made["secret"].as_str().expect("secret").to_string(), made["token"].clone())
+/// Makes a token through the client.
+async fn make_token(client: &Client, new: NewToken) -> CreatedToken {
+    client.create_token(&new).await.unwrap_or_else(|e| panic!("create a token {new:?}: {e}"))
+}
+
+/// What `client.hosts()` is refused with: (HTTP status, error code).
+async fn hosts_refused(client: &Client) -> (u16, String) {
+    match client.hosts().await {
+        Err(ClientError::Api { status, code, .. }) => (status, code),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }
 
 /// Reads a viewer's frames until `check` accepts a control message; the
@@ -76,35 +82,45 @@ async fn read_viewers_watch_and_revoked_tokens_are_closed_on_every_instance() {
     let b = TetherServer::start(&env, &[]).await;
     let full = create_token(&a, "ann");
     let api = Api::new(a.url(), full.clone());
+    let client = api.client();
 
     // The daemon reads a daemon token from a 0600 file and binds it to its host.
     let dir = tempfile::tempdir().expect("temp dir");
-    let (daemon_id, daemon_secret, _) = make_token(&api, json!({"scope": "daemon", "name": "laptop"})).await;
-    let token_file = private_file(dir.path(), "token", &format!("{daemon_secret}\n"), 0o600);
+    let daemon_token = make_token(
+        &client,
+        NewToken { scope: Some("daemon".into()), name: Some("laptop".into()), ..Default::default() },
+    )
+    .await;
+    let token_file = private_file(dir.path(), "token", &format!("{}\n", daemon_token.secret), 0o600);
     let mut daemon = DaemonProcess::start_with_token_file(&a.url(), &token_file, &dir.path().join("state"));
-    let hosts = api
-        .wait_for("/api/v1/hosts", "host online", |b| {
-            b["hosts"].as_array().is_some_and(|h| h.iter().any(|h| h["state"] == "online"))
-        })
-        .await;
-    let host = hosts["hosts"][0]["id"].as_str().expect("host id").to_string();
-    let (_, tokens) = api.get("/api/v1/tokens").await;
-    let daemon_row =
-        tokens["tokens"].as_array().expect("tokens").iter().find(|t| t["id"] == daemon_id.as_str()).cloned();
-    let daemon_row = daemon_row.expect("the daemon token is listed");
-    assert_eq!((daemon_row["scope"].as_str(), daemon_row["hostId"].as_str()), (Some("daemon"), Some(host.as_str())));
-    assert!(!tokens.to_string().contains("tth_"), "a listing never holds a secret: {tokens}");
+    let host = wait_online(&api).await;
+    let tokens = client.tokens().await.expect("tokens");
+    let daemon_row = tokens.iter().find(|t| t.id == daemon_token.token.id).expect("the daemon token is listed");
+    assert_eq!((daemon_row.scope.as_str(), daemon_row.host_id.map(|h| h.to_string())), ("daemon", Some(host.clone())));
+    // The listing as the server sent it (unknown fields included).
+    let listing = serde_json::to_string(&tokens).expect("json");
+    assert!(!listing.contains("tth_"), "a listing never holds a secret: {listing}");
 
-    let (status, t) = api.post("/api/v1/terminals", json!({"hostId": host, "argv": ["sh"], "dir": "/tmp"})).await;
-    assert_eq!(status, 201, "{t}");
-    let terminal = t["terminal"]["id"].as_str().expect("terminal id").to_string();
+    let new = NewTerminal {
+        host_id: host.parse().expect("host id"),
+        argv: vec!["sh".into()],
+        dir: Some("/tmp".into()),
+        ..Default::default()
+    };
+    let terminal = client.create_terminal(&new).await.expect("create a terminal").id.to_string();
     wait_state(&api, &terminal, "running").await;
 
-    let (read_id, read, _) = make_token(&api, json!({"scope": "read"})).await;
-    let (_, share, share_row) = make_token(&api, json!({"terminalId": terminal, "name": "for bob"})).await;
-    assert_eq!(share_row["scope"], "read");
-    assert_eq!(share_row["terminalId"], terminal.as_str());
-    assert!(share_row["expiresAt"].is_string(), "a share token expires: {share_row}");
+    let read_token = make_token(&client, NewToken { scope: Some("read".into()), ..Default::default() }).await;
+    let (read_id, read) = (read_token.token.id, read_token.secret);
+    let share_new = NewToken {
+        terminal_id: Some(terminal.parse().expect("terminal id")),
+        name: Some("for bob".into()),
+        ..Default::default()
+    };
+    let CreatedToken { token: share_row, secret: share } = make_token(&client, share_new).await;
+    assert_eq!(share_row.scope, "read");
+    assert_eq!(share_row.terminal_id.map(|t| t.to_string()), Some(terminal.clone()));
+    assert!(share_row.expires_at.is_some(), "a share token expires: {share_row:?}");
 
     let mut writer = Viewer::attach_to(&a, &full, &terminal, "").await;
     let mut reader = Viewer::attach_to(&b, &read, &terminal, "").await; // across instances
@@ -143,18 +159,22 @@ async fn read_viewers_watch_and_revoked_tokens_are_closed_on_every_instance() {
     reader.until("marker-42").await;
     sharer.until("marker-42").await;
     assert!(!writer.text().contains("typed-by-reader"), "the reader's input reached the shell: {}", writer.text());
-    let (_, current) = api.get(&format!("/api/v1/terminals/{terminal}")).await;
-    assert_ne!((current["terminal"]["cols"].as_u64(), current["terminal"]["rows"].as_u64()), (Some(33), Some(11)));
+    let current = client.terminal(terminal.parse().expect("terminal id")).await.expect("terminal");
+    assert_ne!((current.cols, current.rows), (33, 11));
 
     // The share token reads its terminal and nothing else.
-    let sharer_api = Api::new(a.url(), share.clone());
-    assert_eq!(sharer_api.get(&format!("/api/v1/terminals/{terminal}")).await.0, 200);
-    assert_eq!(sharer_api.get("/api/v1/hosts").await.0, 403);
+    let share_client = Api::new(a.url(), share.clone()).client();
+    share_client.terminal(terminal.parse().expect("terminal id")).await.expect("the share token reads its terminal");
+    assert_eq!(hosts_refused(&share_client).await, (403, "insufficient_scope".into()));
 
     // Revoked on A, the reader on B is closed 4401 and refused at once.
     let revoked_at = Instant::now();
-    assert_eq!(api.delete(&format!("/api/v1/tokens/{read_id}")).await.0, 204);
-    assert_eq!(Api::new(b.url(), read.clone()).get("/api/v1/hosts").await.0, 401, "refused on the next request");
+    client.revoke_token(read_id).await.expect("revoke");
+    assert_eq!(
+        hosts_refused(&Api::new(b.url(), read.clone()).client()).await,
+        (401, "unauthorized".into()),
+        "refused on the next request"
+    );
     let (code, took) = close_of(&mut reader, revoked_at).await;
     eprintln!("the revoked reader on the other instance was closed {code:?} after {took:?}");
     assert_eq!(code, Some(4401));
@@ -167,7 +187,7 @@ async fn read_viewers_watch_and_revoked_tokens_are_closed_on_every_instance() {
 
     // A token row deleted behind the server's back ends its sockets too.
     let db = support::pg_connect(&database).await;
-    let share_id = share_row["id"].as_str().expect("share id");
+    let share_id = share_row.id.to_string();
     let deleted = db.execute("DELETE FROM api_tokens WHERE id = $1::text::uuid", &[&share_id]).await.expect("delete");
     assert_eq!(deleted, 1);
     let (code, took) = close_of(&mut sharer, Instant::now()).await;
@@ -177,7 +197,7 @@ async fn read_viewers_watch_and_revoked_tokens_are_closed_on_every_instance() {
 
     // The daemon token revoked from the command line: its socket is
     // closed 4401 and the daemon stops (a refused token is fatal to it).
-    let out = a.run(&["token", "revoke", &daemon_id], &[]);
+    let out = a.run(&["token", "revoke", &daemon_token.token.id.to_string()], &[]);
     assert!(out.status.success(), "token revoke: {}", String::from_utf8_lossy(&out.stderr));
     let deadline = Instant::now() + Duration::from_secs(20);
     while daemon.try_exit_status().is_none() {
