@@ -80,6 +80,23 @@ impl Trio {
         views
     }
 
+    /// A terminal of the host parked straight in the database (as if its
+    /// host had been offline), for a spawn to claim.
+    async fn park_terminal(&self) -> uuid::Uuid {
+        let client = pg_connect(&self.database).await;
+        let id = uuid::Uuid::new_v4();
+        let host = uuid::Uuid::parse_str(&self.host).expect("host uuid");
+        client
+            .execute(
+                "INSERT INTO terminals (id, user_id, host_id, argv, state, pending_reason, cols, rows) \
+                 SELECT $1, user_id, id, '[\"sh\"]', 'pending', 'host_offline', 80, 24 FROM hosts WHERE id = $2",
+                &[&id, &host],
+            )
+            .await
+            .expect("park a terminal");
+        id
+    }
+
     /// Live lease rows on the host.
     async fn live_leases(&self) -> i64 {
         let client = pg_connect(&self.database).await;
@@ -291,17 +308,7 @@ async fn the_sweep_spawns_parked_terminals_of_hosts_owned_elsewhere() {
     let trio = trio(&[], [&never, &[("TETHER_SWEEP__INTERVAL_MS", "200")], &never]).await;
     let mut daemon = trio.daemon(0).await;
     trio.host_everywhere("online").await;
-    let client = pg_connect(&trio.database).await;
-    let id = uuid::Uuid::new_v4();
-    let host = uuid::Uuid::parse_str(&trio.host).expect("host uuid");
-    client
-        .execute(
-            "INSERT INTO terminals (id, user_id, host_id, argv, state, pending_reason, cols, rows) \
-             SELECT $1, user_id, id, '[\"sh\"]', 'pending', 'host_offline', 80, 24 FROM hosts WHERE id = $2",
-            &[&id, &host],
-        )
-        .await
-        .expect("park a terminal");
+    let id = trio.park_terminal().await;
     let spawned = spawns_within(&mut daemon, Duration::from_secs(3)).await;
     assert_eq!(spawned, vec![id.to_string()]);
     trio.apis[2].wait_for(&format!("/api/v1/terminals/{id}"), "running", |b| b["terminal"]["state"] == "running").await;
@@ -446,4 +453,56 @@ async fn forged_credentials_are_refused() {
 
 async fn stored_credentials(client: &tokio_postgres::Client) -> i64 {
     client.query_one("SELECT count(*) FROM host_credentials", &[]).await.expect("count credentials").get(0)
+}
+
+/// One host's operations reach its daemon in the order they were published
+/// on its channel, whatever their kind: a Spawn, then input for the new
+/// terminal. The owner used to read the spawn's row in a task of its own
+/// while input went straight through, so the input overtook the Spawn.
+#[actix_rt::test]
+async fn a_hosts_requests_reach_its_daemon_in_order() {
+    use fred::prelude::*;
+    use prost::Message as _;
+    use tether::proto::bus::{self, envelope, host_request, Envelope, HostRequest};
+    let never = [("TETHER_SWEEP__INTERVAL_MS", "600000")];
+    let trio = trio(&never, [&[], &[], &[]]).await;
+    let mut daemon = trio.daemon(0).await;
+    trio.host_everywhere("online").await;
+    let id = trio.park_terminal().await;
+
+    let redis = Builder::from_config(Config::from_url(&redis_url()).expect("redis url")).build().expect("client");
+    redis.init().await.expect("connects");
+    let channel = format!("{}:host:{{{}}}:in", trio.prefix, trio.host);
+    let spawn = host_request::Op::Spawn(bus::Spawn { terminal_id: id.to_string() });
+    let inputs = (0..5)
+        .map(|n| host_request::Op::Input(bus::Input { terminal_id: id.to_string(), data: format!("{n}").into() }));
+    for (seq, op) in std::iter::once(spawn).chain(inputs).enumerate() {
+        let request = HostRequest {
+            request_id: format!("order-{seq}"),
+            reply_to: "orderer#1".into(),
+            host_id: trio.host.clone(),
+            op: Some(op),
+        };
+        let envelope =
+            Envelope { sender: "orderer#1".into(), seq: seq as u64 + 1, body: Some(envelope::Body::Request(request)) };
+        let receivers: i64 = redis.publish(channel.as_str(), envelope.encode_to_vec()).await.expect("publish");
+        assert_eq!(receivers, 1, "the owner listens");
+    }
+
+    let mut seen = Vec::new();
+    while seen.len() < 6 {
+        match daemon.next_server_frame().await {
+            server_frame::Frame::Spawn(spawn) => {
+                assert_eq!(spawn.terminal_id, id.to_string());
+                seen.push("spawn".to_string());
+            }
+            server_frame::Frame::Input(input) => {
+                assert_eq!(input.terminal_id, id.to_string());
+                seen.push(String::from_utf8_lossy(&input.data).into_owned());
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(seen, ["spawn", "0", "1", "2", "3", "4"], "the daemon got the host's requests out of order");
+    let _ = redis.quit().await;
 }

@@ -482,8 +482,7 @@ async fn a_burst_of_input_frames_waits_for_a_busy_program() {
     // Input that reached the PTY before `stty raw` would meet the canonical
     // line discipline, which keeps 4 KiB of an unfinished line and drops the
     // rest (as on any terminal): the burst starts once the mode is raw.
-    let script =
-        format!("stty raw -echo && touch {}; sleep 2; exec head -c 30000 > {}", raw.display(), sink.display());
+    let script = format!("stty raw -echo && touch {}; sleep 2; exec head -c 30000 > {}", raw.display(), sink.display());
     server.send(spawn("busy", &daemon.work, &["sh", "-c", &script])).await;
     expect_started(&mut server, "busy").await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

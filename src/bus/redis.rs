@@ -196,7 +196,7 @@ async fn pump(mut messages: broadcast::Receiver<fred::types::Message>, inbox: In
             }
             Err(broadcast::error::RecvError::Lagged(lost)) => {
                 tracing::warn!(lost, "tether_bus_subscriber_lagged");
-                inbox.deliver(Inbound::Gap { lost: lost as u64, channels: None });
+                inbox.deliver(Inbound::Gap { lost, channels: None });
             }
             Err(broadcast::error::RecvError::Closed) => return,
         }

@@ -33,7 +33,6 @@ use super::capture::RunCapture;
 use super::ended::ended_messages;
 use super::grid::{Grid, GridAction, GridTimings};
 use super::outbox::Frame;
-use super::registry::{ArbiterIdle, HostRegistry, Retire};
 use super::resume_ring::{Appended, ResumeRing};
 use super::stamp::InteractionStamp;
 use super::*;
@@ -116,8 +115,12 @@ fn rewind(m: &mut Member) {
 pub struct TerminalArbiter {
     terminal_id: Uuid,
     config: ArbiterConfig,
+    /// Names this arbiter in the links others hold (its daemon connection
+    /// detaches only the arbiter it attached).
+    id: ArbiterId,
     store: Arc<dyn Store>,
-    registry: Addr<HostRegistry>,
+    /// The registry that started it, told when it has no members left.
+    registry: Recipient<ArbiterIdle>,
     stream: Option<Stream>,
     state: Option<TerminalState>,
     members: HashMap<MemberId, Member>,
@@ -162,9 +165,10 @@ impl TerminalArbiter {
 
     pub fn new(
         terminal_id: Uuid,
+        id: ArbiterId,
         config: ArbiterConfig,
         store: Arc<dyn Store>,
-        registry: Addr<HostRegistry>,
+        registry: Recipient<ArbiterIdle>,
         online: Option<HostOnline>,
     ) -> Self {
         let grid = Grid::new(config.timings, (80, 24));
@@ -172,6 +176,7 @@ impl TerminalArbiter {
             terminal_id,
             ring: ResumeRing::new(config.ring_bytes),
             config,
+            id,
             store,
             registry,
             stream: online.map(|o| Stream { link: o.0, granted: None }),
@@ -238,7 +243,8 @@ impl TerminalArbiter {
         if !matches!(self.state, Some(TerminalState::Running | TerminalState::Launching)) {
             return;
         }
-        let conn = stream.link.conn.clone();
+        let daemon = stream.link.daemon.clone();
+        let arbiter = ArbiterLink::of(self.id, &ctx.address());
         let window = stream.link.flow_control.then_some(self.config.window_bytes);
         for member in self.members.values_mut() {
             if member.phase != Phase::Waiting {
@@ -246,12 +252,12 @@ impl TerminalArbiter {
             }
             let attach_id = Uuid::new_v4().to_string();
             member.phase = Phase::Awaiting(attach_id.clone());
-            conn.do_send(AttachArbiter {
+            daemon.attach(AttachArbiter {
                 terminal_id: self.terminal_id,
                 attach_id,
                 resume_from: member.resume_from,
                 window,
-                arbiter: ctx.address(),
+                arbiter: arbiter.clone(),
             });
         }
     }
@@ -319,11 +325,11 @@ impl TerminalArbiter {
             match action {
                 GridAction::Resize { cols, rows } => {
                     if let Some(stream) = &self.stream {
-                        stream.link.conn.do_send(ToDaemon(server_frame::Frame::Resize(crate::proto::v1::Resize {
+                        stream.link.daemon.frame(server_frame::Frame::Resize(crate::proto::v1::Resize {
                             terminal_id: self.terminal_id.to_string(),
                             cols: u32::from(cols),
                             rows: u32::from(rows),
-                        })));
+                        }));
                     }
                 }
                 GridAction::HolderChanged => self.broadcast_sizes(),
@@ -465,10 +471,10 @@ impl TerminalArbiter {
         }
         let until = end + window;
         stream.granted = Some(until);
-        stream.link.conn.do_send(ToDaemon(server_frame::Frame::Credit(crate::proto::v1::Credit {
+        stream.link.daemon.frame(server_frame::Frame::Credit(crate::proto::v1::Credit {
             terminal_id: self.terminal_id.to_string(),
             until,
-        })));
+        }));
     }
 
     fn on_scrollback(&mut self, attach_id: String, data: Bytes, (cols, rows): (u16, u16), offset: u64, resumed: bool) {
@@ -565,9 +571,10 @@ impl TerminalArbiter {
         }
         self.retiring = true;
         if let Some(stream) = &self.stream {
-            stream.link.conn.do_send(DetachArbiter { terminal_id: self.terminal_id, arbiter: ctx.address() });
+            stream.link.daemon.detach(self.terminal_id, self.id);
         }
-        self.registry.do_send(ArbiterIdle { terminal_id: self.terminal_id, arbiter: ctx.address() });
+        let retire = ctx.address().recipient();
+        self.registry.do_send(ArbiterIdle { terminal_id: self.terminal_id, arbiter: self.id, retire });
     }
 
     /// Members waiting for the Scrollback of `attach_id`.
@@ -719,10 +726,10 @@ impl Handler<FromViewer> for TerminalArbiter {
                     self.maybe_idle(ctx);
                     return;
                 }
-                stream.link.conn.do_send(ToDaemon(server_frame::Frame::Input(crate::proto::v1::Input {
+                stream.link.daemon.frame(server_frame::Frame::Input(crate::proto::v1::Input {
                     terminal_id: self.terminal_id.to_string(),
                     data,
-                })));
+                }));
             }
             FromViewer::Leave { viewer } => {
                 self.remove_member(viewer, ctx);

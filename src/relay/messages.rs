@@ -1,12 +1,20 @@
-//! Typed messages between the relay's actors.
+//! Typed messages between the relay's actors, and the small link handles
+//! they reach each other through.
+//!
+//! Dependencies run one way: `daemon_conn` -> `registry` -> `arbiter`, and
+//! all of them -> this module. An actor that must talk back up that line
+//! (the arbiter to its daemon connection or to the registry, the registry
+//! to a connection) holds a link built from `Recipient`s: [`DaemonHandle`],
+//! [`DaemonLink`], [`ArbiterLink`], so it never names the other actor's type.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use actix::dev::ToEnvelope;
 use actix::prelude::*;
 use bytes::Bytes;
 use uuid::Uuid;
 
-use super::arbiter::TerminalArbiter;
-use super::daemon_conn::DaemonConn;
-use crate::store::{ExitStatus, Terminal};
+use crate::store::ExitStatus;
 
 // ------------------------------------------------------------ to a DaemonConn
 
@@ -15,10 +23,17 @@ use crate::store::{ExitStatus, Terminal};
 #[rtype(result = "()")]
 pub struct ToDaemon(pub crate::proto::v1::server_frame::Frame);
 
-/// Claim `pending -> launching` and send Spawn (docs/ARCHITECTURE.md, "Spawn"); true when sent.
+/// Read the terminal's row, claim `pending -> launching` and send Spawn
+/// (docs/ARCHITECTURE.md, "Spawn"). Fire and forget, so it keeps its place
+/// among the other messages to the connection (an input sent after it
+/// reaches the daemon after the Spawn); `sent` answers whether Spawn went
+/// out.
 #[derive(Message)]
-#[rtype(result = "bool")]
-pub struct SpawnTerminal(pub Terminal);
+#[rtype(result = "()")]
+pub struct SpawnTerminal {
+    pub terminal_id: Uuid,
+    pub sent: tokio::sync::oneshot::Sender<bool>,
+}
 
 /// Start the daemon's output stream of a terminal towards `arbiter`.
 #[derive(Message)]
@@ -30,7 +45,7 @@ pub struct AttachArbiter {
     pub resume_from: Option<u64>,
     /// Flow-control window for the new stream (daemons that support it).
     pub window: Option<u64>,
-    pub arbiter: Addr<TerminalArbiter>,
+    pub arbiter: ArbiterLink,
 }
 
 /// Stop the output stream, if `arbiter` is still the one attached.
@@ -38,7 +53,7 @@ pub struct AttachArbiter {
 #[rtype(result = "()")]
 pub struct DetachArbiter {
     pub terminal_id: Uuid,
-    pub arbiter: Addr<TerminalArbiter>,
+    pub arbiter: ArbiterId,
 }
 
 /// Close the socket with a code (4000 replaced, 4503 draining).
@@ -85,9 +100,17 @@ pub enum RequestError {
     Internal,
 }
 
+/// Where a daemon request's answer goes.
+pub type DaemonAnswerSender = tokio::sync::oneshot::Sender<Result<DaemonAnswer, RequestError>>;
+
+/// A request the daemon answers; fire and forget like [`SpawnTerminal`],
+/// answered on `answer` (a timeout is answered too).
 #[derive(Message)]
-#[rtype(result = "Result<DaemonAnswer, RequestError>")]
-pub struct DaemonRequest(pub DaemonRequestKind);
+#[rtype(result = "()")]
+pub struct DaemonRequest {
+    pub kind: DaemonRequestKind,
+    pub answer: DaemonAnswerSender,
+}
 
 // ------------------------------------------------------------ to a TerminalArbiter
 
@@ -119,10 +142,186 @@ pub enum LifecycleEvent {
     Exited { status: ExitStatus, snapshot: Option<(Bytes, u16, u16)> },
 }
 
+/// A daemon connection as the registry, the arbiters and the request path
+/// reach it: one recipient per message it takes.
+#[derive(Clone)]
+pub struct DaemonHandle {
+    frames: Recipient<ToDaemon>,
+    spawn: Recipient<SpawnTerminal>,
+    attach: Recipient<AttachArbiter>,
+    detach: Recipient<DetachArbiter>,
+    request: Recipient<DaemonRequest>,
+    close: Recipient<CloseDaemon>,
+}
+
+impl DaemonHandle {
+    /// The handle of a connection actor.
+    pub fn of<A>(conn: &Addr<A>) -> Self
+    where
+        A: Actor
+            + Handler<ToDaemon>
+            + Handler<SpawnTerminal>
+            + Handler<AttachArbiter>
+            + Handler<DetachArbiter>
+            + Handler<DaemonRequest>
+            + Handler<CloseDaemon>,
+        A::Context: ToEnvelope<A, ToDaemon>
+            + ToEnvelope<A, SpawnTerminal>
+            + ToEnvelope<A, AttachArbiter>
+            + ToEnvelope<A, DetachArbiter>
+            + ToEnvelope<A, DaemonRequest>
+            + ToEnvelope<A, CloseDaemon>,
+    {
+        Self {
+            frames: conn.clone().recipient(),
+            spawn: conn.clone().recipient(),
+            attach: conn.clone().recipient(),
+            detach: conn.clone().recipient(),
+            request: conn.clone().recipient(),
+            close: conn.clone().recipient(),
+        }
+    }
+
+    /// A frame that needs no answer (input, resize, kill, credit).
+    pub fn frame(&self, frame: crate::proto::v1::server_frame::Frame) {
+        self.frames.do_send(ToDaemon(frame));
+    }
+
+    /// Queues the spawn in order with every other message to the
+    /// connection; the answer says whether Spawn was sent.
+    pub fn spawn(&self, terminal_id: Uuid, sent: tokio::sync::oneshot::Sender<bool>) {
+        self.spawn.do_send(SpawnTerminal { terminal_id, sent });
+    }
+
+    pub fn attach(&self, attach: AttachArbiter) {
+        self.attach.do_send(attach);
+    }
+
+    pub fn detach(&self, terminal_id: Uuid, arbiter: ArbiterId) {
+        self.detach.do_send(DetachArbiter { terminal_id, arbiter });
+    }
+
+    /// Queues a request in order with every other message to the
+    /// connection; its answer arrives on `answer`.
+    pub fn request(&self, kind: DaemonRequestKind, answer: DaemonAnswerSender) {
+        self.request.do_send(DaemonRequest { kind, answer });
+    }
+
+    pub fn close(&self, code: u16, reason: &'static str) {
+        self.close.do_send(CloseDaemon { code, reason });
+    }
+}
+
+/// Names one arbiter for as long as the process lives (links compare by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ArbiterId(u64);
+
+impl ArbiterId {
+    /// A fresh id, never given before in this process.
+    pub fn next() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// A terminal's arbiter as daemon connections and viewers reach it.
+#[derive(Clone)]
+pub struct ArbiterLink {
+    pub id: ArbiterId,
+    output: Recipient<OutputChunk>,
+    stream: Recipient<StreamEvent>,
+    join: Recipient<Join>,
+    viewer: Recipient<FromViewer>,
+    capture: Recipient<CaptureRun>,
+    lifecycle: Recipient<LifecycleEvent>,
+}
+
+impl ArbiterLink {
+    /// The link of arbiter `id`.
+    pub fn of<A>(id: ArbiterId, arbiter: &Addr<A>) -> Self
+    where
+        A: Actor
+            + Handler<OutputChunk>
+            + Handler<StreamEvent>
+            + Handler<Join>
+            + Handler<FromViewer>
+            + Handler<CaptureRun>
+            + Handler<LifecycleEvent>,
+        A::Context: ToEnvelope<A, OutputChunk>
+            + ToEnvelope<A, StreamEvent>
+            + ToEnvelope<A, Join>
+            + ToEnvelope<A, FromViewer>
+            + ToEnvelope<A, CaptureRun>
+            + ToEnvelope<A, LifecycleEvent>,
+    {
+        Self {
+            id,
+            output: arbiter.clone().recipient(),
+            stream: arbiter.clone().recipient(),
+            join: arbiter.clone().recipient(),
+            viewer: arbiter.clone().recipient(),
+            capture: arbiter.clone().recipient(),
+            lifecycle: arbiter.clone().recipient(),
+        }
+    }
+
+    /// Output for the arbiter; never waits (flow control bounds it).
+    pub fn output(&self, chunk: OutputChunk) {
+        self.output.do_send(chunk);
+    }
+
+    /// Output for the arbiter, resolved once it was handled (daemons
+    /// without flow control are slowed this way).
+    pub async fn output_handled(&self, chunk: OutputChunk) {
+        let _ = self.output.send(chunk).await;
+    }
+
+    pub fn stream_event(&self, event: StreamEvent) {
+        self.stream.do_send(event);
+    }
+
+    /// Joins as a member; see [`Join`].
+    pub async fn join(&self, join: Join) -> Result<u64, Retired> {
+        self.join.send(join).await.unwrap_or(Err(Retired))
+    }
+
+    pub fn from_viewer(&self, message: FromViewer) {
+        self.viewer.do_send(message);
+    }
+
+    /// The viewer-side recipient, for a viewer that keeps only that.
+    pub fn viewer_recipient(&self) -> Recipient<FromViewer> {
+        self.viewer.clone()
+    }
+
+    pub fn capture(&self, capture: CaptureRun) {
+        self.capture.do_send(capture);
+    }
+
+    pub fn lifecycle(&self, event: LifecycleEvent) {
+        self.lifecycle.do_send(event);
+    }
+}
+
+/// An arbiter with no members asks to be dropped; it stops when told
+/// ([`Retire`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ArbiterIdle {
+    pub terminal_id: Uuid,
+    pub arbiter: ArbiterId,
+    pub retire: Recipient<Retire>,
+}
+
+/// Tells an idle arbiter it is no longer reachable and may stop.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Retire;
+
 /// A host's ready daemon connection on this instance, as arbiters use it.
 #[derive(Clone)]
 pub struct DaemonLink {
-    pub conn: Addr<DaemonConn>,
+    pub daemon: DaemonHandle,
     /// Bytes queued towards the daemon (input is refused past a limit).
     pub queue: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// The daemon's hello claimed flow control: Attach carries a window

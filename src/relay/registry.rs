@@ -22,17 +22,26 @@ use actix::prelude::*;
 use uuid::Uuid;
 
 use super::arbiter::{ArbiterConfig, TerminalArbiter};
-use super::daemon_conn::DaemonConn;
 use super::waiting_watch::WaitingWatch;
-use super::{close, CloseDaemon, DaemonLink, HostElsewhere, HostOffline, HostOnline, LifecycleEvent};
+use super::{
+    close, ArbiterId, ArbiterIdle, ArbiterLink, DaemonHandle, DaemonLink, HostElsewhere, HostOffline, HostOnline,
+    LifecycleEvent, Retire,
+};
 use crate::bus::Bus;
 use crate::store::{host_lease_key, LeaseHolder, Store};
 
 struct HostEntry {
     conn_no: u64,
-    conn: Addr<DaemonConn>,
+    conn: DaemonHandle,
     /// Set once the connection holds its lease and finished its hello.
     ready: Option<DaemonLink>,
+}
+
+/// A terminal's arbiter on this instance; the registry started it.
+struct ArbiterEntry {
+    host_id: Uuid,
+    addr: Addr<TerminalArbiter>,
+    link: ArbiterLink,
 }
 
 pub struct HostRegistry {
@@ -43,7 +52,7 @@ pub struct HostRegistry {
     arbiter_config: ArbiterConfig,
     next_conn: u64,
     hosts: HashMap<Uuid, HostEntry>,
-    terminals: HashMap<Uuid, (Uuid, Addr<TerminalArbiter>)>,
+    terminals: HashMap<Uuid, ArbiterEntry>,
     renewing: bool,
     /// Given to the host watch when the actor starts, on a shared bus.
     bus: Option<Arc<Bus>>,
@@ -74,12 +83,28 @@ impl HostRegistry {
         }
     }
 
+    /// Whether the host has a ready connection on this instance.
+    fn is_here(&self, host_id: &Uuid) -> bool {
+        self.hosts.get(host_id).is_some_and(|e| e.ready.is_some())
+    }
+
+    /// Sends what `message` makes to every arbiter of the host's terminals.
+    fn tell_arbiters<M>(&self, host_id: Uuid, message: impl Fn() -> M)
+    where
+        M: Message<Result = ()> + Send + 'static,
+        TerminalArbiter: Handler<M>,
+    {
+        for entry in self.terminals.values().filter(|t| t.host_id == host_id) {
+            entry.addr.do_send(message());
+        }
+    }
+
     /// Watches the channels of `host_id`'s arbiters here exactly while the
     /// host has no ready connection here.
     fn sync_watch(&mut self, host_id: Uuid) {
-        let here = self.hosts.get(&host_id).is_some_and(|e| e.ready.is_some());
-        for (terminal_id, (h, _)) in &self.terminals {
-            if *h == host_id {
+        let here = self.is_here(&host_id);
+        for (terminal_id, entry) in &self.terminals {
+            if entry.host_id == host_id {
                 self.watch.set(*terminal_id, host_id, !here);
             }
         }
@@ -127,10 +152,7 @@ impl HostRegistry {
                         // Someone else holds the lease now: this connection lost the host.
                         if let Some(entry) = act.hosts.get(&host_id).filter(|e| e.conn_no == conn_no) {
                             tracing::info!(%host_id, "tether_daemon_lease_lost");
-                            entry.conn.do_send(CloseDaemon {
-                                code: close::REPLACED,
-                                reason: "lease taken by a newer connection",
-                            });
+                            entry.conn.close(close::REPLACED, "lease taken by a newer connection");
                         }
                     }
                 }
@@ -157,7 +179,7 @@ impl Actor for HostRegistry {
 #[rtype(result = "u64")]
 pub struct Register {
     pub host_id: Uuid,
-    pub conn: Addr<DaemonConn>,
+    pub conn: DaemonHandle,
 }
 
 impl Handler<Register> for HostRegistry {
@@ -169,7 +191,7 @@ impl Handler<Register> for HostRegistry {
         if let Some(old) = self.hosts.insert(msg.host_id, entry) {
             tracing::info!(host_id = %msg.host_id, "tether_daemon_replaced");
             metrics::counter!("tether_daemon_replaced_total").increment(1);
-            old.conn.do_send(CloseDaemon { code: close::REPLACED, reason: "replaced by a newer connection" });
+            old.conn.close(close::REPLACED, "replaced by a newer connection");
             if old.ready.is_some() {
                 self.notify_arbiters(msg.host_id, None);
             }
@@ -180,14 +202,9 @@ impl Handler<Register> for HostRegistry {
 
 impl HostRegistry {
     fn notify_arbiters(&self, host_id: Uuid, online: Option<&DaemonLink>) {
-        for (h, arbiter) in self.terminals.values() {
-            if *h != host_id {
-                continue;
-            }
-            match online {
-                Some(link) => arbiter.do_send(HostOnline(link.clone())),
-                None => arbiter.do_send(HostOffline),
-            }
+        match online {
+            Some(link) => self.tell_arbiters(host_id, || HostOnline(link.clone())),
+            None => self.tell_arbiters(host_id, || HostOffline),
         }
     }
 }
@@ -208,7 +225,7 @@ impl Handler<Ready> for HostRegistry {
         let Some(entry) = self.hosts.get_mut(&msg.host_id).filter(|e| e.conn_no == msg.conn_no) else {
             return false; // replaced while it said hello
         };
-        let link = DaemonLink { conn: entry.conn.clone(), queue: msg.daemon_queue, flow_control: msg.flow_control };
+        let link = DaemonLink { daemon: entry.conn.clone(), queue: msg.daemon_queue, flow_control: msg.flow_control };
         entry.ready = Some(link.clone());
         self.notify_arbiters(msg.host_id, Some(&link));
         self.sync_watch(msg.host_id);
@@ -242,13 +259,13 @@ impl Handler<Unregister> for HostRegistry {
 
 /// The ready connection of a host on this instance.
 #[derive(Message)]
-#[rtype(result = "Option<Addr<DaemonConn>>")]
+#[rtype(result = "Option<DaemonLink>")]
 pub struct HostConn(pub Uuid);
 
 impl Handler<HostConn> for HostRegistry {
-    type Result = Option<Addr<DaemonConn>>;
+    type Result = Option<DaemonLink>;
     fn handle(&mut self, msg: HostConn, _: &mut Context<Self>) -> Self::Result {
-        self.hosts.get(&msg.0).filter(|e| e.ready.is_some()).map(|e| e.conn.clone())
+        self.hosts.get(&msg.0).and_then(|e| e.ready.clone())
     }
 }
 
@@ -280,7 +297,7 @@ impl Handler<RecheckLease> for HostRegistry {
                 };
                 if let Some(entry) = act.hosts.get(&host_id).filter(|e| lost && e.conn_no == conn_no) {
                     tracing::info!(%host_id, "tether_daemon_lease_lost");
-                    entry.conn.do_send(CloseDaemon { code: close::REPLACED, reason: "replaced by a newer connection" });
+                    entry.conn.close(close::REPLACED, "replaced by a newer connection");
                 }
             })
             .spawn(ctx);
@@ -306,11 +323,7 @@ impl Handler<RecheckWaiting> for HostRegistry {
         async move { store.lease_holder(&host_lease_key(host_id)).await }
             .into_actor(self)
             .map(move |holder, act, _| match holder {
-                Ok(Some(holder)) if holder.instance != act.instance_id => {
-                    for (_, arbiter) in act.terminals.values().filter(|(h, _)| *h == host_id) {
-                        arbiter.do_send(HostElsewhere);
-                    }
-                }
+                Ok(Some(holder)) if holder.instance != act.instance_id => act.tell_arbiters(host_id, || HostElsewhere),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, %host_id, "tether_lease_read_failed"),
             })
@@ -330,25 +343,40 @@ impl Handler<ConnectedHosts> for HostRegistry {
     }
 }
 
-/// Arbiters of terminals whose host is not connected here, with the host:
-/// their viewers wait, and the host may come back on another instance.
+/// Hosts not connected here that have arbiters here: their viewers wait,
+/// and the host may come back on another instance.
 #[derive(Message)]
-#[rtype(result = "Vec<(Uuid, Addr<TerminalArbiter>)>")]
-pub struct WaitingArbiters;
+#[rtype(result = "Vec<Uuid>")]
+pub struct WaitingHosts;
 
-impl Handler<WaitingArbiters> for HostRegistry {
-    type Result = MessageResult<WaitingArbiters>;
-    fn handle(&mut self, _: WaitingArbiters, _: &mut Context<Self>) -> Self::Result {
-        let here = |host: &Uuid| self.hosts.get(host).is_some_and(|e| e.ready.is_some());
-        MessageResult(
-            self.terminals.values().filter(|(host, _)| !here(host)).map(|(host, a)| (*host, a.clone())).collect(),
-        )
+impl Handler<WaitingHosts> for HostRegistry {
+    type Result = MessageResult<WaitingHosts>;
+    fn handle(&mut self, _: WaitingHosts, _: &mut Context<Self>) -> Self::Result {
+        let hosts: std::collections::HashSet<Uuid> =
+            self.terminals.values().map(|t| t.host_id).filter(|host| !self.is_here(host)).collect();
+        MessageResult(hosts.into_iter().collect())
+    }
+}
+
+/// These hosts are connected to other instances (the heartbeat read their
+/// leases): arbiters here that still wait for them send their viewers
+/// there.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct HostsElsewhere(pub Vec<Uuid>);
+
+impl Handler<HostsElsewhere> for HostRegistry {
+    type Result = ();
+    fn handle(&mut self, msg: HostsElsewhere, _: &mut Context<Self>) {
+        for host_id in msg.0.into_iter().filter(|host| !self.is_here(host)) {
+            self.tell_arbiters(host_id, || HostElsewhere);
+        }
     }
 }
 
 /// The arbiter of a terminal, created if needed.
 #[derive(Message)]
-#[rtype(result = "Addr<TerminalArbiter>")]
+#[rtype(result = "ArbiterLink")]
 pub struct OpenTerminal {
     pub terminal_id: Uuid,
     pub host_id: Uuid,
@@ -357,48 +385,39 @@ pub struct OpenTerminal {
 impl Handler<OpenTerminal> for HostRegistry {
     type Result = MessageResult<OpenTerminal>;
     fn handle(&mut self, msg: OpenTerminal, ctx: &mut Context<Self>) -> Self::Result {
-        if let Some((_, addr)) = self.terminals.get(&msg.terminal_id) {
-            return MessageResult(addr.clone());
+        if let Some(entry) = self.terminals.get(&msg.terminal_id) {
+            return MessageResult(entry.link.clone());
         }
         let online = self.hosts.get(&msg.host_id).and_then(|e| e.ready.clone().map(HostOnline));
+        let id = ArbiterId::next();
         let arbiter = TerminalArbiter::new(
             msg.terminal_id,
+            id,
             self.arbiter_config.clone(),
             self.store.clone(),
-            ctx.address(),
+            ctx.address().recipient(),
             online,
         )
         .start();
-        self.terminals.insert(msg.terminal_id, (msg.host_id, arbiter.clone()));
+        let link = ArbiterLink::of(id, &arbiter);
+        let entry = ArbiterEntry { host_id: msg.host_id, addr: arbiter, link: link.clone() };
+        self.terminals.insert(msg.terminal_id, entry);
         metrics::gauge!("tether_terminal_arbiters").set(self.terminals.len() as f64);
         self.sync_watch(msg.host_id);
-        MessageResult(arbiter)
+        MessageResult(link)
     }
 }
-
-/// An arbiter with no members asks to be dropped; it stops when told.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ArbiterIdle {
-    pub terminal_id: Uuid,
-    pub arbiter: Addr<TerminalArbiter>,
-}
-
-/// Tells an idle arbiter it is no longer reachable and may stop.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Retire;
 
 impl Handler<ArbiterIdle> for HostRegistry {
     type Result = ();
     fn handle(&mut self, msg: ArbiterIdle, _: &mut Context<Self>) {
-        if self.terminals.get(&msg.terminal_id).is_some_and(|(_, a)| *a == msg.arbiter) {
-            if let Some((host_id, _)) = self.terminals.remove(&msg.terminal_id) {
-                self.watch.set(msg.terminal_id, host_id, false);
+        if self.terminals.get(&msg.terminal_id).is_some_and(|t| t.link.id == msg.arbiter) {
+            if let Some(entry) = self.terminals.remove(&msg.terminal_id) {
+                self.watch.set(msg.terminal_id, entry.host_id, false);
             }
             metrics::gauge!("tether_terminal_arbiters").set(self.terminals.len() as f64);
         }
-        msg.arbiter.do_send(Retire);
+        msg.retire.do_send(Retire);
     }
 }
 
@@ -413,8 +432,8 @@ pub struct TerminalLifecycle {
 impl Handler<TerminalLifecycle> for HostRegistry {
     type Result = ();
     fn handle(&mut self, msg: TerminalLifecycle, _: &mut Context<Self>) {
-        if let Some((_, arbiter)) = self.terminals.get(&msg.terminal_id) {
-            arbiter.do_send(msg.event);
+        if let Some(entry) = self.terminals.get(&msg.terminal_id) {
+            entry.addr.do_send(msg.event);
         }
     }
 }
@@ -431,13 +450,13 @@ impl Handler<DrainAll> for HostRegistry {
     fn handle(&mut self, _: DrainAll, _: &mut Context<Self>) -> Self::Result {
         let mut held = Vec::new();
         for (host_id, entry) in self.hosts.drain() {
-            entry.conn.do_send(CloseDaemon { code: close::DRAINING, reason: "instance draining" });
+            entry.conn.close(close::DRAINING, "instance draining");
             if entry.ready.is_some() {
                 held.push((host_id, Self::holder(&self.instance_id, entry.conn_no)));
             }
         }
-        for (_, arbiter) in self.terminals.values() {
-            arbiter.do_send(HostOffline);
+        for entry in self.terminals.values() {
+            entry.addr.do_send(HostOffline);
         }
         MessageResult(held)
     }

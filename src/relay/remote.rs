@@ -27,9 +27,8 @@ use actix::prelude::*;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::arbiter::TerminalArbiter;
 use super::outbox::Frame;
-use super::registry::{OpenTerminal, WaitingArbiters};
+use super::registry::{HostsElsewhere, OpenTerminal, WaitingHosts};
 use super::requests::{ask_owner, HostOp, OpAnswer};
 use super::*;
 use crate::proto::bus::{self, envelope, viewer_event, viewer_frame};
@@ -467,7 +466,7 @@ pub struct RemoteViewer {
     host_id: Uuid,
     resume_from: Option<u64>,
     /// The arbiter it joined and the member id it was given there.
-    joined: Option<(Addr<TerminalArbiter>, u64)>,
+    joined: Option<(ArbiterLink, u64)>,
     /// Weight handed to this proxy and not yet reported delivered by the
     /// home (the arbiter's flow control reads it like a socket's queue).
     queued: Arc<AtomicUsize>,
@@ -561,9 +560,9 @@ impl RemoteViewer {
         };
         async move {
             let arbiter = registry.send(open).await.ok()?;
-            match arbiter.send(join).await {
-                Ok(Ok(member)) => Some(Ok((arbiter, member))),
-                _ => Some(Err(())),
+            match arbiter.join(join).await {
+                Ok(member) => Some(Ok((arbiter, member))),
+                Err(Retired) => Some(Err(())),
             }
         }
         .into_actor(self)
@@ -598,7 +597,7 @@ impl Actor for RemoteViewer {
         }
         if !self.left {
             if let Some((arbiter, viewer)) = &self.joined {
-                arbiter.do_send(FromViewer::Leave { viewer: *viewer });
+                arbiter.from_viewer(FromViewer::Leave { viewer: *viewer });
             }
         }
     }
@@ -664,7 +663,7 @@ impl Handler<FromHome> for RemoteViewer {
             (Some(viewer_event::Event::Pong(_)), Some(viewer)) => FromViewer::Pong { viewer },
         };
         if let Some((arbiter, _)) = &self.joined {
-            arbiter.do_send(to_arbiter);
+            arbiter.from_viewer(to_arbiter);
         }
     }
 }
@@ -724,11 +723,11 @@ async fn check_homes(relay: &RelayContext) {
             described.push((id, home, terminal_id, host_id, owner));
         }
     }
-    let waiting = relay.registry.send(WaitingArbiters).await.unwrap_or_default();
+    let waiting = relay.registry.send(WaitingHosts).await.unwrap_or_default();
     if described.is_empty() && waiting.is_empty() {
         return;
     }
-    let hosts = described.iter().map(|d| d.3).chain(waiting.iter().map(|w| w.0));
+    let hosts = described.iter().map(|d| d.3).chain(waiting.iter().copied());
     let keys: Vec<String> = hosts.map(host_lease_key).collect::<HashSet<_>>().into_iter().collect();
     let owners: HashMap<String, String> = match relay.store.lease_holders(&keys).await {
         Ok(live) => live.into_iter().map(|(key, holder)| (key, holder.instance)).collect(),
@@ -739,10 +738,12 @@ async fn check_homes(relay: &RelayContext) {
     };
     // Viewers waiting here for a host that came back on another instance
     // reattach through it.
-    for (host_id, arbiter) in waiting {
-        if owners.get(&host_lease_key(host_id)).is_some_and(|owner| *owner != relay.instance_id) {
-            arbiter.do_send(HostElsewhere);
-        }
+    let elsewhere: Vec<Uuid> = waiting
+        .into_iter()
+        .filter(|host_id| owners.get(&host_lease_key(*host_id)).is_some_and(|owner| *owner != relay.instance_id))
+        .collect();
+    if !elsewhere.is_empty() {
+        relay.registry.do_send(HostsElsewhere(elsewhere));
     }
     let mut reports: HashMap<String, Vec<bus::ReportedViewer>> = HashMap::new();
     for (id, home, terminal_id, host_id, owner) in described {

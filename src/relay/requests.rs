@@ -14,23 +14,22 @@
 //!   requests that have an answer wait for it.
 //!
 //! [`serve_bus`] is the other side: it reads the instance's bus inbox,
-//! acknowledges and runs requests for hosts connected here (in arrival
-//! order, so one host's input keeps its order) and hands replies to the
-//! callers waiting for them. Credentials are refreshed by the owner as a
+//! acknowledges and runs requests for hosts connected here and hands
+//! replies to the callers waiting for them. Every operation is handed to
+//! the host's connection in arrival order (a spawn, then an input for it,
+//! reach the daemon in that order); only the waits for answers run apart. Credentials are refreshed by the owner as a
 //! whole task; only "ok" or an error crosses the bus.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use actix::Addr;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::daemon_conn::DaemonConn;
 use super::registry::{HostConn, RecheckLease, RecheckWaiting};
-use super::{DaemonAnswer, DaemonRequest, DaemonRequestKind, RelayContext, RequestError, SpawnTerminal, ToDaemon};
+use super::{DaemonAnswer, DaemonLink, DaemonRequestKind, RelayContext, RequestError};
 use crate::bus::Inbound;
 use crate::proto::bus::{self, answer, envelope, host_request, reply};
 use crate::proto::v1::server_frame;
@@ -98,7 +97,7 @@ pub enum OpAnswer {
 
 /// Where a host's daemon is.
 pub enum Location {
-    Local(Addr<DaemonConn>),
+    Local(DaemonLink),
     /// Connected to this other instance (its lease is live there).
     Remote(String),
     Offline,
@@ -127,7 +126,10 @@ pub async fn locate(relay: &RelayContext, host_id: Uuid) -> Result<Location, Req
 /// Runs `op` on the host's daemon, wherever it is connected.
 pub async fn deliver(relay: &RelayContext, host_id: Uuid, op: HostOp) -> Result<OpAnswer, RequestError> {
     let outcome = match locate(relay, host_id).await? {
-        Location::Local(conn) => perform(relay, &conn, host_id, op).await,
+        Location::Local(link) => match dispatch(relay, &link, op) {
+            Ok(dispatched) => finish(relay, host_id, dispatched).await,
+            Err(e) => Err(e),
+        },
         Location::Remote(_) => ask_owner(relay, host_id, op).await,
         Location::Offline => Err(RequestError::Offline),
     };
@@ -141,56 +143,87 @@ pub async fn deliver(relay: &RelayContext, host_id: Uuid, op: HostOp) -> Result<
     outcome
 }
 
-/// Runs `op` on a connection of this instance.
-async fn perform(
-    relay: &RelayContext,
-    conn: &Addr<DaemonConn>,
-    host_id: Uuid,
-    op: HostOp,
-) -> Result<OpAnswer, RequestError> {
-    let frame = |frame| {
-        conn.do_send(ToDaemon(frame));
-        Ok(OpAnswer::Sent)
+/// An operation handed to a connection of this instance: queued there in
+/// the order it was handed over, so one host's operations reach its daemon
+/// in order whatever their kind; what remains is waiting for the answer.
+enum Dispatched {
+    /// A frame that needs no answer (input, resize, kill).
+    Sent,
+    Spawn(oneshot::Receiver<bool>),
+    Asked(Expect, oneshot::Receiver<Result<DaemonAnswer, RequestError>>),
+}
+
+/// What a daemon request's answer becomes.
+enum Expect {
+    Dirs,
+    Limits,
+    /// Validated and stored encrypted with this key (an owner task).
+    Credentials([u8; 32]),
+}
+
+/// Hands `op` to the local connection without waiting.
+fn dispatch(relay: &RelayContext, link: &DaemonLink, op: HostOp) -> Result<Dispatched, RequestError> {
+    let daemon = &link.daemon;
+    let ask = |kind, expect| {
+        let (answer, answered) = oneshot::channel();
+        daemon.request(kind, answer);
+        Ok(Dispatched::Asked(expect, answered))
     };
-    let ask = |kind| async move { conn.send(DaemonRequest(kind)).await.map_err(|_| RequestError::Offline)? };
     match op {
         HostOp::Spawn(terminal_id) => {
-            let terminal = relay.store.terminal_by_id(terminal_id).await.map_err(|e| {
-                tracing::error!(error = %e, %terminal_id, "tether_spawn_load_failed");
-                RequestError::Internal
-            })?;
-            let Some(terminal) = terminal.filter(|t| t.host_id == host_id) else {
-                return Ok(OpAnswer::Spawned(false));
-            };
-            Ok(OpAnswer::Spawned(conn.send(SpawnTerminal(terminal)).await.unwrap_or(false)))
+            let (sent, spawned) = oneshot::channel();
+            daemon.spawn(terminal_id, sent);
+            Ok(Dispatched::Spawn(spawned))
         }
         HostOp::Input { terminal_id, data } => {
-            frame(server_frame::Frame::Input(crate::proto::v1::Input { terminal_id: terminal_id.to_string(), data }))
+            daemon.frame(server_frame::Frame::Input(crate::proto::v1::Input {
+                terminal_id: terminal_id.to_string(),
+                data,
+            }));
+            Ok(Dispatched::Sent)
         }
-        HostOp::Resize { terminal_id, cols, rows } => frame(server_frame::Frame::Resize(crate::proto::v1::Resize {
-            terminal_id: terminal_id.to_string(),
-            cols: u32::from(cols),
-            rows: u32::from(rows),
-        })),
+        HostOp::Resize { terminal_id, cols, rows } => {
+            daemon.frame(server_frame::Frame::Resize(crate::proto::v1::Resize {
+                terminal_id: terminal_id.to_string(),
+                cols: u32::from(cols),
+                rows: u32::from(rows),
+            }));
+            Ok(Dispatched::Sent)
+        }
         HostOp::Kill { terminal_id, signal } => {
-            frame(server_frame::Frame::Kill(crate::proto::v1::Kill { terminal_id: terminal_id.to_string(), signal }))
+            daemon.frame(server_frame::Frame::Kill(crate::proto::v1::Kill {
+                terminal_id: terminal_id.to_string(),
+                signal,
+            }));
+            Ok(Dispatched::Sent)
         }
         HostOp::Dirs { add, path } => {
             let kind = if add { DaemonRequestKind::AddDir(path) } else { DaemonRequestKind::RemoveDir(path) };
-            match ask(kind).await? {
-                DaemonAnswer::Dirs(dirs) => Ok(OpAnswer::Dirs(dirs)),
-                _ => Err(RequestError::Internal),
-            }
+            ask(kind, Expect::Dirs)
         }
-        HostOp::RefreshLimits => match ask(DaemonRequestKind::RefreshLimits).await? {
-            DaemonAnswer::Limits(limits) => Ok(OpAnswer::Limits(limits)),
-            _ => Err(RequestError::Internal),
-        },
+        HostOp::RefreshLimits => ask(DaemonRequestKind::RefreshLimits, Expect::Limits),
         HostOp::RefreshCredentials => {
             let key = relay.settings.encryption_key().ok_or(RequestError::EncryptionNotConfigured)?;
-            let DaemonAnswer::Credentials(plaintext) = ask(DaemonRequestKind::Credentials).await? else {
-                return Err(RequestError::Internal);
-            };
+            ask(DaemonRequestKind::Credentials, Expect::Credentials(key))
+        }
+        HostOp::ViewerJoin { .. } => Err(RequestError::Internal),
+    }
+}
+
+/// Waits for what a dispatched operation produces.
+async fn finish(relay: &RelayContext, host_id: Uuid, dispatched: Dispatched) -> Result<OpAnswer, RequestError> {
+    let (expect, answered) = match dispatched {
+        Dispatched::Sent => return Ok(OpAnswer::Sent),
+        Dispatched::Spawn(spawned) => return Ok(OpAnswer::Spawned(spawned.await.unwrap_or(false))),
+        Dispatched::Asked(expect, answered) => (expect, answered),
+    };
+    // The connection answers every request, a timeout included; a dropped
+    // sender means it went away.
+    let answer = answered.await.map_err(|_| RequestError::Offline)??;
+    match (expect, answer) {
+        (Expect::Dirs, DaemonAnswer::Dirs(dirs)) => Ok(OpAnswer::Dirs(dirs)),
+        (Expect::Limits, DaemonAnswer::Limits(limits)) => Ok(OpAnswer::Limits(limits)),
+        (Expect::Credentials(key), DaemonAnswer::Credentials(plaintext)) => {
             let valid = serde_json::from_slice::<serde_json::Value>(&plaintext).is_ok_and(|v| v.is_object());
             if !valid || plaintext.len() > 64 * 1024 {
                 return Err(RequestError::Refused(
@@ -204,7 +237,7 @@ async fn perform(
             })?;
             Ok(OpAnswer::CredentialsStored)
         }
-        HostOp::ViewerJoin { .. } => Err(RequestError::Internal),
+        _ => Err(RequestError::Internal),
     }
 }
 
@@ -429,14 +462,19 @@ async fn serve_request(relay: &RelayContext, request: bus::HostRequest) {
         send_reply(relay, &reply_to, answer(Ok(OpAnswer::Spawned(joined)))).await;
         return;
     }
-    if op.answer_timeout().is_none() {
-        // In arrival order: one host's input stays in order.
-        let _ = perform(relay, &conn, host_id, op).await;
+    // Handed over in arrival order (one host's operations reach its daemon
+    // in the order they were published); only the answers are awaited
+    // apart.
+    let dispatched = dispatch(relay, &conn, op);
+    if let Ok(Dispatched::Sent) = dispatched {
         return;
     }
     let relay = relay.clone();
     actix_rt::spawn(async move {
-        let result = perform(&relay, &conn, host_id, op).await;
+        let result = match dispatched {
+            Ok(dispatched) => finish(&relay, host_id, dispatched).await,
+            Err(e) => Err(e),
+        };
         let reply = bus::Reply { request_id, outcome: Some(reply::Outcome::Answer(answer_to_wire(result))) };
         send_reply(&relay, &reply_to, reply).await;
     });
@@ -486,11 +524,10 @@ pub async fn serve_bus(relay: RelayContext, mut inbox: mpsc::Receiver<Inbound>) 
         match envelope.body {
             Some(envelope::Body::Request(request)) => serve_request(&relay, request).await,
             Some(envelope::Body::Reply(reply)) => relay.requests.resolve(reply),
-            Some(envelope::Body::ViewerFrame(frame)) => {
-                if frame.home == relay.instance_id {
-                    relay.remotes.frame(frame, &envelope.sender);
-                }
+            Some(envelope::Body::ViewerFrame(frame)) if frame.home == relay.instance_id => {
+                relay.remotes.frame(frame, &envelope.sender);
             }
+            Some(envelope::Body::ViewerFrame(_)) => {}
             Some(envelope::Body::ViewerReport(report)) => {
                 let unknown = relay.remotes.report(&report);
                 if !unknown.is_empty() {

@@ -160,10 +160,9 @@ impl Viewer {
                 return Some(Ok(Joined::Remote(owner)));
             }
             let arbiter = relay.registry.send(open).await.ok()?;
-            match arbiter.send(join).await {
-                Ok(Ok(member)) => Some(Ok(Joined::Here(arbiter.recipient(), member))),
-                Ok(Err(Retired)) => Some(Err(())),
-                Err(_) => Some(Err(())),
+            match arbiter.join(join).await {
+                Ok(member) => Some(Ok(Joined::Here(arbiter.viewer_recipient(), member))),
+                Err(Retired) => Some(Err(())),
             }
         }
         .into_actor(self)

@@ -35,14 +35,14 @@ impl Handler<Inbound> for DaemonConn {
                 if self.window().is_some() {
                     // Never waits for the arbiter: the terminal's flow-control
                     // window bounds what is in flight (see `arbiter`).
-                    arbiter.do_send(chunk);
+                    arbiter.output(chunk);
                     return done();
                 }
                 // A daemon without flow control is slowed as a whole: the
                 // reader waits while the terminal's stream is paused.
                 AtomicResponse::new(Box::pin(
                     async move {
-                        let _ = arbiter.send(chunk).await;
+                        arbiter.output_handled(chunk).await;
                     }
                     .into_actor(self),
                 ))
@@ -167,7 +167,7 @@ impl Handler<Inbound> for DaemonConn {
                         }
                         let event = LifecycleEvent::Exited { status, snapshot };
                         match arbiter {
-                            Some(arbiter) => arbiter.do_send(event),
+                            Some(arbiter) => arbiter.lifecycle(event),
                             None => registry.do_send(TerminalLifecycle { terminal_id: id, event }),
                         }
                     }

@@ -119,7 +119,7 @@ impl Handler<Hello> for DaemonConn {
         let relay = self.relay.clone();
         let user_id = self.user_id;
         let principal = self.principal.clone();
-        let addr = ctx.address();
+        let conn = DaemonHandle::of(&ctx.address());
         let queue = self.outbox.queued_counter();
         let host_id = Uuid::parse_str(&hello.host_id).ok();
         let fut = async move {
@@ -142,7 +142,7 @@ impl Handler<Hello> for DaemonConn {
             }
             let conn_no = relay
                 .registry
-                .send(Register { host_id, conn: addr })
+                .send(Register { host_id, conn })
                 .await
                 .map_err(|_| Refused(close::INTERNAL, "registry unavailable", None))?;
             let holder = HostRegistry::holder(&relay.instance_id, conn_no);
@@ -216,7 +216,7 @@ impl Handler<Hello> for DaemonConn {
                     let registry = registry.clone();
                     actix_rt::spawn(async move {
                         if let Ok(arbiter) = registry.send(OpenTerminal { terminal_id, host_id }).await {
-                            arbiter.do_send(CaptureRun { run_id, logged, attach_id: None });
+                            arbiter.capture(CaptureRun { run_id, logged, attach_id: None });
                         }
                     });
                 }

@@ -34,7 +34,6 @@ mod hello;
 mod reader;
 mod requests;
 
-use super::arbiter::TerminalArbiter;
 use super::limiter::AddressGuard;
 use super::outbox::{Frame, Outbox};
 use super::registry::{HostRegistry, OpenTerminal, Ready, Register, TerminalLifecycle, Unregister};
@@ -84,7 +83,7 @@ pub struct DaemonConn {
     stream: Option<AggregatedMessageStream>,
     host: Option<HostSession>,
     owned: HashMap<Uuid, Owned>,
-    attached: HashMap<Uuid, Addr<TerminalArbiter>>,
+    attached: HashMap<Uuid, ArbiterLink>,
     pending: HashMap<String, (DaemonRequestKind, oneshot::Sender<Result<DaemonAnswer, RequestError>>)>,
     last_heard: Instant,
     closed: bool,
@@ -165,7 +164,7 @@ impl DaemonConn {
             let attach_id = Uuid::new_v4().to_string();
             // Queued before the Scrollback can reach the arbiter (one
             // mailbox, in order), so the capture is there to take it.
-            arbiter.do_send(CaptureRun { run_id, logged: 0, attach_id: Some(attach_id.clone()) });
+            arbiter.capture(CaptureRun { run_id, logged: 0, attach_id: Some(attach_id.clone()) });
             Ok(Some(Some((arbiter, attach_id))))
         };
         Box::pin(claim.into_actor(self).map(
@@ -197,9 +196,25 @@ impl DaemonConn {
         ))
     }
 
+    /// Reads the terminal's row, then spawns it as [`Self::spawn_terminal`]
+    /// does; false for a terminal of another host or none at all.
+    fn spawn_terminal_by_id(&mut self, terminal_id: Uuid) -> ResponseActFuture<Self, bool> {
+        let store = self.relay.store.clone();
+        let host_id = self.host_id();
+        let load = async move { store.terminal_by_id(terminal_id).await };
+        Box::pin(load.into_actor(self).then(move |row, act, _| match row {
+            Ok(Some(terminal)) if Some(terminal.host_id) == host_id => act.spawn_terminal(terminal),
+            Ok(_) => Box::pin(actix::fut::ready(false)),
+            Err(e) => {
+                tracing::error!(error = %e, %terminal_id, "tether_spawn_load_failed");
+                Box::pin(actix::fut::ready(false))
+            }
+        }))
+    }
+
     fn attach(&mut self, msg: AttachArbiter, ctx: &mut Context<Self>) {
         if !self.owned.contains_key(&msg.terminal_id) || self.host_id().is_none() {
-            msg.arbiter.do_send(StreamEvent::AttachError {
+            msg.arbiter.stream_event(StreamEvent::AttachError {
                 attach_id: msg.attach_id,
                 message: "the daemon has no such terminal".into(),
             });
@@ -217,7 +232,7 @@ impl DaemonConn {
 
     fn arbiter_event(&self, terminal_id: Uuid, event: StreamEvent) {
         if let Some(arbiter) = self.attached.get(&terminal_id) {
-            arbiter.do_send(event);
+            arbiter.stream_event(event);
         }
     }
 
@@ -338,9 +353,12 @@ impl Handler<ToDaemon> for DaemonConn {
 }
 
 impl Handler<SpawnTerminal> for DaemonConn {
-    type Result = AtomicResponse<Self, bool>;
+    type Result = AtomicResponse<Self, ()>;
     fn handle(&mut self, msg: SpawnTerminal, _: &mut Context<Self>) -> Self::Result {
-        AtomicResponse::new(self.spawn_terminal(msg.0))
+        let sent = msg.sent;
+        AtomicResponse::new(Box::pin(self.spawn_terminal_by_id(msg.terminal_id).map(move |spawned, _, _| {
+            let _ = sent.send(spawned);
+        })))
     }
 }
 
@@ -354,7 +372,7 @@ impl Handler<AttachArbiter> for DaemonConn {
 impl Handler<DetachArbiter> for DaemonConn {
     type Result = ();
     fn handle(&mut self, msg: DetachArbiter, ctx: &mut Context<Self>) {
-        if self.attached.get(&msg.terminal_id) == Some(&msg.arbiter) {
+        if self.attached.get(&msg.terminal_id).is_some_and(|a| a.id == msg.arbiter) {
             self.attached.remove(&msg.terminal_id);
             let detach = crate::proto::v1::Detach { terminal_id: msg.terminal_id.to_string() };
             self.send(server_frame::Frame::Detach(detach), ctx);

@@ -13,25 +13,28 @@ impl DaemonConn {
 }
 
 impl Handler<DaemonRequest> for DaemonConn {
-    type Result = ResponseFuture<Result<DaemonAnswer, RequestError>>;
+    type Result = ();
 
-    fn handle(&mut self, msg: DaemonRequest, ctx: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: DaemonRequest, ctx: &mut Context<Self>) {
+        let DaemonRequest { kind, answer } = msg;
         let Some(host) = self.host.as_ref().filter(|h| h.ready) else {
-            return Box::pin(async { Err(RequestError::Offline) });
+            let _ = answer.send(Err(RequestError::Offline));
+            return;
         };
         let caps = host.capabilities;
-        let supported = match msg.0 {
+        let supported = match kind {
             DaemonRequestKind::AddDir(_) | DaemonRequestKind::RemoveDir(_) => caps.manage_dirs,
             DaemonRequestKind::RefreshLimits => caps.refresh_limits,
             DaemonRequestKind::Credentials => caps.credentials,
         };
         if !supported {
-            return Box::pin(async { Err(RequestError::Unsupported) });
+            let _ = answer.send(Err(RequestError::Unsupported));
+            return;
         }
         let request_id = Uuid::new_v4().to_string();
-        let (frame, timeout) = match &msg.0 {
+        let (frame, timeout) = match &kind {
             DaemonRequestKind::AddDir(path) | DaemonRequestKind::RemoveDir(path) => {
-                let op = if matches!(msg.0, DaemonRequestKind::AddDir(_)) {
+                let op = if matches!(kind, DaemonRequestKind::AddDir(_)) {
                     crate::proto::v1::DirsOp::Add
                 } else {
                     crate::proto::v1::DirsOp::Remove
@@ -48,31 +51,10 @@ impl Handler<DaemonRequest> for DaemonConn {
                 Duration::from_secs(10),
             ),
         };
-        let (tx, rx) = oneshot::channel();
-        self.pending.insert(request_id.clone(), (msg.0, tx));
+        self.pending.insert(request_id.clone(), (kind, answer));
         self.send(frame, ctx);
-        let addr = ctx.address();
-        Box::pin(async move {
-            match tokio::time::timeout(timeout, rx).await {
-                Ok(Ok(answer)) => answer,
-                Ok(Err(_)) => Err(RequestError::Offline),
-                Err(_) => {
-                    addr.do_send(ForgetRequest(request_id));
-                    Err(RequestError::Timeout)
-                }
-            }
-        })
-    }
-}
-
-/// Drops a request that timed out, so a late answer is ignored.
-#[derive(Message)]
-#[rtype(result = "()")]
-struct ForgetRequest(String);
-
-impl Handler<ForgetRequest> for DaemonConn {
-    type Result = ();
-    fn handle(&mut self, msg: ForgetRequest, _: &mut Context<Self>) {
-        self.pending.remove(&msg.0);
+        // Unanswered in time: the caller hears Timeout and a late answer
+        // finds nobody waiting.
+        ctx.run_later(timeout, move |act, _| act.answer(&request_id, Err(RequestError::Timeout)));
     }
 }
