@@ -160,8 +160,11 @@ async fn offline_is_answered_at_once(standalone: bool) {
 }
 
 /// A viewer on B of a terminal whose daemon is on A: replay then live,
-/// input and resize through B, `size` with `yours`, a resume through B, and
-/// a kill through C whose exit reaches B's viewer.
+/// input and resize through B, a resume through B, and a kill through C
+/// whose exit reaches B's viewer. The grid arbiter on A serves viewers on
+/// every instance: B's resize claims the grid (`size` with `yours: true`
+/// on B, `yours: false` on A and C), then C's takes it over, and `stty
+/// size` in the PTY shows each claim.
 async fn viewer_on_another_instance(standalone: bool) {
     let cl = cluster(standalone, &[]).await;
     let (status, body) =
@@ -170,16 +173,29 @@ async fn viewer_on_another_instance(standalone: bool) {
     let id = body["terminal"]["id"].as_str().expect("id").to_string();
     wait_state(&cl.b, &id, "running").await;
     let mut on_b = Viewer::attach_to(&cl.servers[0], &cl.api.token, &id, "").await;
-    on_b.sock.send_json(json!({"type": "resize", "cols": 97, "rows": 31})).await;
+    on_b.resize(97, 31).await;
     on_b.type_line("stty size; echo via-$((6*7))").await;
     on_b.until("31 97").await;
     on_b.until("via-42").await;
+    assert!(on_b.until_size(97, 31).await, "B's viewer claimed the grid: {:?}", on_b.controls);
     // The same stream through A, from where B's viewer went live.
     let mut on_a = Viewer::attach_to(&cl.a, &cl.api.token, &id, &format!("?from={}", on_b.start)).await;
     on_a.until("via-42").await;
     // A resume through C from the same offset: the same bytes, no gap, no repeat.
     let mut on_c = Viewer::attach_to(&cl.servers[1], &cl.api.token, &id, &format!("?from={}", on_b.start)).await;
     on_c.until("via-42").await;
+    assert!(!on_a.until_size(97, 31).await, "the grid is B's, not A's viewer's: {:?}", on_a.controls);
+    assert!(!on_c.until_size(97, 31).await, "the grid is B's, not C's viewer's: {:?}", on_c.controls);
+    // C's viewer claims the grid: the PTY takes its size, and B's viewer is
+    // told the grid is no longer its own.
+    on_c.resize(88, 27).await;
+    assert!(on_c.until_size(88, 27).await, "C's viewer claimed the grid: {:?}", on_c.controls);
+    assert!(!on_b.until_size(88, 27).await, "B's viewer lost the grid to C's: {:?}", on_b.controls);
+    assert!(!on_a.until_size(88, 27).await, "A's viewer never held the grid: {:?}", on_a.controls);
+    on_b.type_line("stty size").await;
+    for v in [&mut on_a, &mut on_b, &mut on_c] {
+        v.until("27 88").await;
+    }
     on_b.type_line("echo after-$((1+1))").await;
     for v in [&mut on_a, &mut on_b, &mut on_c] {
         v.until("after-2").await;
@@ -473,7 +489,332 @@ async fn reattach(server: &TetherServer, token: &str, id: &str, query: &str) -> 
     panic!("still 4503 after 10 s");
 }
 
+/// The shell's pid in a terminal running `sh`, asked through `viewer`
+/// (`tag` tells this answer from earlier ones): the same pid before and
+/// after a move shows the process never restarted.
+async fn shell_pid(viewer: &mut Viewer, tag: &str) -> u32 {
+    viewer.type_line(&format!("echo {tag}-$$-pid")).await;
+    let prefix = format!("{tag}-");
+    viewer
+        .until_match(&format!("{tag}'s pid"), |text| {
+            text.match_indices(&prefix).find_map(|(at, _)| {
+                let rest = &text[at + prefix.len()..];
+                let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+                rest[digits..].starts_with("-pid").then(|| rest[..digits].parse().ok()).flatten()
+            })
+        })
+        .await
+}
+
+/// What one instance said about the host and the terminal at one moment.
+#[derive(Debug)]
+struct Seen {
+    base: String,
+    host: Value,
+    terminal: Value,
+}
+
+/// Polls the host and the terminal on each of `apis` until `stop` is set;
+/// returns everything seen.
+async fn watch_states(apis: &[&Api], host: &str, terminal: &str, stop: &std::cell::Cell<bool>) -> Vec<Seen> {
+    let mut seen = Vec::new();
+    while !stop.get() {
+        for api in apis {
+            let (_, h) = api.get(&format!("/api/v1/hosts/{host}")).await;
+            let (_, t) = api.get(&format!("/api/v1/terminals/{terminal}")).await;
+            seen.push(Seen {
+                base: api.base.clone(),
+                host: h["host"]["state"].clone(),
+                terminal: t["terminal"]["state"].clone(),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    seen
+}
+
+/// A sh terminal on A's daemon, created through C and running.
+async fn shell(cl: &Cluster) -> String {
+    let (status, body) =
+        cl.c.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh"], "dir": "/tmp"})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&cl.b, &id, "running").await;
+    id
+}
+
+/// The daemon (a real one, with its PTYs) loses its connection to A on its
+/// side only, as in a network split: A still has the socket open when the
+/// daemon redials and lands on B. B's hello seizes the lease; A closes its
+/// stale socket 4000 (read off the wire the balancer kept open to A); A's
+/// viewer is closed 4503, reattaches and streams from B; the host is online
+/// on every instance at every moment and the shell keeps its pid.
+async fn daemon_redials_while_its_old_socket_is_open(standalone: bool) {
+    let cl = cluster(standalone, &[]).await;
+    let id = shell(&cl).await;
+    let b = &cl.servers[0];
+    let mut on_a = Viewer::attach_to(&cl.a, &cl.api.token, &id, "").await;
+    let mut on_c = Viewer::attach_to(&cl.servers[1], &cl.api.token, &id, "").await;
+    let pid = shell_pid(&mut on_a, "before").await;
+    on_c.until(&format!("before-{pid}-pid")).await;
+
+    let stop = std::cell::Cell::new(false);
+    let everywhere = [&cl.api, &cl.b, &cl.c];
+    let watch = watch_states(&everywhere, &cl.host, &id, &stop);
+    let moved = async {
+        let orphans = cl.balancer.switch_keeping_backends(b.listen_addr());
+        let code = eventually("A's close of its stale socket", || {
+            orphans.snapshot().iter().find_map(|o| o.websocket_close_code())
+        })
+        .await;
+        assert_eq!(on_a.sock.expect_close().await, Some(4503), "A's viewer is told to reattach");
+        assert_eq!(on_c.sock.expect_close().await, Some(4503), "C's viewer, joined through A, too");
+        let mut on_a =
+            reattach(&cl.a, &cl.api.token, &id, &format!("?from={}", on_a.start + on_a.live.len() as u64)).await;
+        let mut on_c = reattach(&cl.servers[1], &cl.api.token, &id, "").await;
+        let after = shell_pid(&mut on_a, "after").await;
+        on_c.until(&format!("after-{after}-pid")).await;
+        stop.set(true);
+        (code, after)
+    };
+    let (seen, (code, after)) = futures_util::future::join(watch, moved).await;
+    assert_eq!(code, 4000, "A closed its stale socket as replaced");
+    assert!(cl.a.log().contains("tether_daemon_lease_lost"), "A found its lease taken: {}", cl.a.log());
+    assert_eq!(after, pid, "the same shell before and after the move");
+    assert!(!seen.is_empty());
+    for s in &seen {
+        assert_eq!(s.host, "online", "the host was offline on {} during the move: {seen:?}", s.base);
+        assert_eq!(s.terminal, "running", "the terminal left running on {} during the move: {seen:?}", s.base);
+    }
+    let connected = cl.daemon.log().matches("tether_daemon_connected").count();
+    assert_eq!(connected, 2, "the daemon connected to A, then to B: {}", cl.daemon.log());
+}
+
+/// The owner A drains (SIGTERM) while viewers on B and C stream its host's
+/// terminal: the daemon is closed 4503 and redials at once (no backoff),
+/// B takes the host over, the viewers are closed 4503, reattach with
+/// `?from=` and stream through B; the shell keeps its pid, and no instance
+/// ever shows the terminal exited.
+async fn owner_drains(standalone: bool) {
+    let mut cl = cluster(standalone, &[("TETHER_SHUTDOWN__GRACE_MS", "3000")]).await;
+    let id = shell(&cl).await;
+    let (b, c) = (&cl.servers[0], &cl.servers[1]);
+    let mut on_b = Viewer::attach_to(b, &cl.api.token, &id, "").await;
+    let mut on_c = Viewer::attach_to(c, &cl.api.token, &id, "").await;
+    let pid = shell_pid(&mut on_b, "before").await;
+    on_c.until(&format!("before-{pid}-pid")).await;
+    // The balancer sends new connections to B; A's are left to A.
+    cl.balancer.route(b.listen_addr());
+
+    let stop = std::cell::Cell::new(false);
+    let survivors = [&cl.b, &cl.c];
+    let watch = watch_states(&survivors, &cl.host, &id, &stop);
+    let (a, c_api, host, token) = (&mut cl.a, &cl.c, &cl.host, &cl.api.token);
+    let drained = async {
+        let status = a.terminate_async(std::time::Duration::from_secs(30)).await;
+        assert!(status.is_some_and(|s| s.success()), "A exits cleanly within its grace: {status:?}");
+        for v in [&mut on_b, &mut on_c] {
+            assert_eq!(v.sock.expect_close().await, Some(4503), "viewers of A's host are told to reattach");
+        }
+        c_api.wait_for(&format!("/api/v1/hosts/{host}"), "host online", |b| b["host"]["state"] == "online").await;
+        let from = |v: &Viewer| format!("?from={}", v.start + v.live.len() as u64);
+        let mut again_b = reattach(b, token, &id, &from(&on_b)).await;
+        let mut again_c = reattach(c, token, &id, &from(&on_c)).await;
+        let after = shell_pid(&mut again_c, "after").await;
+        again_b.until(&format!("after-{after}-pid")).await;
+        stop.set(true);
+        after
+    };
+    let (seen, after) = futures_util::future::join(watch, drained).await;
+    assert_eq!(after, pid, "the same shell before and after the drain");
+    for s in &seen {
+        assert_eq!(s.terminal, "running", "the terminal left running on {} during the drain: {seen:?}", s.base);
+    }
+    // Between A's release and B's hello the host may be offline, once: it
+    // comes back for good with the redial.
+    for api in survivors {
+        let states: Vec<&Value> = seen.iter().filter(|s| s.base == api.base).map(|s| &s.host).collect();
+        let spells = states.windows(2).filter(|w| w[0] == "online" && w[1] != "online").count()
+            + usize::from(states.first().is_some_and(|s| *s != "online"));
+        assert!(spells <= 1 && states.last().is_some_and(|s| *s == "online"), "{}: {states:?}", api.base);
+    }
+    let log = cl.daemon.log();
+    assert!(log.contains("tether_daemon_instance_draining"), "the daemon got 4503: {log}");
+    assert!(
+        !log.contains("tether_daemon_reconnect_scheduled") && !log.contains("tether_daemon_dial_failed"),
+        "the daemon redialed at once and reached B on its first try: {log}"
+    );
+    assert_eq!(log.matches("tether_daemon_connected").count(), 2, "A, then B: {log}");
+}
+
+/// Runs created through B and C for the host on A's daemon: each is
+/// dispatched exactly once, by the instance the daemon is connected to (A
+/// for the first batch; B after the daemon moved there), and finishes with
+/// its exit code, its log and its usage, whichever instance is asked.
+async fn runs_from_any_instance(standalone: bool) {
+    let cl = cluster(standalone, &[]).await;
+    let b = &cl.servers[0];
+    let first = create_runs(&cl, &[(&cl.b, 0), (&cl.c, 0), (&cl.b, 0)], 1).await;
+    for run in &first {
+        run_finished(&cl, run).await;
+    }
+    // The daemon moves to B; wait for its hello there.
+    cl.balancer.switch(b.listen_addr());
+    eventually("the daemon's hello on B", || {
+        (cl.daemon.log().matches("tether_daemon_connected").count() == 2).then_some(())
+    })
+    .await;
+    cl.c.wait_for(&format!("/api/v1/hosts/{}", cl.host), "host online", |b| b["host"]["state"] == "online").await;
+    let second = create_runs(&cl, &[(&cl.c, 0), (&cl.b, 0), (&cl.c, 3)], 4).await;
+    for run in &second {
+        run_finished(&cl, run).await;
+    }
+    let instances = [("A", &cl.a), ("B", &cl.servers[0]), ("C", &cl.servers[1])];
+    let dispatchers = |run: &TestRun| -> Vec<&str> {
+        instances
+            .iter()
+            .flat_map(|(name, server)| {
+                let log = server.log();
+                let lines = log
+                    .lines()
+                    .filter(|l| l.contains("tether_run_dispatched") && l.contains(&format!("run_id={}", run.id)))
+                    .count();
+                std::iter::repeat_n(*name, lines)
+            })
+            .collect()
+    };
+    for run in &first {
+        assert_eq!(dispatchers(run), ["A"], "run {} was dispatched once, by A", run.id);
+    }
+    for run in &second {
+        assert_eq!(dispatchers(run), ["B"], "run {} was dispatched once, by B", run.id);
+    }
+}
+
+/// A run as the test created it.
+struct TestRun {
+    id: String,
+    marker: String,
+    exit: i64,
+}
+
+/// Creates one run per `(api, exit code)`, numbered from `first`: each
+/// prints `ran-N` and exits with its code.
+async fn create_runs(cl: &Cluster, through: &[(&Api, i64)], first: usize) -> Vec<TestRun> {
+    let mut runs = Vec::new();
+    for (n, (api, exit)) in through.iter().enumerate() {
+        let marker = format!("ran-{}", first + n);
+        let script = format!("echo {marker}; exit {exit}");
+        let (status, body) = api.post("/api/v1/runs", json!({"hostId": cl.host, "argv": ["sh", "-c", script]})).await;
+        assert_eq!(status, 201, "{body}");
+        runs.push(TestRun { id: body["run"]["id"].as_str().expect("run id").to_string(), marker, exit: *exit });
+    }
+    runs
+}
+
+/// Waits until `run` is final on every instance, then checks its state,
+/// exit code, usage and log.
+async fn run_finished(cl: &Cluster, run: &TestRun) {
+    let state = if run.exit == 0 { "succeeded" } else { "failed" };
+    for api in [&cl.api, &cl.b, &cl.c] {
+        let body = api
+            .wait_for(&format!("/api/v1/runs/{}", run.id), "the run final with its usage", |b| {
+                b["run"]["state"] != "queued"
+                    && b["run"]["state"] != "dispatched"
+                    && b["run"]["state"] != "running"
+                    && b["run"]["usage"].is_object()
+            })
+            .await;
+        let r = &body["run"];
+        assert_eq!((r["state"].as_str(), r["exitCode"].as_i64()), (Some(state), Some(run.exit)), "{body}");
+        let usage = &r["usage"];
+        assert!(usage["outputBytes"].as_u64().is_some_and(|n| n >= run.marker.len() as u64), "{body}");
+        assert!(usage["wallMs"].is_u64() && usage["cpuMs"].is_u64() && usage["maxRssKb"].is_u64(), "{body}");
+        let (status, log) = api.get_bytes(&format!("/api/v1/runs/{}/log", run.id)).await;
+        assert_eq!(status, 200);
+        assert!(String::from_utf8_lossy(&log).contains(&run.marker), "{:?}", String::from_utf8_lossy(&log));
+    }
+}
+
+/// The heartbeat (docs/CLUSTER.md, "Viewers across instances"), both ways,
+/// with B frozen (SIGSTOP) while its viewer of a terminal on A stays open:
+/// - A drops the remote viewer whose home stopped reporting it;
+/// - once B runs again it still reports that viewer, which A no longer
+///   knows, so A tells B to close it ("reattach", 4503, the one path that
+///   closes with that reason: the lease never moved) and the client
+///   reattaches and streams.
+async fn heartbeat_recovers_a_frozen_home(standalone: bool) {
+    let cl = cluster(standalone, &[("TETHER_BUS__HEARTBEAT_MS", "300")]).await;
+    let (status, body) = cl.api.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["cat"]})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&cl.b, &id, "running").await;
+    let b = &cl.servers[0];
+    let mut on_b = Viewer::attach_to(b, &cl.api.token, &id, "").await;
+    on_b.type_line("before-freeze").await;
+    on_b.until("before-freeze\r\nbefore-freeze").await;
+    wait_metric(&cl.api, "tether_remote_viewers", 1.0).await;
+
+    b.pause();
+    wait_metric(&cl.api, "tether_remote_viewers", 0.0).await;
+    assert!(cl.a.log().contains("its home stopped reporting"), "{}", cl.a.log());
+    b.resume();
+
+    assert_eq!(on_b.sock.expect_close().await, Some(4503), "A asks B to reconnect the viewer it forgot");
+    assert_eq!(on_b.sock.close_reason(), Some("reattach"), "closed because A did not know it");
+    let from = on_b.start + on_b.live.len() as u64;
+    let mut again = reattach(b, &cl.api.token, &id, &format!("?from={from}")).await;
+    again.type_line("after-thaw").await;
+    again.until("after-thaw\r\nafter-thaw").await;
+    wait_metric(&cl.api, "tether_remote_viewers", 1.0).await;
+}
+
+/// Checks `found` every 50 ms until it finds something; returns it.
+async fn eventually<T>(what: &str, found: impl Fn() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + support::client::WAIT;
+    loop {
+        if let Some(found) = found() {
+            return found;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Polls `/metrics` until the unlabelled metric `name` is `value`.
+async fn wait_metric(api: &Api, name: &str, value: f64) {
+    let deadline = tokio::time::Instant::now() + support::client::WAIT;
+    loop {
+        let now = metric(api, name).await;
+        if now == Some(value) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{name} on {} stayed {now:?}, not {value}", api.base);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 mod standalone {
+    #[actix_rt::test]
+    async fn daemon_redials_while_its_old_socket_is_open() {
+        super::daemon_redials_while_its_old_socket_is_open(true).await;
+    }
+
+    #[actix_rt::test]
+    async fn owner_drains() {
+        super::owner_drains(true).await;
+    }
+
+    #[actix_rt::test]
+    async fn runs_from_any_instance() {
+        super::runs_from_any_instance(true).await;
+    }
+
+    #[actix_rt::test]
+    async fn heartbeat_recovers_a_frozen_home() {
+        super::heartbeat_recovers_a_frozen_home(true).await;
+    }
+
     #[actix_rt::test]
     async fn daemon_moves_to_another_instance() {
         super::failover(true, false).await;
@@ -501,6 +842,26 @@ mod standalone {
 }
 
 mod redis_cluster {
+    #[actix_rt::test]
+    async fn daemon_redials_while_its_old_socket_is_open() {
+        super::daemon_redials_while_its_old_socket_is_open(false).await;
+    }
+
+    #[actix_rt::test]
+    async fn owner_drains() {
+        super::owner_drains(false).await;
+    }
+
+    #[actix_rt::test]
+    async fn runs_from_any_instance() {
+        super::runs_from_any_instance(false).await;
+    }
+
+    #[actix_rt::test]
+    async fn heartbeat_recovers_a_frozen_home() {
+        super::heartbeat_recovers_a_frozen_home(false).await;
+    }
+
     #[actix_rt::test]
     async fn daemon_moves_to_another_instance() {
         super::failover(false, false).await;

@@ -2,10 +2,14 @@
 //! connection to the current backend, and `switch` moves it to another one
 //! and cuts the connections it carries (as a balancer does when a backend
 //! is taken out), so clients redial and land on the new backend; `outage`
-//! takes the backend away for a while.
+//! takes the backend away for a while; `route` sends only new connections
+//! elsewhere; `switch_keeping_backends` cuts only the clients' side, so the
+//! old backend still holds its end of each connection (a half-open
+//! connection, as after a network split) and what it sends there is kept.
 
 use std::sync::{Arc, Mutex};
 
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -13,6 +17,75 @@ pub struct Balancer {
     pub addr: String,
     backend: Arc<Mutex<String>>,
     cut: watch::Sender<u64>,
+    /// Where a cut puts the backends' ends it keeps open, if it keeps them.
+    keep: Arc<Mutex<Option<Orphans>>>,
+}
+
+/// The backends' ends of connections whose clients' ends were cut, and
+/// everything each backend sent on its end afterwards.
+#[derive(Clone, Default)]
+pub struct Orphans(Arc<Mutex<Vec<Orphan>>>);
+
+#[derive(Clone, Debug, Default)]
+pub struct Orphan {
+    /// Bytes the backend sent after the cut.
+    pub received: Vec<u8>,
+    /// The backend closed its end.
+    pub ended: bool,
+}
+
+impl Orphans {
+    /// Keeps `server` open and records what it sends until it closes.
+    async fn adopt(&self, mut server: TcpStream) {
+        let index = {
+            let mut all = self.0.lock().expect("orphans");
+            all.push(Orphan::default());
+            all.len() - 1
+        };
+        let mut buffer = [0u8; 4096];
+        loop {
+            match server.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => self.0.lock().expect("orphans")[index].received.extend_from_slice(&buffer[..n]),
+            }
+        }
+        self.0.lock().expect("orphans")[index].ended = true;
+    }
+
+    /// What became of each kept connection so far.
+    pub fn snapshot(&self) -> Vec<Orphan> {
+        self.0.lock().expect("orphans").clone()
+    }
+}
+
+impl Orphan {
+    /// The code of the WebSocket close frame the server sent on this
+    /// connection after the cut, if one came. Server frames are not masked;
+    /// the cut was at a frame boundary when the connection was quiet.
+    pub fn websocket_close_code(&self) -> Option<u16> {
+        let mut rest = self.received.as_slice();
+        while rest.len() >= 2 {
+            let opcode = rest[0] & 0x0f;
+            let masked = rest[1] & 0x80 != 0;
+            let (len, mut at) = match rest[1] & 0x7f {
+                126 if rest.len() >= 4 => (u16::from_be_bytes([rest[2], rest[3]]) as usize, 4),
+                127 if rest.len() >= 10 => {
+                    (u64::from_be_bytes(rest[2..10].try_into().expect("eight bytes")) as usize, 10)
+                }
+                126 | 127 => return None,
+                len => (len as usize, 2),
+            };
+            if masked {
+                at += 4;
+            }
+            let payload = rest.get(at..at + len)?;
+            if opcode == 0x8 && payload.len() >= 2 {
+                return Some(u16::from_be_bytes([payload[0], payload[1]]));
+            }
+            rest = &rest[at + len..];
+        }
+        None
+    }
 }
 
 impl Balancer {
@@ -22,7 +95,8 @@ impl Balancer {
         let addr = listener.local_addr().expect("balancer address").to_string();
         let backend = Arc::new(Mutex::new(backend.to_string()));
         let (cut, _) = watch::channel(0u64);
-        let (target, cuts) = (backend.clone(), cut.clone());
+        let keep: Arc<Mutex<Option<Orphans>>> = Arc::default();
+        let (target, cuts, kept) = (backend.clone(), cut.clone(), keep.clone());
         actix_rt::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let to = target.lock().expect("backend").clone();
@@ -30,17 +104,23 @@ impl Balancer {
                     continue; // down: the connection is dropped at once
                 }
                 let mut cut = cuts.subscribe();
+                let kept = kept.clone();
                 actix_rt::spawn(async move {
                     let Ok(server) = TcpStream::connect(&to).await else { return };
                     let (mut client, mut server) = (client, server);
                     tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => return,
                         _ = cut.changed() => {}
+                    }
+                    drop(client);
+                    let orphans = kept.lock().expect("kept").clone();
+                    if let Some(orphans) = orphans {
+                        orphans.adopt(server).await;
                     }
                 });
             }
         });
-        Balancer { addr, backend, cut }
+        Balancer { addr, backend, cut, keep }
     }
 
     /// The URL clients dial.
@@ -50,13 +130,31 @@ impl Balancer {
 
     /// New connections go to `backend`; the current ones are cut.
     pub fn switch(&self, backend: &str) {
-        *self.backend.lock().expect("backend") = backend.to_string();
+        *self.keep.lock().expect("kept") = None;
+        self.route(backend);
         self.cut.send_modify(|n| *n += 1);
+    }
+
+    /// New connections go to `backend`; the current ones are left alone.
+    pub fn route(&self, backend: &str) {
+        *self.backend.lock().expect("backend") = backend.to_string();
+    }
+
+    /// New connections go to `backend`; the current ones are cut on the
+    /// clients' side only: their backends keep their ends open, and what
+    /// they send there is recorded in the answer.
+    pub fn switch_keeping_backends(&self, backend: &str) -> Orphans {
+        let orphans = Orphans::default();
+        *self.keep.lock().expect("kept") = Some(orphans.clone());
+        self.route(backend);
+        self.cut.send_modify(|n| *n += 1);
+        orphans
     }
 
     /// Cuts every connection and refuses new ones for `outage`, then
     /// forwards to the same backend again.
     pub async fn outage(&self, outage: std::time::Duration) {
+        *self.keep.lock().expect("kept") = None;
         let backend = std::mem::take(&mut *self.backend.lock().expect("backend"));
         self.cut.send_modify(|n| *n += 1);
         tokio::time::sleep(outage).await;

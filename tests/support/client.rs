@@ -111,6 +111,8 @@ pub enum Event {
 /// A WebSocket client.
 pub struct Socket {
     framed: actix_codec::Framed<BoxedSocket, ws::Codec>,
+    /// The description of the close frame, once one came.
+    close_reason: Option<String>,
 }
 
 impl Socket {
@@ -137,14 +139,14 @@ impl Socket {
             req = req.protocols(protocols);
         }
         let (_, framed) = req.connect().await.unwrap_or_else(|e| panic!("ws connect {url}: {e}"));
-        Socket { framed }
+        Socket { framed, close_reason: None }
     }
 
     /// Connects and returns the selected subprotocol header too.
     pub async fn connect_with_response(url: &str, protocols: &[&str]) -> (Option<String>, Socket) {
         let (res, framed) = client().ws(url).protocols(protocols).connect().await.expect("ws connect");
         let selected = res.headers().get("sec-websocket-protocol").and_then(|v| v.to_str().ok()).map(str::to_string);
-        (selected, Socket { framed })
+        (selected, Socket { framed, close_reason: None })
     }
 
     pub async fn send_binary(&mut self, data: impl Into<Bytes>) {
@@ -179,7 +181,10 @@ impl Socket {
                     Event::Ping
                 }
                 ws::Frame::Pong(_) => continue,
-                ws::Frame::Close(reason) => Event::Close(reason.map(|r| u16::from(r.code))),
+                ws::Frame::Close(reason) => {
+                    self.close_reason = reason.as_ref().and_then(|r| r.description.clone());
+                    Event::Close(reason.map(|r| u16::from(r.code)))
+                }
                 ws::Frame::Continuation(_) => continue,
             });
         }
@@ -187,6 +192,11 @@ impl Socket {
 
     pub async fn next(&mut self) -> Event {
         self.next_within(WAIT).await.expect("timed out waiting for a frame")
+    }
+
+    /// The text of the close frame that came, if any (after `Event::Close`).
+    pub fn close_reason(&self) -> Option<&str> {
+        self.close_reason.as_deref()
     }
 
     /// Reads until a close frame and returns its code.

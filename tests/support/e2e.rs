@@ -64,11 +64,14 @@ pub async fn wait_state(api: &Api, id: &str, state: &str) -> Value {
         .clone()
 }
 
-/// A viewer that records the stream: where its live bytes start and what came.
+/// A viewer that records the stream: where its live bytes start, what came,
+/// and every control message (`status`, `size`, `error`, ...) in order.
 pub struct Viewer {
     pub sock: Socket,
     pub start: u64,
     pub live: Vec<u8>,
+    /// Every text frame since the socket opened, parsed.
+    pub controls: Vec<ServerMessage>,
     pub exit: Option<Value>,
 }
 
@@ -93,60 +96,105 @@ impl Viewer {
         query: &str,
     ) -> Result<Viewer, Option<u16>> {
         let url = format!("{}{query}", viewer_url(server, terminal));
-        let mut sock = Socket::connect(&url, Some(token), &["tether.v1"]).await;
-        let start = loop {
-            match sock.next().await {
-                Event::Text(t) => match ServerMessage::parse(&t).expect("a viewer control message") {
-                    ServerMessage::Live { offset } | ServerMessage::Resume { offset } => break offset,
+        let sock = Socket::connect(&url, Some(token), &["tether.v1"]).await;
+        let mut viewer = Viewer { sock, start: 0, live: Vec::new(), controls: Vec::new(), exit: None };
+        // Bytes before `live` or `resume` are the replay's snapshot, not live output.
+        loop {
+            match viewer.sock.next().await {
+                Event::Text(t) => match viewer.record(&t) {
+                    ServerMessage::Live { offset } | ServerMessage::Resume { offset } => {
+                        viewer.start = offset;
+                        return Ok(viewer);
+                    }
                     _ => {}
                 },
                 Event::Close(code) => return Err(code),
                 _ => {}
             }
-        };
-        Ok(Viewer { sock, start, live: Vec::new(), exit: None })
+        }
+    }
+
+    /// Parses and keeps a text frame.
+    fn record(&mut self, text: &str) -> ServerMessage {
+        let message = ServerMessage::parse(text).unwrap_or_else(|e| panic!("a viewer control message {text:?}: {e}"));
+        if let ServerMessage::Exit { .. } = message {
+            self.exit = Some(serde_json::from_str(text).expect("json"));
+        }
+        self.controls.push(message.clone());
+        message
     }
 
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.live).into_owned()
     }
 
-    /// Reads until the live output contains `needle`.
-    pub async fn until(&mut self, needle: &str) {
-        let deadline = tokio::time::Instant::now() + WAIT;
-        while !self.text().contains(needle) {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match self.sock.next_within(left).await {
-                Some(Event::Binary(b)) => self.live.extend_from_slice(&b),
-                Some(Event::Text(t)) => {
-                    let v: Value = serde_json::from_str(&t).expect("json");
-                    if v["type"] == "exit" {
-                        self.exit = Some(v);
-                    }
-                }
-                Some(Event::Close(code)) => panic!("closed {code:?} waiting for {needle:?}; got {:?}", self.text()),
-                Some(Event::Ping) => {}
-                None => panic!("timed out waiting for {needle:?}; got {:?}", self.text()),
+    /// Reads one frame within what is left until `deadline`: live bytes are
+    /// appended, text frames recorded. Panics on a close or the deadline.
+    async fn read_one(&mut self, deadline: tokio::time::Instant, waiting_for: &str) {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match self.sock.next_within(left).await {
+            Some(Event::Binary(b)) => self.live.extend_from_slice(&b),
+            Some(Event::Text(t)) => {
+                self.record(&t);
             }
+            Some(Event::Close(code)) => panic!("closed {code:?} waiting for {waiting_for}; got {:?}", self.text()),
+            Some(Event::Ping) => {}
+            None => panic!("timed out waiting for {waiting_for}; got {:?} and {:?}", self.text(), self.controls),
+        }
+    }
+
+    /// Reads until the live output contains `needle`, recording the control
+    /// messages that come meanwhile.
+    pub async fn until(&mut self, needle: &str) {
+        self.until_match(&format!("{needle:?}"), |text| text.contains(needle).then_some(())).await;
+    }
+
+    /// Reads until `found` finds something in the live output; returns it.
+    pub async fn until_match<T>(&mut self, what: &str, found: impl Fn(&str) -> Option<T>) -> T {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Some(found) = found(&self.text()) {
+                return found;
+            }
+            self.read_one(deadline, what).await;
+        }
+    }
+
+    /// Reads until a control message since the socket opened matches
+    /// `wanted`; returns the first that does.
+    pub async fn until_control(&mut self, what: &str, wanted: impl Fn(&ServerMessage) -> bool) -> ServerMessage {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Some(found) = self.controls.iter().find(|m| wanted(m)) {
+                return found.clone();
+            }
+            self.read_one(deadline, what).await;
+        }
+    }
+
+    /// Reads until a `size` message for a `cols` x `rows` grid came; returns
+    /// its `yours` (the first such message's).
+    pub async fn until_size(&mut self, cols: u16, rows: u16) -> bool {
+        let wanted =
+            |m: &ServerMessage| matches!(m, ServerMessage::Size { cols: c, rows: r, .. } if (*c, *r) == (cols, rows));
+        match self.until_control(&format!("size {cols}x{rows}"), wanted).await {
+            ServerMessage::Size { yours, .. } => yours,
+            other => unreachable!("matched a size message, got {other:?}"),
         }
     }
 
     /// Reads until the exit message; returns it.
     pub async fn until_exit(&mut self) -> Value {
+        // Any amount of output may come first: each frame gets its own wait.
         while self.exit.is_none() {
-            match self.sock.next().await {
-                Event::Binary(b) => self.live.extend_from_slice(&b),
-                Event::Text(t) => {
-                    let v: Value = serde_json::from_str(&t).expect("json");
-                    if v["type"] == "exit" {
-                        self.exit = Some(v);
-                    }
-                }
-                Event::Close(code) => panic!("closed {code:?} before exit"),
-                Event::Ping => {}
-            }
+            self.read_one(tokio::time::Instant::now() + WAIT, "the exit message").await;
         }
         self.exit.clone().expect("exit")
+    }
+
+    /// Claims the grid (`resize`).
+    pub async fn resize(&mut self, cols: u16, rows: u16) {
+        self.sock.send_json(serde_json::to_value(ClientMessage::resize(cols, rows)).expect("json")).await;
     }
 
     pub async fn type_line(&mut self, line: &str) {

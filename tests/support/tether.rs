@@ -157,13 +157,46 @@ impl TetherServer {
         if let Ok(Some(status)) = self.child.try_wait() {
             return Some(status);
         }
-        // SAFETY: kill(2) on our own unreaped child.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        self.signal(libc::SIGTERM);
         let status = process::wait_timeout(&mut self.child, timeout);
         if status.is_none() {
             self.kill();
         }
         status
+    }
+
+    /// Like `terminate`, but waits without blocking the test's runtime, so
+    /// its clients keep running while the server drains.
+    pub async fn terminate_async(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Some(status);
+        }
+        self.signal(libc::SIGTERM);
+        let deadline = tokio::time::Instant::now() + timeout;
+        while tokio::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.kill();
+        None
+    }
+
+    /// SIGSTOP: the process is frozen and its sockets stay open, as in a
+    /// hung instance; `resume` thaws it.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT after `pause`.
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill(2) on our own unreaped child.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
     }
 
     /// The PostgreSQL URL the server was given, if any.
