@@ -7,4 +7,5 @@
 //! - [`placement`]: which cell a host goes to, and at which epoch.
 //! - [`ticket`]: the signed booking ticket a cell checks without the database.
 
+pub mod placement;
 pub mod ticket;
