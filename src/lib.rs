@@ -17,6 +17,7 @@ pub mod config;
 pub mod crypto;
 pub mod daemon;
 pub mod demo;
+pub mod director;
 pub mod http;
 pub mod jobs;
 pub mod metrics;

@@ -3,6 +3,11 @@
 //! the database; when the director goes quiet its dead-man controller falls
 //! back to database admission, within the fleet's cap of trip slots.
 
+pub mod bookings;
+pub mod deadman;
+pub mod effective;
+pub mod window;
+
 use std::fmt;
 use std::str::FromStr;
 
