@@ -37,6 +37,7 @@ pub struct Settings {
     pub cell: CellSettings,
     pub cluster: ClusterSettings,
     pub encryption: EncryptionSettings,
+    pub credentials: CredentialsSettings,
     pub lease: LeaseSettings,
     pub sweep: SweepSettings,
     pub daemon: DaemonSettings,
@@ -210,6 +211,23 @@ pub struct ClusterSettings {
 pub struct EncryptionSettings {
     /// 32 bytes, base64: the AES-256-GCM key for host credentials.
     pub key: Option<String>,
+}
+
+/// Credentials auto-refresh (docs/CLUSTER.md, "Periodic host tasks").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CredentialsSettings {
+    /// Stored credentials that expire within this are refreshed, at most
+    /// once per this long per host across the cluster.
+    pub refresh_before_ms: u64,
+    /// How often each instance looks for credentials due for a refresh.
+    pub check_ms: u64,
+}
+
+impl Default for CredentialsSettings {
+    fn default() -> Self {
+        Self { refresh_before_ms: 600_000, check_ms: 60_000 }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -486,7 +504,9 @@ impl Settings {
                 return Err(invalid("cluster.secret", "must be at least 16 characters"));
             }
         }
-        let positive: [(&'static str, u64); 26] = [
+        let positive: [(&'static str, u64); 28] = [
+            ("credentials.refresh_before_ms", self.credentials.refresh_before_ms),
+            ("credentials.check_ms", self.credentials.check_ms),
             ("audit.retention_ms", self.audit.retention_ms),
             ("auth.revocation_check_ms", self.auth.revocation_check_ms),
             ("http.ws_per_address", self.http.ws_per_address as u64),
@@ -546,6 +566,12 @@ impl Settings {
             return Err(invalid(
                 "cell.effective_refresh_ms",
                 "must be below director.effective_fresh_ms, or effective rows go stale between writes",
+            ));
+        }
+        if self.credentials.check_ms > self.credentials.refresh_before_ms {
+            return Err(invalid(
+                "credentials.check_ms",
+                "must not exceed credentials.refresh_before_ms, or credentials may expire between checks",
             ));
         }
         if self.runs.lost_after == 0 {

@@ -506,3 +506,93 @@ async fn a_hosts_requests_reach_its_daemon_in_order() {
     assert_eq!(seen, ["spawn", "0", "1", "2", "3", "4"], "the daemon got the host's requests out of order");
     let _ = redis.quit().await;
 }
+
+/// docs/CLUSTER.md, "Periodic host tasks": all three instances look for
+/// credentials due every 100 ms; the daemon on A states credentials that
+/// expire in a minute, inside the 10-minute window, so they stay due after
+/// every refresh. Exactly one instance refreshes them per window (the
+/// daemon is asked once, however many looks every instance makes), and
+/// once the window's lease is over (expired here by hand), exactly once
+/// more. Without the lease every look of every instance would ask.
+#[actix_rt::test]
+async fn credentials_are_refreshed_once_per_window_across_instances() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="; // 32 bytes
+    let common = [("TETHER_ENCRYPTION__KEY", key), ("TETHER_CREDENTIALS__CHECK_MS", "100")];
+    let trio = trio(&common, [&[], &[], &[]]).await;
+    let mut daemon = trio.daemon(0).await;
+    trio.host_everywhere("online").await;
+
+    // The daemon answers every Credentials request, counting them.
+    let asked = Arc::new(AtomicU32::new(0));
+    let counter = asked.clone();
+    actix_rt::spawn(async move {
+        loop {
+            if let server_frame::Frame::Credentials(ask) = daemon.next_server_frame().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let expires = (chrono::Utc::now() + chrono::Duration::minutes(1)).to_rfc3339();
+                let body = json!({ "token": "t", "expiresAt": expires }).to_string();
+                daemon
+                    .send_frame(daemon_frame::Frame::CredentialsResult(CredentialsResult {
+                        request_id: ask.request_id,
+                        credentials_json: body.into_bytes().into(),
+                        error: None,
+                    }))
+                    .await;
+            }
+        }
+    });
+    // Nothing is stored yet, so nothing is due: the first credentials come by request.
+    let path = format!("/api/v1/hosts/{}/credentials/refresh", trio.host);
+    let (status, body) = trio.apis[1].post(&path, json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+
+    let wait_for_asks = |n: u32| {
+        let asked = asked.clone();
+        async move {
+            for _ in 0..200 {
+                if asked.load(Ordering::SeqCst) >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("the daemon was asked {} times, not {n}", asked.load(Ordering::SeqCst));
+        }
+    };
+    wait_for_asks(2).await;
+    looks_everywhere(&trio.apis, 5.0).await;
+    assert_eq!(asked.load(Ordering::SeqCst), 2, "one automatic refresh in the window");
+
+    let client = pg_connect(&trio.database).await;
+    let lease = format!("credentials-refresh:{}", trio.host);
+    let expired = client
+        .execute("UPDATE leases SET expires_at = now() - interval '1 second' WHERE key = $1", &[&lease])
+        .await
+        .expect("expire the window's lease");
+    assert_eq!(expired, 1, "the refresh was claimed with the window's lease");
+    wait_for_asks(3).await;
+    looks_everywhere(&trio.apis, 5.0).await;
+    assert_eq!(asked.load(Ordering::SeqCst), 3, "one automatic refresh in the next window");
+    let expiry: Option<chrono::DateTime<chrono::Utc>> =
+        client.query_one("SELECT expires_at FROM host_credentials", &[]).await.expect("stored").get(0);
+    assert!(expiry.is_some_and(|t| t > chrono::Utc::now()), "the stated expiry is stored: {expiry:?}");
+}
+
+/// Waits until every instance made `looks` more credentials looks than now.
+async fn looks_everywhere(apis: &[Api], looks: f64) {
+    use support::e2e::metric;
+    let mut since = Vec::new();
+    for api in apis {
+        since.push(metric(api, "tether_credentials_checks_total").await.unwrap_or(0.0));
+    }
+    for (api, since) in apis.iter().zip(since) {
+        for _ in 0..200 {
+            if metric(api, "tether_credentials_checks_total").await.unwrap_or(0.0) >= since + looks {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -75,6 +75,7 @@ fn attach(terminal_id: &str, attach_id: &str) -> In {
         attach_id: attach_id.to_owned(),
         resume_from: None,
         window: None,
+        from_oldest: None,
     })
 }
 
@@ -423,6 +424,7 @@ async fn output_stays_within_its_window_and_other_terminals_flow() {
             attach_id: attach_id.to_owned(),
             resume_from: None,
             window: Some(WINDOW),
+            from_oldest: None,
         })
     };
     server.send(windowed("flood", "f1")).await;
@@ -503,4 +505,49 @@ async fn a_burst_of_input_frames_waits_for_a_busy_program() {
         assert!(tokio::time::Instant::now() < deadline, "the program got {got} of 30000 input bytes");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A resume from an offset the ring (512 KiB) no longer holds: a capture's
+/// Attach (`from_oldest`) gets the raw bytes from the oldest offset still
+/// held, so only the dropped bytes are lost (docs/CLUSTER.md, "Run logs
+/// across moves"); a viewer's gets a screen snapshot as before.
+#[actix_rt::test]
+async fn a_resume_past_the_ring_starts_at_its_oldest_byte_when_asked() {
+    const TOTAL: u64 = 700_000;
+    const RING: u64 = 512 * 1024;
+    let mut server = FakeServer::start(HOST_ID).await;
+    let daemon = start_daemon(&server);
+    server.accept_and_ack().await;
+    let script = format!("head -c {TOTAL} /dev/zero | tr '\\0' x; exec sleep 100");
+    server.send(spawn("big", &daemon.work, &["sh", "-c", &script])).await;
+    expect_started(&mut server, "big").await;
+    let resume = |attach_id: &str, from_oldest: Option<bool>| {
+        In::Attach(Attach {
+            terminal_id: "big".to_owned(),
+            attach_id: attach_id.to_owned(),
+            resume_from: Some(0),
+            window: None,
+            from_oldest,
+        })
+    };
+    // Until the daemon has read the whole output, the ring's end moves on.
+    let mut tries = 0;
+    let scrollback = loop {
+        tries += 1;
+        server.send(resume(&format!("capture-{tries}"), Some(true))).await;
+        let Out::Scrollback(scrollback) = server.next_control().await else { panic!("expected Scrollback") };
+        assert!(scrollback.resumed, "a capture's resume is never a snapshot");
+        if scrollback.offset + scrollback.data.len() as u64 == TOTAL || tries == 100 {
+            break scrollback;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(scrollback.offset, TOTAL - RING, "from the oldest byte held: only the dropped bytes are missing");
+    assert_eq!(scrollback.data.len() as u64, RING);
+    assert!(scrollback.data.iter().all(|b| *b == b'x'));
+
+    server.send(resume("viewer", None)).await;
+    let Out::Scrollback(snapshot) = server.next_control().await else { panic!("expected Scrollback") };
+    assert!(!snapshot.resumed, "a viewer's resume from bytes gone is a snapshot");
+    assert_eq!(snapshot.offset, TOTAL);
 }

@@ -66,7 +66,9 @@ conformance!(
     runs_queue_and_finish,
     run_claims_never_overlap,
     run_log_is_capped,
+    run_log_is_idempotent_by_offset_and_counts_gaps,
     credentials_round_trip,
+    credentials_expiring_on_connected_hosts,
     stale_hosts_go_offline,
     runs_of_long_gone_hosts_are_lost,
     interaction_stamp_once_a_minute,
@@ -555,12 +557,66 @@ async fn run_log_is_capped(store: &Arc<dyn Store>) {
     let h = host(store, &ann, "box").await;
     let run = store.insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["x".into()], dir: None }).await;
     let run = run.expect("run");
-    store.append_run_log(run.id, b"out\x00\xff\n", 10).await.expect("append");
-    store.append_run_log(run.id, b"more-bytes", 10).await.expect("append");
-    store.append_run_log(run.id, b"dropped", 10).await.expect("append");
+    store.append_run_log(run.id, 0, b"out\x00\xff\n", 10).await.expect("append");
+    store.append_run_log(run.id, 6, b"more-bytes", 10).await.expect("append");
+    store.append_run_log(run.id, 16, b"dropped", 10).await.expect("append");
     assert_eq!(store.run_log(ann.id, run.id).await.expect("log").as_deref(), Some(&b"out\x00\xff\nmore"[..]));
+    let run = store.get_run(ann.id, run.id).await.expect("get").expect("run");
+    assert_eq!((run.log_end, run.log_gap_bytes), (23, 0), "the stream position goes on past the cap");
     let bob = user(store, "bob").await;
     assert_eq!(store.run_log(bob.id, run.id).await.expect("log"), None);
+}
+
+/// docs/CLUSTER.md, "Run logs across moves": a chunk is stored only past
+/// the stored end, whoever sends it and however often; a chunk that starts
+/// past the end counts the bytes between as lost.
+async fn run_log_is_idempotent_by_offset_and_counts_gaps(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let h = host(store, &ann, "box").await;
+    let run = store.insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["x".into()], dir: None }).await;
+    let run = run.expect("run");
+    let max = 1 << 20;
+    store.append_run_log(run.id, 0, b"hello", max).await.expect("append");
+    store.append_run_log(run.id, 0, b"hello", max).await.expect("the same chunk again");
+    store.append_run_log(run.id, 3, b"lo world", max).await.expect("a partly-overlapping chunk");
+    store.append_run_log(run.id, 2, b"ll", max).await.expect("a chunk inside the log");
+    assert_eq!(store.run_log(ann.id, run.id).await.expect("log").as_deref(), Some(&b"hello world"[..]));
+    let got = store.get_run(ann.id, run.id).await.expect("get").expect("run");
+    assert_eq!((got.log_end, got.log_gap_bytes), (11, 0));
+    store.append_run_log(run.id, 15, b"!", max).await.expect("a chunk past the end");
+    store.append_run_log(run.id, 20, b"", max).await.expect("an empty chunk past the end");
+    store.append_run_log(run.id, 20, b"?", max).await.expect("append");
+    assert_eq!(store.run_log(ann.id, run.id).await.expect("log").as_deref(), Some(&b"hello world!?"[..]));
+    let got = store.get_run(ann.id, run.id).await.expect("get").expect("run");
+    assert_eq!((got.log_end, got.log_gap_bytes), (21, 8), "bytes 11..15 and 16..20 are lost");
+    let listed = store.list_runs(ann.id, None).await.expect("list");
+    assert_eq!(listed.iter().find(|r| r.id == run.id).map(|r| r.log_gap_bytes), Some(8));
+}
+
+async fn credentials_expiring_on_connected_hosts(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let (soon, later, unstated, offline) = (
+        host(store, &ann, "soon").await,
+        host(store, &ann, "later").await,
+        host(store, &ann, "unstated").await,
+        host(store, &ann, "offline").await,
+    );
+    let now = chrono::Utc::now();
+    let sealed = SealedCredentials { nonce: vec![1; 12], ciphertext: vec![9] };
+    let minutes = |m| Some(now + chrono::Duration::minutes(m));
+    store.put_credentials(soon.id, &sealed, minutes(5)).await.expect("put");
+    store.put_credentials(later.id, &sealed, minutes(60)).await.expect("put");
+    store.put_credentials(unstated.id, &sealed, None).await.expect("put");
+    store.put_credentials(offline.id, &sealed, minutes(1)).await.expect("put");
+    let holder = LeaseHolder::connection("i", 1);
+    for h in [&soon, &later, &unstated] {
+        let key = tether::store::host_lease_key(h.id);
+        assert!(store.claim_lease(&key, &holder, Duration::from_secs(30)).await.expect("lease"));
+    }
+    let due = store.credentials_expiring(now + chrono::Duration::minutes(10)).await.expect("expiring");
+    assert_eq!(due, vec![soon.id], "only the connected host whose credentials expire within the window");
+    store.put_credentials(soon.id, &sealed, minutes(30)).await.expect("refreshed");
+    assert!(store.credentials_expiring(now + chrono::Duration::minutes(10)).await.expect("expiring").is_empty());
 }
 
 async fn credentials_round_trip(store: &Arc<dyn Store>) {
@@ -568,9 +624,9 @@ async fn credentials_round_trip(store: &Arc<dyn Store>) {
     let h = host(store, &ann, "box").await;
     assert_eq!(store.get_credentials(h.id).await.expect("get"), None);
     let sealed = SealedCredentials { nonce: vec![1; 12], ciphertext: vec![9, 8, 7] };
-    store.put_credentials(h.id, &sealed).await.expect("put");
+    store.put_credentials(h.id, &sealed, None).await.expect("put");
     let newer = SealedCredentials { nonce: vec![2; 12], ciphertext: vec![6] };
-    store.put_credentials(h.id, &newer).await.expect("put");
+    store.put_credentials(h.id, &newer, None).await.expect("put");
     assert_eq!(store.get_credentials(h.id).await.expect("get"), Some(newer));
 }
 

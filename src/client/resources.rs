@@ -97,6 +97,12 @@ impl Run {
     pub fn exit_signal(&self) -> Option<i32> {
         self.other.get("exitSignal").and_then(Value::as_i64).and_then(|n| i32::try_from(n).ok())
     }
+
+    /// Output bytes missing from the run's log (docs/REST.md, "Run"); 0
+    /// also from servers before `logGapBytes`.
+    pub fn log_gap_bytes(&self) -> u64 {
+        self.other.get("logGapBytes").and_then(Value::as_u64).unwrap_or(0)
+    }
 }
 
 /// A stretch of a run's log (`GET /runs/{id}/log?from=N`). Log offsets are

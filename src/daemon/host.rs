@@ -426,7 +426,9 @@ impl Host {
     }
 
     fn attach(&mut self, attach: Attach, out: &Outbox) -> Option<Frame> {
-        let Attach { terminal_id, attach_id, resume_from, window } = attach;
+        let Attach { terminal_id, attach_id, resume_from, window, from_oldest } = attach;
+        // From the oldest byte held when `resume_from` is gone (a run's capture).
+        let resume_from = resume_from.map(|from| (from, from_oldest.unwrap_or(false)));
         let message = match self.terminals.get(&terminal_id) {
             None => "unknown terminal",
             Some(entry) if entry.running() => {

@@ -57,6 +57,11 @@ impl OutputRing {
     ///
     /// `None` when `offset` was already evicted or lies beyond what was
     /// pushed; an empty `Bytes` when `offset` is exactly the end.
+    /// The offset of the oldest byte the ring still holds.
+    pub fn start_offset(&self) -> u64 {
+        self.start
+    }
+
     pub fn bytes_since(&self, offset: u64, max_len: usize) -> Option<Bytes> {
         if offset < self.start || offset > self.end_offset() {
             return None;

@@ -57,10 +57,11 @@ pub enum TerminalCommand {
     /// Start (or restart, for a new viewer) the stream on `out`: answer
     /// with a Scrollback, then Output from its offset on. With
     /// `resume_from`, the Scrollback carries the raw bytes since that offset
-    /// instead of a screen snapshot when the ring still holds them. With
+    /// instead of a screen snapshot when the ring still holds them (or, with
+    /// the flag set, since the oldest byte it holds, when that is later). With
     /// `window`, Output goes at most `window` bytes past the live offset
     /// until a Credit moves the limit.
-    Attach { attach_id: String, resume_from: Option<u64>, window: Option<u64>, out: Outbox },
+    Attach { attach_id: String, resume_from: Option<(u64, bool)>, window: Option<u64>, out: Outbox },
     /// Stop sending Output.
     Detach,
     /// The server may now take Output up to this stream offset.
@@ -285,7 +286,10 @@ impl TerminalTask {
                 }
                 let offset = self.ring.end_offset();
                 let size = self.screen.size();
-                let resumed = resume_from.and_then(|from| Some((from, self.ring.bytes_since(from, usize::MAX)?)));
+                let resumed = resume_from.and_then(|(from, from_oldest)| {
+                    let from = if from_oldest { from.max(self.ring.start_offset()) } else { from };
+                    Some((from, self.ring.bytes_since(from, usize::MAX)?))
+                });
                 let (data, from, resumed) = match resumed {
                     Some((from, raw)) => (raw, from, true),
                     None => (self.screen.snapshot(), offset, false),

@@ -130,6 +130,7 @@ impl AppState {
         actix_rt::spawn(subscribe_replies(relay.clone(), bus_ready.clone()));
         let runs = RunDispatcher::new(relay.clone()).start();
         Sweeper::new(relay.clone()).start();
+        crate::jobs::credentials::CredentialsRefresher::new(relay.clone()).start();
         Ok(web::Data::new(Self {
             trusted_proxies: super::client_addr::trusted(&settings.http.trusted_proxies),
             settings,

@@ -256,6 +256,7 @@ impl TerminalArbiter {
                 terminal_id: self.terminal_id,
                 attach_id,
                 resume_from: member.resume_from,
+                from_oldest: matches!(member.kind, Kind::Capture(_)),
                 window,
                 arbiter: arbiter.clone(),
             });
@@ -363,7 +364,9 @@ impl TerminalArbiter {
                 queued.fetch_add(Frame::Binary(fresh.clone()).weight(), Ordering::Relaxed);
                 r.do_send(ViewerOut::Output(fresh));
             }
-            Kind::Capture(capture) => capture.push(&fresh),
+            Kind::Capture(capture) => {
+                capture.push(next, &fresh);
+            }
         }
         Ok(())
     }
@@ -495,7 +498,7 @@ impl TerminalArbiter {
                 MemberId::Viewer(viewer) => Some(self.size_for(viewer)),
                 MemberId::Capture => None,
             };
-            let Some(Member { kind, phase, resume_from }) = self.members.get_mut(&id) else { continue };
+            let Some(Member { kind, phase, .. }) = self.members.get_mut(&id) else { continue };
             *phase = Phase::Live { next: live_at };
             match kind {
                 Kind::Viewer(r, _) => {
@@ -514,9 +517,12 @@ impl TerminalArbiter {
                     }
                 }
                 Kind::Capture(capture) => {
-                    if !resumed || !capture.resumed(offset, &data, *resume_from) {
-                        // The daemon no longer had the bytes since the log's end.
-                        tracing::warn!(terminal_id = %self.terminal_id, "tether_run_log_gap");
+                    // A resume from further on, or a snapshot: the daemon's
+                    // ring no longer had the bytes since the capture's end.
+                    let lost = if resumed { capture.push(offset, &data) } else { capture.restart_at(offset) };
+                    if lost > 0 {
+                        tracing::warn!(terminal_id = %self.terminal_id, run_id = %capture.run_id, lost, "tether_run_log_gap");
+                        metrics::counter!("tether_run_log_gap_bytes_total").increment(lost);
                     }
                 }
             }
@@ -534,14 +540,14 @@ impl TerminalArbiter {
         if !capture.has_pending() && finish.is_none() {
             return;
         }
-        let data = capture.take();
+        let chunks = capture.take();
         let run_id = capture.run_id;
         let store = self.store.clone();
         let max = self.config.run_log_max_bytes;
         self.flushing = true;
         async move {
-            if !data.is_empty() {
-                if let Err(e) = store.append_run_log(run_id, &data, max).await {
+            for chunk in chunks {
+                if let Err(e) = store.append_run_log(run_id, chunk.offset, &chunk.data, max).await {
                     tracing::error!(error = %e, %run_id, "tether_run_log_write_failed");
                 }
             }

@@ -43,6 +43,9 @@ pub struct AttachArbiter {
     pub attach_id: String,
     /// Resume the raw stream from this offset when the daemon still has it.
     pub resume_from: Option<u64>,
+    /// When the daemon's ring no longer holds `resume_from`: resume from the
+    /// oldest byte it holds instead of a snapshot (a run's capture).
+    pub from_oldest: bool,
     /// Flow-control window for the new stream (daemons that support it).
     pub window: Option<u64>,
     pub arbiter: ArbiterLink,

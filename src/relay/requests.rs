@@ -224,14 +224,15 @@ async fn finish(relay: &RelayContext, host_id: Uuid, dispatched: Dispatched) -> 
         (Expect::Dirs, DaemonAnswer::Dirs(dirs)) => Ok(OpAnswer::Dirs(dirs)),
         (Expect::Limits, DaemonAnswer::Limits(limits)) => Ok(OpAnswer::Limits(limits)),
         (Expect::Credentials(key), DaemonAnswer::Credentials(plaintext)) => {
-            let valid = serde_json::from_slice::<serde_json::Value>(&plaintext).is_ok_and(|v| v.is_object());
-            if !valid || plaintext.len() > 64 * 1024 {
+            let value = serde_json::from_slice::<serde_json::Value>(&plaintext).ok().filter(|v| v.is_object());
+            let Some(value) = value.filter(|_| plaintext.len() <= 64 * 1024) else {
                 return Err(RequestError::Refused(
                     "the daemon's credentials are not a JSON object of at most 64 KiB".into(),
                 ));
-            }
+            };
             let sealed = crate::crypto::seal(&key, host_id, &plaintext).map_err(|_| RequestError::Internal)?;
-            relay.store.put_credentials(host_id, &sealed).await.map_err(|e| {
+            let expires_at = crate::jobs::credentials::stated_expiry(&value);
+            relay.store.put_credentials(host_id, &sealed, expires_at).await.map_err(|e| {
                 tracing::error!(error = %e, %host_id, "tether_credentials_store_failed");
                 RequestError::Internal
             })?;

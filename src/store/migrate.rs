@@ -16,12 +16,22 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
     Migration { version: 1, name: "foundation", sql: include_str!("../../migrations/postgres/0001_foundation.sql") },
     Migration { version: 2, name: "tokens", sql: include_str!("../../migrations/postgres/0002_tokens.sql") },
     Migration { version: 3, name: "audit", sql: include_str!("../../migrations/postgres/0003_audit.sql") },
+    Migration {
+        version: 4,
+        name: "run_log_offsets_credentials_expiry",
+        sql: include_str!("../../migrations/postgres/0004_run_log_offsets_credentials_expiry.sql"),
+    },
 ];
 
 pub const MIGRATIONS_SQLITE: &[Migration] = &[
     Migration { version: 1, name: "foundation", sql: include_str!("../../migrations/sqlite/0001_foundation.sql") },
     Migration { version: 2, name: "tokens", sql: include_str!("../../migrations/sqlite/0002_tokens.sql") },
     Migration { version: 3, name: "audit", sql: include_str!("../../migrations/sqlite/0003_audit.sql") },
+    Migration {
+        version: 4,
+        name: "run_log_offsets_credentials_expiry",
+        sql: include_str!("../../migrations/sqlite/0004_run_log_offsets_credentials_expiry.sql"),
+    },
 ];
 
 /// The error for a database migrated by a newer binary.

@@ -163,8 +163,12 @@ pub trait Store: Send + Sync + 'static {
     /// Final state with exit code (and usage when known).
     async fn finish_run(&self, run_id: Uuid, state: RunState, exit_code: Option<i32>) -> StoreResult<bool>;
     async fn set_run_usage(&self, run_id: Uuid, usage: &RunUsage) -> StoreResult<()>;
-    /// Appends captured output (up to `max_bytes` kept in all).
-    async fn append_run_log(&self, run_id: Uuid, data: &[u8], max_bytes: usize) -> StoreResult<()>;
+    /// Stores the run's stream bytes `offset..offset + data.len()`
+    /// (docs/CLUSTER.md, "Run logs across moves"), idempotent by offset:
+    /// bytes below the stored end (`log_end`) are skipped; a chunk starting
+    /// past it adds the bytes in between to `log_gap_bytes` (an empty chunk
+    /// records just that). At most `max_bytes` are kept in all.
+    async fn append_run_log(&self, run_id: Uuid, offset: u64, data: &[u8], max_bytes: usize) -> StoreResult<()>;
     async fn run_log(&self, user_id: Uuid, run_id: Uuid) -> StoreResult<Option<Vec<u8>>>;
 
     // ---- leases (docs/ARCHITECTURE.md, "Where state lives"; docs/CLUSTER.md)
@@ -190,7 +194,17 @@ pub trait Store: Send + Sync + 'static {
     async fn assignment(&self, host_id: Uuid) -> StoreResult<Option<(String, i64)>>;
 
     // ---- host credentials (encrypted by the caller)
-    async fn put_credentials(&self, host_id: Uuid, sealed: &SealedCredentials) -> StoreResult<()>;
+    /// Stores a host's sealed credentials with the expiry they state, if
+    /// any (docs/CLUSTER.md, "Periodic host tasks").
+    async fn put_credentials(
+        &self,
+        host_id: Uuid,
+        sealed: &SealedCredentials,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> StoreResult<()>;
+    /// Hosts connected anywhere (live host lease) whose stored credentials
+    /// expire before `before`.
+    async fn credentials_expiring(&self, before: DateTime<Utc>) -> StoreResult<Vec<Uuid>>;
     async fn get_credentials(&self, host_id: Uuid) -> StoreResult<Option<SealedCredentials>>;
 
     // ---- audit (docs/SECURITY.md, "Audit"): appended, listed, aged out; never updated

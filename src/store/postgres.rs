@@ -38,7 +38,7 @@ const TERMINAL_COLS: &str = "id, user_id, host_id, title, dir, argv, state, pend
 /// The run's `exitSignal` is its terminal's (docs/REST.md, "Runs").
 const RUN_COLS: &str = "id, user_id, host_id, argv, dir, state, exit_code, cpu_ms, max_rss_kb, \
      output_bytes, wall_ms, terminal_id, created_at, finished_at, \
-     (SELECT t.exit_signal FROM terminals t WHERE t.id = runs.terminal_id)";
+     (SELECT t.exit_signal FROM terminals t WHERE t.id = runs.terminal_id), log_end, log_gap_bytes";
 
 const TOKEN_COLS: &str =
     "id, user_id, name, scope, host_id, terminal_id, created_at, expires_at, last_used_at, revoked_at";
@@ -129,6 +129,8 @@ fn run_row(row: &Row) -> StoreResult<Run> {
         terminal_id: row.get(11),
         created_at: row.get(12),
         finished_at: row.get(13),
+        log_end: row.get(15),
+        log_gap_bytes: row.get(16),
     })
 }
 
@@ -788,12 +790,19 @@ impl Store for PgStore {
         Ok(())
     }
 
-    async fn append_run_log(&self, run_id: Uuid, data: &[u8], max_bytes: usize) -> StoreResult<()> {
+    async fn append_run_log(&self, run_id: Uuid, offset: u64, data: &[u8], max_bytes: usize) -> StoreResult<()> {
         let max = i32::try_from(max_bytes).unwrap_or(i32::MAX);
+        let offset = i64::try_from(offset).unwrap_or(i64::MAX);
+        // Every right-hand side reads the row as it was: the bytes below the
+        // stored end are skipped, a start past it is counted as lost.
         self.execute(
-            "UPDATE runs SET log = log || substring($2::bytea FROM 1 FOR GREATEST(0, $3 - length(log))) \
-             WHERE id = $1 AND length(log) < $3",
-            &[&run_id, &data, &max],
+            "UPDATE runs SET \
+               log = log || substring($2::bytea FROM (1 + GREATEST(0, log_end - $4::bigint))::int \
+                                      FOR GREATEST(0, $3 - length(log))), \
+               log_gap_bytes = log_gap_bytes + GREATEST(0, $4::bigint - log_end), \
+               log_end = $4::bigint + length($2::bytea) \
+             WHERE id = $1 AND $4::bigint + length($2::bytea) > log_end",
+            &[&run_id, &data, &max, &offset],
         )
         .await?;
         Ok(())
@@ -901,15 +910,34 @@ impl Store for PgStore {
             .map(|r| (r.get(0), r.get(1))))
     }
 
-    async fn put_credentials(&self, host_id: Uuid, sealed: &SealedCredentials) -> StoreResult<()> {
+    async fn put_credentials(
+        &self,
+        host_id: Uuid,
+        sealed: &SealedCredentials,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> StoreResult<()> {
         self.execute(
-            "INSERT INTO host_credentials (host_id, nonce, ciphertext) VALUES ($1, $2, $3) \
+            "INSERT INTO host_credentials (host_id, nonce, ciphertext, expires_at) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (host_id) DO UPDATE SET nonce = excluded.nonce, ciphertext = excluded.ciphertext, \
-               updated_at = now()",
-            &[&host_id, &sealed.nonce, &sealed.ciphertext],
+               updated_at = now(), expires_at = excluded.expires_at",
+            &[&host_id, &sealed.nonce, &sealed.ciphertext, &expires_at],
         )
         .await?;
         Ok(())
+    }
+
+    async fn credentials_expiring(&self, before: DateTime<Utc>) -> StoreResult<Vec<Uuid>> {
+        Ok(self
+            .query(
+                "SELECT hc.host_id FROM host_credentials hc \
+                 JOIN leases l ON l.key = 'host:' || hc.host_id::text AND l.expires_at > now() \
+                 WHERE hc.expires_at < $1",
+                &[&before],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
     }
 
     async fn get_credentials(&self, host_id: Uuid) -> StoreResult<Option<SealedCredentials>> {

@@ -62,7 +62,7 @@ const TERMINAL_COLS: &str = "id, user_id, host_id, title, dir, argv, state, pend
 /// The run's `exitSignal` is its terminal's (docs/REST.md, "Runs").
 const RUN_COLS: &str = "id, user_id, host_id, argv, dir, state, exit_code, cpu_ms, max_rss_kb, \
      output_bytes, wall_ms, terminal_id, created_at, finished_at, \
-     (SELECT t.exit_signal FROM terminals t WHERE t.id = runs.terminal_id)";
+     (SELECT t.exit_signal FROM terminals t WHERE t.id = runs.terminal_id), log_end, log_gap_bytes";
 
 fn user_row(row: &Row<'_>) -> rusqlite::Result<User> {
     Ok(User { id: uuid_col(row, 0)?, name: row.get(1)?, created_at: ts(row.get(2)?) })
@@ -166,6 +166,8 @@ fn run_raw(row: &Row<'_>) -> rusqlite::Result<RunRaw> {
             terminal_id: opt_uuid_col(row, 11)?,
             created_at: ts(row.get(12)?),
             finished_at: opt_ts(row.get(13)?),
+            log_end: row.get(15)?,
+            log_gap_bytes: row.get(16)?,
         },
         argv: row.get(3)?,
         state: row.get(5)?,
@@ -1016,18 +1018,30 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn append_run_log(&self, run_id: Uuid, data: &[u8], max_bytes: usize) -> StoreResult<()> {
+    async fn append_run_log(&self, run_id: Uuid, offset: u64, data: &[u8], max_bytes: usize) -> StoreResult<()> {
         let data = data.to_vec();
         self.call(move |c| {
             // Read-modify-write: SQLite's `||` turns blobs into text.
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let log: Option<Vec<u8>> =
-                tx.query_row("SELECT log FROM runs WHERE id = ?1", [run_id.to_string()], |r| r.get(0)).optional()?;
-            if let Some(mut log) = log {
-                let room = max_bytes.saturating_sub(log.len());
-                if room > 0 {
-                    log.extend_from_slice(&data[..data.len().min(room)]);
-                    tx.execute("UPDATE runs SET log = ?2 WHERE id = ?1", params![run_id.to_string(), log])?;
+            let row: Option<(Vec<u8>, i64, i64)> = tx
+                .query_row("SELECT log, log_end, log_gap_bytes FROM runs WHERE id = ?1", [run_id.to_string()], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .optional()?;
+            if let Some((mut log, end, gap)) = row {
+                let end = u64::try_from(end).unwrap_or(0);
+                let chunk_end = offset + data.len() as u64;
+                if chunk_end > end {
+                    let skip = usize::try_from(end.saturating_sub(offset)).unwrap_or(usize::MAX).min(data.len());
+                    let fresh = &data[skip..];
+                    let room = max_bytes.saturating_sub(log.len());
+                    log.extend_from_slice(&fresh[..fresh.len().min(room)]);
+                    let gap = gap.saturating_add(i64::try_from(offset.saturating_sub(end)).unwrap_or(i64::MAX));
+                    let chunk_end = i64::try_from(chunk_end).unwrap_or(i64::MAX);
+                    tx.execute(
+                        "UPDATE runs SET log = ?2, log_end = ?3, log_gap_bytes = ?4 WHERE id = ?1",
+                        params![run_id.to_string(), log, chunk_end, gap],
+                    )?;
                 }
             }
             tx.commit()?;
@@ -1168,16 +1182,36 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn put_credentials(&self, host_id: Uuid, sealed: &SealedCredentials) -> StoreResult<()> {
+    async fn put_credentials(
+        &self,
+        host_id: Uuid,
+        sealed: &SealedCredentials,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> StoreResult<()> {
         let sealed = sealed.clone();
+        let expires_at = expires_at.map(|t| t.timestamp_millis());
         self.call(move |c| {
             c.execute(
-                "INSERT INTO host_credentials (host_id, nonce, ciphertext, updated_at) VALUES (?1, ?2, ?3, ?4) \
+                "INSERT INTO host_credentials (host_id, nonce, ciphertext, updated_at, expires_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) \
                  ON CONFLICT (host_id) DO UPDATE SET nonce = excluded.nonce, ciphertext = excluded.ciphertext, \
-                   updated_at = excluded.updated_at",
-                params![host_id.to_string(), sealed.nonce, sealed.ciphertext, now_ms()],
+                   updated_at = excluded.updated_at, expires_at = excluded.expires_at",
+                params![host_id.to_string(), sealed.nonce, sealed.ciphertext, now_ms(), expires_at],
             )?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn credentials_expiring(&self, before: DateTime<Utc>) -> StoreResult<Vec<Uuid>> {
+        self.call(move |c| {
+            let mut stmt = c.prepare(
+                "SELECT hc.host_id FROM host_credentials hc \
+                 JOIN leases l ON l.key = 'host:' || hc.host_id AND l.expires_at > ?2 \
+                 WHERE hc.expires_at IS NOT NULL AND hc.expires_at < ?1",
+            )?;
+            let ids = stmt.query_map(params![before.timestamp_millis(), now_ms()], |r| uuid_col(r, 0))?;
+            Ok(ids.collect::<Result<_, _>>()?)
         })
         .await
     }

@@ -299,6 +299,13 @@ pub struct Run {
     pub terminal_id: Option<Uuid>,
     pub created_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// Output bytes missing from the log because the daemon's ring no
+    /// longer held them when the capture resumed (docs/REST.md, "Run").
+    pub log_gap_bytes: i64,
+    /// The stream offset after the last byte the capture stored: where a
+    /// capture resumes (docs/CLUSTER.md, "Run logs across moves").
+    #[serde(skip)]
+    pub log_end: i64,
 }
 
 #[derive(Debug, Clone)]

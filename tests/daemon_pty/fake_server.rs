@@ -100,6 +100,11 @@ pub struct Streams {
 impl Streams {
     pub fn observe(&mut self, frame: &Out) {
         match frame {
+            Out::Scrollback(scrollback) if scrollback.resumed => {
+                // Raw bytes from `offset`: the stream goes on after them.
+                let end = scrollback.offset + scrollback.data.len() as u64;
+                self.next_offset.insert(scrollback.terminal_id.clone(), end);
+            }
             Out::Scrollback(scrollback) => {
                 if let Some(expected) = self.next_offset.get(&scrollback.terminal_id) {
                     // A re-attach flushes first: the new snapshot sits exactly

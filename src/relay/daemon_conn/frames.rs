@@ -121,7 +121,7 @@ impl Handler<Inbound> for DaemonConn {
                         }
                         if let Some(run_id) = run_id {
                             crate::store::logged(
-                                store.append_run_log(run_id, message.as_bytes(), usize::MAX / 2).await,
+                                store.append_run_log(run_id, 0, message.as_bytes(), usize::MAX / 2).await,
                                 "log spawn error",
                             );
                             crate::store::logged(store.finish_run(run_id, RunState::Failed, None).await, "fail run");

@@ -88,9 +88,9 @@ async fn take_host(
     for t in live.iter().filter(|t| t.state == TerminalState::Running) {
         let Some(run_id) = t.run_id else { continue };
         let run = relay.store.get_run(user_id, run_id).await.map_err(db)?;
-        if run.as_ref().is_some_and(|r| !r.state.is_final()) {
-            let logged = relay.store.run_log(user_id, run_id).await.map_err(db)?.map_or(0, |l| l.len() as u64);
-            captures.push((t.id, run_id, logged));
+        if let Some(run) = run.filter(|r| !r.state.is_final()) {
+            // The capture resumes at the stream offset the log reached.
+            captures.push((t.id, run_id, u64::try_from(run.log_end).unwrap_or(0)));
         }
     }
     Ok(Taken { capabilities, live, parked, captures })

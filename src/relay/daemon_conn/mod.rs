@@ -181,8 +181,14 @@ impl DaemonConn {
                     act.send(server_frame::Frame::Spawn(spawn), ctx);
                     if let Some((arbiter, attach_id)) = capture {
                         let window = act.window();
-                        let attach =
-                            AttachArbiter { terminal_id: id, attach_id, resume_from: Some(0), window, arbiter };
+                        let attach = AttachArbiter {
+                            terminal_id: id,
+                            attach_id,
+                            resume_from: Some(0),
+                            from_oldest: true,
+                            window,
+                            arbiter,
+                        };
                         act.attach(attach, ctx);
                     }
                     true
@@ -225,6 +231,7 @@ impl DaemonConn {
             terminal_id: msg.terminal_id.to_string(),
             attach_id: msg.attach_id,
             resume_from: msg.resume_from,
+            from_oldest: msg.from_oldest.then_some(true),
             window: msg.window,
         };
         self.send(server_frame::Frame::Attach(attach), ctx);
