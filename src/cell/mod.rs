@@ -3,6 +3,8 @@
 //! the database; when the director goes quiet its dead-man controller falls
 //! back to database admission, within the fleet's cap of trip slots.
 
+pub mod budget;
+
 use std::fmt;
 use std::str::FromStr;
 
