@@ -1045,6 +1045,7 @@ impl Store for PgStore {
         // on another's claim. The lock ends with the transaction.
         let locked: bool = tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&TRIP_SLOT_LOCK_KEY]).await?.get(0);
         if !locked {
+            tx.rollback().await?;
             return Ok(SlotClaim::Busy);
         }
         // Read committed: this statement's snapshot is taken after the lock,
