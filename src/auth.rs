@@ -129,6 +129,7 @@ impl Principal {
     pub fn may(&self, access: Access, terminal: Option<&str>) -> Result<(), Denied> {
         let allowed = match (self.scope, access) {
             (_, Access::Public) => true,
+            (_, Access::ClusterSecret) => false,
             (TokenScope::Full, _) => true,
             (TokenScope::Daemon, Access::RegisterHost | Access::DaemonSocket) => true,
             (TokenScope::Daemon, _) => false,
@@ -145,6 +146,14 @@ impl Principal {
             Err(Denied { scope: self.scope, shared: self.share_terminal.is_some(), access })
         }
     }
+}
+
+/// Whether `presented` is the cluster secret `configured`, compared in
+/// constant time: both are hashed first, so neither their contents nor
+/// their lengths shape how long the comparison takes.
+pub fn is_cluster_secret(configured: &str, presented: &str) -> bool {
+    let (a, b) = (Sha256::digest(configured.as_bytes()), Sha256::digest(presented.as_bytes()));
+    a.iter().zip(b.iter()).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
 /// Whether `principal` may speak for `host_id` (a hello, a registration): a
@@ -179,6 +188,9 @@ pub enum Access {
     DaemonSocket,
     /// `/ws/v1/terminals/{id}`: `full`, `read`, and a share token of that terminal.
     ViewerSocket,
+    /// `/internal/...`: the cluster secret (`cluster.secret`) as the
+    /// Bearer credential; no user token reaches it, a `full` one neither.
+    ClusterSecret,
 }
 
 /// A scope that does not reach a route.
@@ -250,9 +262,12 @@ mod tests {
             Access::RegisterHost,
             Access::DaemonSocket,
             Access::ViewerSocket,
+            Access::ClusterSecret,
         ];
         let full = mk(TokenScope::Full, None);
-        assert!(all.iter().all(|a| full.may(*a, None).is_ok()));
+        let reached: Vec<_> = all.iter().filter(|a| full.may(**a, None).is_ok()).collect();
+        assert_eq!(reached.len(), all.len() - 1, "a full token reaches everything but the cluster's routes");
+        assert!(full.may(Access::ClusterSecret, None).is_err());
         let daemon = mk(TokenScope::Daemon, None);
         let reached: Vec<_> = all.iter().filter(|a| daemon.may(**a, None).is_ok()).collect();
         assert_eq!(reached, [&Access::Public, &Access::RegisterHost, &Access::DaemonSocket]);
@@ -266,6 +281,15 @@ mod tests {
         assert_eq!(reached, [&Access::Public, &Access::ReadTerminal, &Access::ViewerSocket]);
         assert!(share.may(Access::ViewerSocket, Some(&Uuid::new_v4().to_string())).is_err());
         assert!(share.may(Access::ReadTerminal, None).is_err());
+    }
+
+    #[test]
+    fn only_the_cluster_secret_itself_matches() {
+        let secret = "0123456789abcdef-cluster";
+        assert!(is_cluster_secret(secret, secret));
+        for wrong in ["", "0123456789abcdef", "0123456789abcdef-clusteR", "0123456789abcdef-cluster "] {
+            assert!(!is_cluster_secret(secret, wrong), "{wrong:?}");
+        }
     }
 
     #[test]

@@ -107,6 +107,17 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Operate relay cells: the admit-mode switch and the connection budget.
+    ///
+    /// Operator commands against the database (run where the server's
+    /// settings are); docs/CELLS.md explains the modes and the budget.
+    #[command(after_long_help = "Examples:
+  tether cell set --cell relay-7 --admit-mode reserve --dead-man-trip-slots 2
+  tether cell budget")]
+    Cell {
+        #[command(subcommand)]
+        command: CellCommand,
+    },
     /// Print a shell completion script (e.g. `tether completions bash`).
     ///
     /// The script completes subcommands and flags; load it in the shell's
@@ -169,6 +180,56 @@ enum TokenCommand {
         /// The token's id (from `token list`).
         id: uuid::Uuid,
     },
+}
+
+#[derive(Subcommand)]
+enum CellCommand {
+    /// Write a cell's switch and print it: mode, slot cap, generation.
+    ///
+    /// Every write bumps the switch's generation, a write without flags too:
+    /// that re-arms a cell whose dead-man trip is latched. The cell reads
+    /// its switch every cell.switch_poll_ms (5 s).
+    #[command(after_long_help = "Examples:
+  tether cell set --cell relay-7 --admit-mode reserve --dead-man-trip-slots 2
+  tether cell set --cell relay-7 --dead-man-trip-slots none
+  tether cell set --cell relay-7    # re-arm a latched trip")]
+    Set {
+        /// The cell's id (setting `cell.id` of its instances).
+        #[arg(long, value_name = "ID")]
+        cell: String,
+        /// db: every hello is checked in the database; reserve: booked hosts
+        /// are admitted from memory (a new switch row without it: db).
+        #[arg(long, value_enum)]
+        admit_mode: Option<tether::cell::AdmitMode>,
+        /// How many reserve cells may be tripped at once, 0 to 64, or none
+        /// (trip at once, no cap).
+        #[arg(long, value_name = "N|none", value_parser = parse_trip_slots, allow_negative_numbers = true)]
+        dead_man_trip_slots: Option<TripSlots>,
+    },
+    /// Print the fleet's worst-case database connections in a director outage.
+    ///
+    /// From the registered cells' pools and their switches: without a slot
+    /// cap every reserve cell at its full pool; with a cap of N, every cell
+    /// at its own pool plus the N largest steps from reserve to full pool.
+    #[command(after_long_help = "Examples:
+  tether cell budget
+  TETHER_DATABASE__URL=postgres://tether@db/tether tether cell budget")]
+    Budget,
+}
+
+/// `--dead-man-trip-slots`: a cap, or none.
+#[derive(Debug, Clone, Copy)]
+struct TripSlots(Option<u8>);
+
+fn parse_trip_slots(text: &str) -> Result<TripSlots, String> {
+    use tether::store::MAX_TRIP_SLOTS;
+    if text == "none" {
+        return Ok(TripSlots(None));
+    }
+    match text.parse::<u8>() {
+        Ok(n) if n <= MAX_TRIP_SLOTS => Ok(TripSlots(Some(n))),
+        _ => Err(format!("`{text}` is not a slot count: use a number from 0 to {MAX_TRIP_SLOTS}, or none")),
+    }
 }
 
 /// A failure with the exit status it maps to.
@@ -270,6 +331,42 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
         Command::Token { command } => token_command(&settings, command).await,
+        Command::Cell { command } => cell_command(&settings, command).await,
+    }
+}
+
+/// `tether cell set|budget` against the database (docs/CELLS.md, "Operating the switch").
+async fn cell_command(settings: &Settings, command: CellCommand) -> Result<(), Failure> {
+    match command {
+        CellCommand::Set { cell, admit_mode, dead_man_trip_slots } => {
+            let cell = cell.trim().to_string();
+            if cell.is_empty() || cell.len() > 128 || cell.chars().any(char::is_control) {
+                return Err(Failure::config("--cell must be a non-empty id of at most 128 characters"));
+            }
+            let store = tether::store::open(settings).await.map_err(Failure::runtime)?;
+            let switch = store
+                .set_cell_switch(&cell, admit_mode, dead_man_trip_slots.map(|s| s.0))
+                .await
+                .map_err(Failure::runtime)?;
+            let registered = store.list_cells().await.map_err(Failure::runtime)?;
+            if !registered.iter().any(|v| v.cell.cell_id == cell) {
+                eprintln!("tether: warning: no cell `{cell}` has registered yet; it reads this switch when it starts");
+            }
+            let slots = switch.dead_man_trip_slots.map_or("none".to_string(), |n| n.to_string());
+            println!("cell        {}", switch.cell_id);
+            println!("admit mode  {}", switch.admit_mode);
+            println!("trip slots  {slots}");
+            println!("generation  {}", switch.generation);
+            Ok(())
+        }
+        CellCommand::Budget => {
+            use tether::cell::budget::{worst_case, BudgetCell};
+            let store = tether::store::open(settings).await.map_err(Failure::runtime)?;
+            let cells = store.list_cells().await.map_err(Failure::runtime)?;
+            let cells: Vec<BudgetCell> = cells.iter().map(BudgetCell::from).collect();
+            print!("{}", worst_case(&cells));
+            Ok(())
+        }
     }
 }
 

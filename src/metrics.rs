@@ -2,14 +2,15 @@
 //! Prometheus exporter's recorder, installed once per process.
 //!
 //! Metric names are stable: `tether_http_requests_total`,
-//! `tether_http_request_duration_seconds`, `tether_store_pool_*`, and the
+//! `tether_http_request_duration_seconds`, `tether_store_pool_*`,
+//! `tether_store_queries_total`, and the
 //! relay's own counters as they are added.
 
 use std::sync::OnceLock;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
-use crate::store::PoolStatus;
+use crate::store::Store;
 
 /// A handle that renders the process's metrics.
 #[derive(Clone)]
@@ -41,8 +42,11 @@ impl Metrics {
         Self { handle }
     }
 
-    /// Records the store pool's figures and renders everything as Prometheus text.
-    pub fn render(&self, backend: &'static str, pool: PoolStatus) -> String {
+    /// Records the store's pool figures and call count and renders
+    /// everything as Prometheus text.
+    pub fn render(&self, store: &dyn Store) -> String {
+        let (backend, pool) = (store.backend(), store.pool_status());
+        metrics::counter!("tether_store_queries_total", "backend" => backend).absolute(store.queries_total());
         metrics::gauge!("tether_store_pool_size", "backend" => backend).set(pool.size as f64);
         metrics::gauge!("tether_store_pool_available", "backend" => backend).set(pool.available as f64);
         metrics::gauge!("tether_store_pool_waiting", "backend" => backend).set(pool.waiting as f64);

@@ -3,7 +3,9 @@
 //! sockets, a request without a token, with a revoked token, with an
 //! expired token, with another user's token and with each scope that does
 //! not reach the route is refused (401/404/403, or 4401/4403 on a socket),
-//! and the database holds exactly what it held before.
+//! and the database holds exactly what it held before. The cluster's
+//! `/internal` routes take no user token at all: each of those, ann's
+//! `full` token too, is 401.
 //!
 //! A route added to the table without a case here fails
 //! `every_route_is_refused_to_whoever_it_does_not_reach` with its name.
@@ -90,14 +92,24 @@ fn case_for(spec: &RouteSpec, w: &World) -> (String, Option<Value>, bool) {
         ("GET", "/api/v1/runs/{id}" | "/api/v1/runs/{id}/log") => (id(spec.path, &w.run), None, true),
         ("POST", "/api/v1/tokens") => (spec.path.into(), Some(json!({"scope": "full"})), false),
         ("DELETE", "/api/v1/tokens/{id}") => (id(spec.path, &w.read_token_id), None, true),
+        ("GET", "/internal/v1/cells") => (spec.path.into(), None, false),
+        ("PUT", "/internal/v1/cells/{cellId}/admit-mode") => (
+            spec.path.replace("{cellId}", MATRIX_CELL),
+            Some(json!({"admitMode": "reserve", "deadManTripSlots": 2})),
+            false,
+        ),
         (method, path) => panic!("no authorization matrix case for {method} {path}: add one to tests/authz_matrix.rs"),
     }
 }
 
+/// The cell the matrix's cluster-route cases name.
+const MATRIX_CELL: &str = "relay-matrix";
+
 /// Everything the requests could have changed, as text: ann's and bob's
-/// hosts, terminals, runs and tokens (a token's last use aside).
+/// hosts, terminals, runs and tokens (a token's last use aside), and the
+/// cell switch the cluster-route cases would write.
 async fn database_state(store: &PgStore) -> String {
-    let mut state = String::new();
+    let mut state = format!("{:?}\n", store.cell_switch(MATRIX_CELL).await.expect("switch"));
     for name in ["ann", "bob"] {
         let user = store.ensure_user(name).await.expect("user");
         let hosts = store.list_hosts(user.id).await.expect("hosts");
@@ -138,12 +150,28 @@ async fn socket_close(
     }
 }
 
+/// Sends a case's request.
+async fn send(api: &Api, spec: &RouteSpec, path: &str, body: &Option<Value>) -> (u16, Value) {
+    match (spec.method, body) {
+        ("GET", _) => api.get(path).await,
+        ("DELETE", _) => api.delete(path).await,
+        ("POST", Some(body)) => api.post(path, body.clone()).await,
+        ("PUT", Some(body)) => api.put(path, body.clone()).await,
+        // The cluster-secret probe sends no body: 400, past the secret check, and nothing written.
+        ("PUT", None) => api.put(path, Value::Null).await,
+        (method, _) => panic!("{method} {path}: no way to send it"),
+    }
+}
+
 #[actix_rt::test]
 async fn every_route_is_refused_to_whoever_it_does_not_reach() {
     let url = support::pg_database().await;
-    let server = TetherServer::start(&[("TETHER_DATABASE__URL", &url)], &[]).await;
+    let cluster_secret = "matrix-cluster-secret-0123456789";
+    let server =
+        TetherServer::start(&[("TETHER_DATABASE__URL", &url), ("TETHER_CLUSTER__SECRET", cluster_secret)], &[]).await;
     let store = PgStore::connect(&url, 4).await.expect("connect");
-    let ann = Api::new(server.url(), create_token(&server, "ann"));
+    let ann_token = create_token(&server, "ann");
+    let ann = Api::new(server.url(), ann_token.clone());
     let bob = create_token(&server, "bob");
 
     let (status, host) =
@@ -200,10 +228,11 @@ async fn every_route_is_refused_to_whoever_it_does_not_reach() {
     let before = database_state(&store).await;
     let mut checked = 0;
     for spec in ROUTES {
-        // Writes are for full tokens only (a daemon token may register its host).
+        // Writes are for full tokens only (a daemon token may register its
+        // host) and for the cluster.
         if spec.method != "GET" {
             assert!(
-                matches!(spec.access, Access::Control | Access::RegisterHost),
+                matches!(spec.access, Access::Control | Access::RegisterHost | Access::ClusterSecret),
                 "{} {} changes state but is open to {:?}",
                 spec.method,
                 spec.path,
@@ -219,6 +248,20 @@ async fn every_route_is_refused_to_whoever_it_does_not_reach() {
             continue;
         }
         let (path, body, names_ann_resource) = case_for(spec, &world);
+        if spec.access == Access::ClusterSecret {
+            assert!(spec.path.starts_with("/internal/"), "{} takes the cluster secret outside /internal", spec.path);
+            // No user token reaches the cluster's routes, not even a full one.
+            let full = Some(ann_token.as_str());
+            for token in Who::ALL.iter().map(|who| secret(*who)).chain([full, Some("not-the-cluster-secret")]) {
+                let (status, answer) = send(&Api::new(server.url(), token.unwrap_or("")), spec, &path, &body).await;
+                assert_eq!(status, 401, "{token:?} on {} {path}: {answer}", spec.method);
+                assert_eq!(answer["error"]["code"], "unauthorized", "{} {path}: {answer}", spec.method);
+                checked += 1;
+            }
+            let (status, answer) = send(&Api::new(server.url(), cluster_secret), spec, &path, &None).await;
+            assert_ne!(status, 401, "the cluster secret itself is let through {} {path}: {answer}", spec.method);
+            continue;
+        }
         for who in Who::ALL {
             let expected = match who {
                 Who::NoToken | Who::Revoked | Who::Expired => (401, 4401),
@@ -232,12 +275,7 @@ async fn every_route_is_refused_to_whoever_it_does_not_reach() {
                 assert_eq!(code, Some(expected.1), "{who:?} on {} {path}", spec.method);
             } else {
                 let api = Api::new(server.url(), secret(who).unwrap_or(""));
-                let (status, answer) = match (spec.method, &body) {
-                    ("GET", _) => api.get(&path).await,
-                    ("DELETE", _) => api.delete(&path).await,
-                    ("POST", Some(body)) => api.post(&path, body.clone()).await,
-                    (method, _) => panic!("{method} {path}: no way to send it"),
-                };
+                let (status, answer) = send(&api, spec, &path, &body).await;
                 assert_eq!(status, expected.0, "{who:?} on {} {path}: {answer}", spec.method);
                 let code = match expected.0 {
                     401 => "unauthorized",

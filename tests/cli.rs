@@ -16,7 +16,10 @@
 //!   creates `./tether.db`; settings also come from a `--config` file;
 //! - on PostgreSQL, `serve` is ready and `GET /api/v1/instance` describes the
 //!   instance (`<cellId>#<6 hex>`, role, `cell.id`);
-//! - `serve --role director` exits 2 in this build; a taken port exits 1.
+//! - `serve --role director` exits 2 in this build; a taken port exits 1;
+//! - `cell set` prints the switch and bumps its generation on every write,
+//!   refusing bad values with exit 2 and a message; `cell budget` prints the
+//!   worked example of docs/CELLS.md (300 connections, 280 with 2 slots).
 //!
 //! Every child runs with the test process's `TETHER_*` variables removed
 //! (the config loader would read them as settings), and anything that may
@@ -340,6 +343,9 @@ fn help_of_every_subcommand_exits_0_and_lists_its_flags() {
         (&["runs", "--help"], &["--json", "--quiet"]),
         (&["logs", "--help"], &["<RUN_ID>", "--follow"]),
         (&["completions", "--help"], &["bash", "zsh", "fish"]),
+        (&["cell", "--help"], &["set", "budget", "--config"]),
+        (&["cell", "set", "--help"], &["--cell", "--admit-mode", "--dead-man-trip-slots", "--config"]),
+        (&["cell", "budget", "--help"], &["--config"]),
     ];
     for (args, flags) in cases {
         let out = tether_cmd(args, &[]);
@@ -803,4 +809,117 @@ fn tether_token_env_is_not_a_config_error() {
             child.output()
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// cell set, cell budget
+
+/// `tether cell set ARGS` on `db`: exit status, stdout, stderr.
+fn cell_set(db: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = tether_cmd(
+        &[&["cell", "set"], args].concat(),
+        &[("TETHER_DATABASE__SQLITE_PATH", db.to_str().expect("utf-8 path"))],
+    );
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The printed switch as (mode, slots, generation).
+fn printed_switch(stdout: &str) -> (String, String, String) {
+    let field = |name: &str| {
+        let line = stdout.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in {stdout:?}"));
+        line[name.len()..].trim().to_string()
+    };
+    assert_eq!(field("cell"), "relay-7", "{stdout}");
+    (field("admit mode"), field("trip slots"), field("generation"))
+}
+
+#[test]
+fn cell_set_prints_the_switch_and_bumps_its_generation() {
+    let dir = tempdir();
+    let db = dir.path().join("cells.db");
+    let switch = |args: &[&str]| {
+        let (code, stdout, stderr) = cell_set(&db, args);
+        assert_eq!(code, Some(0), "cell set {args:?}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}");
+        printed_switch(&stdout)
+    };
+    let s = |a: &str, b: &str, c: &str| (a.to_string(), b.to_string(), c.to_string());
+    assert_eq!(switch(&["--cell", "relay-7"]), s("db", "none", "1"), "a new switch without a mode is db");
+    assert_eq!(
+        switch(&["--cell", "relay-7", "--admit-mode", "reserve", "--dead-man-trip-slots", "2"]),
+        s("reserve", "2", "2")
+    );
+    assert_eq!(switch(&["--cell", "relay-7"]), s("reserve", "2", "3"), "a write without flags bumps it too");
+    assert_eq!(switch(&["--cell", "relay-7", "--dead-man-trip-slots", "none"]), s("reserve", "none", "4"));
+
+    for (args, says) in [
+        (&["--cell", "relay-7", "--dead-man-trip-slots", "65"][..], "0 to 64"),
+        (&["--cell", "relay-7", "--dead-man-trip-slots", "-1"][..], "0 to 64"),
+        (&["--cell", "relay-7", "--dead-man-trip-slots", "two"][..], "0 to 64"),
+        (&["--cell", "relay-7", "--admit-mode", "maybe"][..], "db, reserve"),
+        (&["--admit-mode", "db"][..], "--cell"),
+        (&["--cell", " ", "--admit-mode", "db"][..], "--cell"),
+    ] {
+        let (code, stdout, stderr) = cell_set(&db, args);
+        assert_eq!(code, Some(2), "cell set {args:?}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}");
+        assert!(stderr.contains(says), "cell set {args:?}: the message does not say {says:?}:\n{stderr}");
+        assert!(stdout.is_empty(), "cell set {args:?} printed a switch: {stdout}");
+    }
+    assert_eq!(switch(&["--cell", "relay-7"]), s("reserve", "none", "5"), "the refused writes wrote nothing");
+}
+
+#[actix_rt::test]
+async fn cell_budget_prints_the_worked_example() {
+    use tether::cell::AdmitMode;
+    use tether::store::{CellRow, Store};
+    let dir = tempdir();
+    let db = dir.path().join("cells.db");
+    let env = [("TETHER_DATABASE__SQLITE_PATH", db.to_str().expect("utf-8 path"))];
+    // docs/CELLS.md: 6 db cells at pool 10; 16 reserve cells at 8 (reserve 8); 7 at 16 (reserve 12).
+    let fleet: Vec<(String, AdmitMode, u32, u32)> = (0..6)
+        .map(|i| (format!("db-{i}"), AdmitMode::Db, 10, 10))
+        .chain((0..16).map(|i| (format!("small-{i}"), AdmitMode::Reserve, 8, 8)))
+        .chain((0..7).map(|i| (format!("large-{i}"), AdmitMode::Reserve, 16, 12)))
+        .collect();
+    let store = tether::store::sqlite::SqliteStore::open(&db).expect("open");
+    store.migrate().await.expect("migrate");
+    for (id, mode, pool, reserve) in &fleet {
+        let row = CellRow {
+            cell_id: id.clone(),
+            url: format!("http://{id}:8080"),
+            region: String::new(),
+            pool_size: *pool,
+            reserve_pool_size: *reserve,
+        };
+        store.register_cell(&row).await.expect("register");
+        store.set_cell_switch(id, Some(*mode), None).await.expect("switch");
+    }
+    let budget = || {
+        let out = tether_cmd(&["cell", "budget"], &env);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(out.status.code(), Some(0), "cell budget\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        stdout
+    };
+    let uncapped = budget();
+    assert!(uncapped.contains("db cells: 6, 60 connections"), "{uncapped}");
+    assert!(uncapped.contains("reserve cells: 23, 212 connections at their reserve pools, 240"), "{uncapped}");
+    assert!(uncapped.contains("(every reserve cell tripped): 300 connections"), "{uncapped}");
+    assert!(uncapped.contains("no reserve cell has dead_man_trip_slots"), "{uncapped}");
+
+    for (id, mode, ..) in &fleet {
+        if *mode == AdmitMode::Reserve {
+            let (code, _, stderr) = cell_set(&db, &["--cell", id, "--dead-man-trip-slots", "2"]);
+            assert_eq!(code, Some(0), "{stderr}");
+        }
+    }
+    let capped = budget();
+    assert!(capped.contains("(every reserve cell tripped): 300 connections"), "{capped}");
+    assert!(
+        capped.contains("dead_man_trip_slots = 2 (at most 2 reserve cells tripped at once): 280 connections"),
+        "{capped}"
+    );
+    assert!(capped.contains("runs a build that honours dead_man_trip_slots"), "the rollout rule: {capped}");
 }

@@ -421,6 +421,12 @@ async fn ops_endpoints(fx: Fixture) {
     assert!(text.contains("route=\"/api/v1/instance\""), "{text}");
     assert!(text.contains("tether_http_request_duration_seconds"), "{text}");
     assert!(text.contains("tether_store_pool_size"), "{text}");
+    let queries = text
+        .lines()
+        .find(|l| l.starts_with("tether_store_queries_total{"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no tether_store_queries_total in {text}"));
+    assert!(queries >= 2, "/readyz asked the database at least twice: {queries}");
 }
 
 /// A body that is present must parse and fit, also where the body is

@@ -4,6 +4,7 @@
 //! back to database admission, within the fleet's cap of trip slots.
 
 pub mod bookings;
+pub mod budget;
 pub mod deadman;
 pub mod effective;
 pub mod window;

@@ -64,6 +64,9 @@ impl ResponseError for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
+        if let StoreError::Invalid(message) = err {
+            return Self::bad_request("invalid_field", message);
+        }
         tracing::error!(error = %err, "tether_store_error");
         match err {
             StoreError::Pool(_) => {

@@ -73,7 +73,7 @@ pub async fn metrics_only(state: web::Data<AppState>) -> HttpResponse {
 fn render_metrics(state: &AppState) -> HttpResponse {
     let high_water = crate::relay::viewer::QUEUE_HIGH_WATER.load(std::sync::atomic::Ordering::Relaxed);
     metrics::gauge!("tether_viewer_queue_high_water_bytes").set(high_water as f64);
-    let text = state.metrics.render(state.store.backend(), state.store.pool_status());
+    let text = state.metrics.render(state.store.as_ref());
     HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(text)
 }
 

@@ -7,7 +7,9 @@
 //!
 //! REST routes: no usable token is 401, a scope that does not reach the
 //! route is 403 (`insufficient_scope`); whether the resource is the caller's
-//! is the handler's check (404). Sockets authenticate in their handlers
+//! is the handler's check (404). `/internal/...` routes take the cluster
+//! secret instead of a token: a missing or wrong one is 401, and an
+//! instance without `cluster.secret` answers 403 `cluster_secret_unset`. Sockets authenticate in their handlers
 //! (`super::ws`) because a refusal there is a close code (4401/4403).
 
 use actix_web::body::{EitherBody, MessageBody};
@@ -73,6 +75,8 @@ pub const ROUTES: &[RouteSpec] = &[
     route!("GET", "/api/v1/tokens", Control, rest::tokens::list),
     route!("POST", "/api/v1/tokens", Control, rest::tokens::create),
     route!("DELETE", "/api/v1/tokens/{id}", Control, rest::tokens::revoke),
+    route!("GET", "/internal/v1/cells", ClusterSecret, rest::cells::list),
+    route!("PUT", "/internal/v1/cells/{cellId}/admit-mode", ClusterSecret, rest::cells::set_admit_mode),
 ];
 
 /// Registers [`ROUTES`]: one resource per path, each behind [`authorize`].
@@ -116,6 +120,12 @@ async fn authorize(
     let Some(state) = req.app_data::<web::Data<AppState>>().cloned() else {
         return Ok(req.into_response(ApiError::internal().error_response()).map_into_right_body());
     };
+    if spec.access == Access::ClusterSecret {
+        return match cluster_caller(&state, req.request()) {
+            Ok(()) => Ok(next.call(req).await?.map_into_left_body()),
+            Err(e) => Ok(req.into_response(e.error_response()).map_into_right_body()),
+        };
+    }
     let principal = match authenticate(&state, auth::bearer_token(req.request())).await {
         Ok(principal) => principal,
         Err(e) => return Ok(req.into_response(e.error_response()).map_into_right_body()),
@@ -126,4 +136,23 @@ async fn authorize(
     }
     req.extensions_mut().insert(principal);
     Ok(next.call(req).await?.map_into_left_body())
+}
+
+/// Checks the cluster secret of an `/internal/...` request.
+fn cluster_caller(state: &AppState, req: &actix_web::HttpRequest) -> Result<(), ApiError> {
+    let Some(configured) = state.settings.cluster.secret.as_deref() else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "cluster_secret_unset",
+            "this instance has no cluster.secret, so it serves no /internal routes",
+        ));
+    };
+    match auth::bearer_token(req) {
+        Some(presented) if auth::is_cluster_secret(configured, &presented) => Ok(()),
+        _ => Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the cluster secret is required (Authorization: Bearer <cluster.secret>)",
+        )),
+    }
 }

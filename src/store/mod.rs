@@ -6,6 +6,7 @@
 //! daemon drives is scoped by host id and compares the current state, so a
 //! late or duplicated frame can never overwrite a newer fact.
 
+mod cells;
 mod migrate;
 pub mod postgres;
 pub mod sqlite;
@@ -19,7 +20,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use crate::cell::AdmitMode;
 use crate::config::Settings;
+pub use cells::*;
 pub use migrate::{Migration, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
 pub use tokens::*;
 pub use types::*;
@@ -37,6 +40,9 @@ pub enum StoreError {
     Migration(String),
     #[error("stored data is invalid: {0}")]
     Corrupt(String),
+    /// A caller's value the store refuses before writing anything.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -63,6 +69,10 @@ pub trait Store: Send + Sync + 'static {
     /// Highest applied migration version (0 when none).
     async fn schema_version(&self) -> StoreResult<i64>;
     fn pool_status(&self) -> PoolStatus;
+    /// How many calls this store has made to its database since it was
+    /// opened (`tether_store_queries_total`): a test reads it to show that
+    /// a path made no query at all.
+    fn queries_total(&self) -> u64;
 
     // ---- users and tokens
     /// Returns the user with this name, creating it if needed.
@@ -189,9 +199,49 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes lease rows that expired more than `older_than` ago.
     async fn delete_expired_leases(&self, older_than: Duration) -> StoreResult<u64>;
 
-    // ---- cells (docs/ARCHITECTURE.md, "Cells")
+    // ---- cells (docs/CELLS.md, "Tables")
     /// The cell a host is assigned to and the assignment's epoch.
     async fn assignment(&self, host_id: Uuid) -> StoreResult<Option<(String, i64)>>;
+    /// Registers a cell, or updates its url, region and pool sizes (a cell
+    /// registers itself at start).
+    async fn register_cell(&self, cell: &CellRow) -> StoreResult<()>;
+    /// Every registered cell with its switch and its effective row, by cell id.
+    async fn list_cells(&self) -> StoreResult<Vec<CellView>>;
+    /// The operator's switch of a cell.
+    async fn cell_switch(&self, cell_id: &str) -> StoreResult<Option<CellSwitch>>;
+    /// Writes a cell's switch: the mode when given, the slot cap when given
+    /// (`Some(None)` removes the cap). Every write bumps the generation, a
+    /// write that changes nothing too (it re-arms a latched trip); a new row
+    /// starts at generation 1 and, without a mode, in `db`. A cap over
+    /// [`MAX_TRIP_SLOTS`] is refused before anything is written.
+    async fn set_cell_switch(
+        &self,
+        cell_id: &str,
+        admit_mode: Option<AdmitMode>,
+        trip_slots: Option<Option<u8>>,
+    ) -> StoreResult<CellSwitch>;
+    /// Writes the cell's own effective row, stamped with the database's clock.
+    async fn write_cell_effective(&self, cell_id: &str, mode: AdmitMode, incarnation: &str) -> StoreResult<()>;
+    /// The dead-man trip's slot claim, in one short transaction: count the
+    /// OTHER cells whose effective row says `db`, whose switch says
+    /// `reserve` and whose row was written within `fresh`; below `slots`,
+    /// write this cell's row `db` and win. Claims of all cells are
+    /// serialised (PostgreSQL: a transaction-scoped advisory lock taken
+    /// without waiting, [`SlotClaim::Busy`] when another claim holds it).
+    async fn claim_trip_slot(
+        &self,
+        cell_id: &str,
+        incarnation: &str,
+        slots: u8,
+        fresh: Duration,
+    ) -> StoreResult<SlotClaim>;
+    /// Assigns a host to a cell with the next epoch (1 for a new host) and
+    /// returns it: the director's database fallback.
+    async fn assign_host(&self, host_id: Uuid, cell_id: &str) -> StoreResult<i64>;
+    /// Records hosts admitted on `cell_id` at their epochs in one statement
+    /// (a tripped cell re-registers the hosts it admitted from memory); a
+    /// stored higher epoch is kept. Returns how many rows were written.
+    async fn record_assignments(&self, cell_id: &str, hosts: &[(Uuid, i64)]) -> StoreResult<u64>;
 
     // ---- host credentials (encrypted by the caller)
     /// Stores a host's sealed credentials with the expiry they state, if
@@ -220,6 +270,22 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<Vec<AuditEvent>>;
     /// Deletes events older than `before`; returns how many.
     async fn delete_audit_events_before(&self, before: DateTime<Utc>) -> StoreResult<u64>;
+}
+
+/// Counts a backend's calls to its database (`tether_store_queries_total`):
+/// each backend counts where every call of it passes (taking a pooled
+/// connection, entering the SQLite connection).
+#[derive(Debug, Default)]
+pub(crate) struct QueryCounter(std::sync::atomic::AtomicU64);
+
+impl QueryCounter {
+    pub(crate) fn count(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn total(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// The columns of an audit event, in the order both backends read them.

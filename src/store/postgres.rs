@@ -18,9 +18,13 @@ use super::*;
 
 /// Fixed key of the advisory lock that serialises migrations across instances.
 const MIGRATION_LOCK_KEY: i64 = 0x7465_7468_6572_0001;
+/// Fixed key of the advisory lock that serialises the cells' trip-slot
+/// claims (docs/CELLS.md, "The slot claim").
+const TRIP_SLOT_LOCK_KEY: i64 = 0x7465_7468_6572_0002;
 
 pub struct PgStore {
     pool: Pool,
+    queries: QueryCounter,
 }
 
 fn pool_err(e: impl std::fmt::Display) -> StoreError {
@@ -58,6 +62,66 @@ fn token_row(row: &Row) -> StoreResult<ApiToken> {
         revoked_at: row.get(9),
     })
 }
+
+/// `relay_cells` joined with its switch and effective row, and the
+/// database's clock (read by [`cell_view`]).
+const CELL_VIEW_SQL: &str = "SELECT c.cell_id, c.url, c.region, c.pool_size, c.reserve_pool_size, \
+       m.admit_mode, m.dead_man_trip_slots, m.generation, m.updated_at, \
+       e.mode, e.cell_incarnation, e.updated_at, now() \
+     FROM relay_cells c \
+     LEFT JOIN relay_cell_admit_modes m ON m.cell_id = c.cell_id \
+     LEFT JOIN relay_cell_admit_effective e ON e.cell_id = c.cell_id \
+     ORDER BY c.cell_id";
+
+fn cell_view(row: &Row) -> StoreResult<CellView> {
+    let cell_id: String = row.get(0);
+    let switch = match row.get::<_, Option<String>>(5) {
+        None => None,
+        Some(mode) => Some(CellSwitch {
+            cell_id: cell_id.clone(),
+            admit_mode: cells::admit_mode(&mode)?,
+            dead_man_trip_slots: cells::trip_slots(row.get::<_, Option<i32>>(6).map(i64::from))?,
+            generation: row.get(7),
+            updated_at: row.get(8),
+        }),
+    };
+    let effective = match row.get::<_, Option<String>>(9) {
+        None => None,
+        Some(mode) => Some(CellEffective {
+            mode: cells::admit_mode(&mode)?,
+            cell_incarnation: row.get(10),
+            updated_at: row.get(11),
+        }),
+    };
+    Ok(CellView {
+        cell: CellRow {
+            cell_id,
+            url: row.get(1),
+            region: row.get(2),
+            pool_size: cells::pool_size(row.get::<_, i32>(3).into())?,
+            reserve_pool_size: cells::pool_size(row.get::<_, i32>(4).into())?,
+        },
+        switch,
+        effective,
+        read_at: row.get(12),
+    })
+}
+
+fn cell_switch_row(cell_id: &str, row: &Row) -> StoreResult<CellSwitch> {
+    Ok(CellSwitch {
+        cell_id: cell_id.to_string(),
+        admit_mode: cells::admit_mode(row.get(0))?,
+        dead_man_trip_slots: cells::trip_slots(row.get::<_, Option<i32>>(1).map(i64::from))?,
+        generation: row.get(2),
+        updated_at: row.get(3),
+    })
+}
+
+/// Writes a cell's effective row (`$1` cell, `$2` mode, `$3` incarnation).
+const WRITE_EFFECTIVE_SQL: &str =
+    "INSERT INTO relay_cell_admit_effective (cell_id, mode, cell_incarnation, updated_at) VALUES ($1, $2, $3, now()) \
+     ON CONFLICT (cell_id) DO UPDATE SET mode = excluded.mode, cell_incarnation = excluded.cell_incarnation, \
+       updated_at = now()";
 
 fn user_row(row: &Row) -> User {
     User { id: row.get(0), name: row.get(1), created_at: row.get(2) }
@@ -140,12 +204,15 @@ impl PgStore {
         let config: tokio_postgres::Config = url.parse()?;
         let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager).max_size(pool_size).build().map_err(pool_err)?;
-        let store = Self { pool };
+        let store = Self { pool, queries: QueryCounter::default() };
         store.ping().await?;
         Ok(store)
     }
 
+    /// A pooled connection; every call of this backend takes one, so this
+    /// is where its calls are counted.
     async fn client(&self) -> StoreResult<deadpool_postgres::Object> {
+        self.queries.count();
         self.pool.get().await.map_err(pool_err)
     }
 
@@ -233,6 +300,10 @@ impl Store for PgStore {
     fn pool_status(&self) -> PoolStatus {
         let s = self.pool.status();
         PoolStatus { size: s.size, available: s.available, waiting: s.waiting, max_size: s.max_size }
+    }
+
+    fn queries_total(&self) -> u64 {
+        self.queries.total()
     }
 
     async fn ensure_user(&self, name: &str) -> StoreResult<User> {
@@ -908,6 +979,132 @@ impl Store for PgStore {
             .query_opt("SELECT cell_id, epoch FROM relay_assignments WHERE host_id = $1", &[&host_id])
             .await?
             .map(|r| (r.get(0), r.get(1))))
+    }
+
+    async fn register_cell(&self, cell: &CellRow) -> StoreResult<()> {
+        let pool = i32::try_from(cell.pool_size).unwrap_or(i32::MAX);
+        let reserve = i32::try_from(cell.reserve_pool_size).unwrap_or(i32::MAX);
+        self.execute(
+            "INSERT INTO relay_cells (cell_id, url, region, pool_size, reserve_pool_size) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (cell_id) DO UPDATE SET url = excluded.url, region = excluded.region, \
+               pool_size = excluded.pool_size, reserve_pool_size = excluded.reserve_pool_size",
+            &[&cell.cell_id, &cell.url, &cell.region, &pool, &reserve],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn list_cells(&self) -> StoreResult<Vec<CellView>> {
+        self.query(CELL_VIEW_SQL, &[]).await?.iter().map(cell_view).collect()
+    }
+
+    async fn cell_switch(&self, cell_id: &str) -> StoreResult<Option<CellSwitch>> {
+        self.query_opt(
+            "SELECT admit_mode, dead_man_trip_slots, generation, updated_at FROM relay_cell_admit_modes \
+             WHERE cell_id = $1",
+            &[&cell_id],
+        )
+        .await?
+        .map(|row| cell_switch_row(cell_id, &row))
+        .transpose()
+    }
+
+    async fn set_cell_switch(
+        &self,
+        cell_id: &str,
+        admit_mode: Option<AdmitMode>,
+        trip_slots: Option<Option<u8>>,
+    ) -> StoreResult<CellSwitch> {
+        cells::check_trip_slots(trip_slots)?;
+        let mode = admit_mode.map(AdmitMode::as_str);
+        let slots = trip_slots.flatten().map(i32::from);
+        let row = self
+            .query_opt(
+                "INSERT INTO relay_cell_admit_modes (cell_id, admit_mode, dead_man_trip_slots, generation, updated_at) \
+                 VALUES ($1, COALESCE($2::text, 'db'), $4::integer, 1, now()) \
+                 ON CONFLICT (cell_id) DO UPDATE SET \
+                   admit_mode = COALESCE($2::text, relay_cell_admit_modes.admit_mode), \
+                   dead_man_trip_slots = CASE WHEN $3 THEN $4::integer \
+                     ELSE relay_cell_admit_modes.dead_man_trip_slots END, \
+                   generation = relay_cell_admit_modes.generation + 1, updated_at = now() \
+                 RETURNING admit_mode, dead_man_trip_slots, generation, updated_at",
+                &[&cell_id, &mode, &trip_slots.is_some(), &slots],
+            )
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("the switch upsert returned no row".into()))?;
+        cell_switch_row(cell_id, &row)
+    }
+
+    async fn write_cell_effective(&self, cell_id: &str, mode: AdmitMode, incarnation: &str) -> StoreResult<()> {
+        self.execute(WRITE_EFFECTIVE_SQL, &[&cell_id, &mode.as_str(), &incarnation]).await?;
+        Ok(())
+    }
+
+    async fn claim_trip_slot(
+        &self,
+        cell_id: &str,
+        incarnation: &str,
+        slots: u8,
+        fresh: Duration,
+    ) -> StoreResult<SlotClaim> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        // Without waiting: a claim that finds another in progress answers
+        // Busy and asks again later, so no cell blocks a pooled connection
+        // on another's claim. The lock ends with the transaction.
+        let locked: bool = tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&TRIP_SLOT_LOCK_KEY]).await?.get(0);
+        if !locked {
+            tx.rollback().await?;
+            return Ok(SlotClaim::Busy);
+        }
+        // Read committed: this statement's snapshot is taken after the lock,
+        // so it sees the row of every claim that won before.
+        let holders: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM relay_cell_admit_effective e \
+                 JOIN relay_cell_admit_modes m ON m.cell_id = e.cell_id \
+                 WHERE e.cell_id <> $1 AND e.mode = 'db' AND m.admit_mode = 'reserve' \
+                   AND e.updated_at > now() - make_interval(secs => $2::float8)",
+                &[&cell_id, &secs(fresh)],
+            )
+            .await?
+            .get(0);
+        let claim = cells::slot_claim(slots, holders);
+        if claim == SlotClaim::Won {
+            tx.execute(WRITE_EFFECTIVE_SQL, &[&cell_id, &AdmitMode::Db.as_str(), &incarnation]).await?;
+        }
+        tx.commit().await?;
+        Ok(claim)
+    }
+
+    async fn assign_host(&self, host_id: Uuid, cell_id: &str) -> StoreResult<i64> {
+        let row = self
+            .query_opt(
+                "INSERT INTO relay_assignments (host_id, cell_id, epoch, updated_at) VALUES ($1, $2, 1, now()) \
+                 ON CONFLICT (host_id) DO UPDATE SET cell_id = excluded.cell_id, \
+                   epoch = relay_assignments.epoch + 1, updated_at = now() \
+                 RETURNING epoch",
+                &[&host_id, &cell_id],
+            )
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("the assignment upsert returned no row".into()))?;
+        Ok(row.get(0))
+    }
+
+    async fn record_assignments(&self, cell_id: &str, hosts: &[(Uuid, i64)]) -> StoreResult<u64> {
+        if hosts.is_empty() {
+            return Ok(0);
+        }
+        let (ids, epochs): (Vec<Uuid>, Vec<i64>) = cells::highest_epochs(hosts).into_iter().unzip();
+        self.execute(
+            "INSERT INTO relay_assignments (host_id, cell_id, epoch, updated_at) \
+             SELECT h.host_id, $1, h.epoch, now() FROM unnest($2::uuid[], $3::bigint[]) AS h(host_id, epoch) \
+             ON CONFLICT (host_id) DO UPDATE SET cell_id = excluded.cell_id, epoch = excluded.epoch, \
+               updated_at = now() \
+             WHERE relay_assignments.epoch <= excluded.epoch",
+            &[&cell_id, &ids, &epochs],
+        )
+        .await
     }
 
     async fn put_credentials(

@@ -21,6 +21,7 @@ use super::*;
 
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
+    queries: Arc<QueryCounter>,
 }
 
 fn now_ms() -> i64 {
@@ -241,14 +242,17 @@ impl SqliteStore {
         }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        Ok(Self { conn: Arc::new(Mutex::new(conn)) })
+        Ok(Self { conn: Arc::new(Mutex::new(conn)), queries: Arc::default() })
     }
 
+    /// Runs `f` on the connection; every call of this backend passes here,
+    /// so this is where its calls are counted.
     async fn call<T, F>(&self, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> StoreResult<T> + Send + 'static,
     {
+        self.queries.count();
         let conn = self.conn.clone();
         tokio::task::spawn_blocking(move || {
             let mut guard = conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -258,6 +262,80 @@ impl SqliteStore {
         .map_err(|e| StoreError::Corrupt(format!("sqlite task failed: {e}")))?
     }
 }
+
+/// `relay_cells` joined with its switch and effective row (read by [`cell_view`]).
+const CELL_VIEW_SQL: &str = "SELECT c.cell_id, c.url, c.region, c.pool_size, c.reserve_pool_size, \
+       m.admit_mode, m.dead_man_trip_slots, m.generation, m.updated_at, \
+       e.mode, e.cell_incarnation, e.updated_at \
+     FROM relay_cells c \
+     LEFT JOIN relay_cell_admit_modes m ON m.cell_id = c.cell_id \
+     LEFT JOIN relay_cell_admit_effective e ON e.cell_id = c.cell_id \
+     ORDER BY c.cell_id";
+
+/// Raw cell view columns; the texts are parsed after the row is read.
+struct CellViewRaw {
+    cell: (String, String, String, i64, i64),
+    switch: Option<(String, Option<i64>, i64, i64)>,
+    effective: Option<(String, String, i64)>,
+}
+
+fn cell_view_raw(row: &Row<'_>) -> rusqlite::Result<CellViewRaw> {
+    let switch = match row.get::<_, Option<String>>(5)? {
+        None => None,
+        Some(mode) => Some((mode, row.get(6)?, row.get(7)?, row.get(8)?)),
+    };
+    let effective = match row.get::<_, Option<String>>(9)? {
+        None => None,
+        Some(mode) => Some((mode, row.get(10)?, row.get(11)?)),
+    };
+    Ok(CellViewRaw { cell: (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?), switch, effective })
+}
+
+fn cell_view_from_raw(raw: CellViewRaw, read_at: DateTime<Utc>) -> StoreResult<CellView> {
+    let (cell_id, url, region, pool, reserve) = raw.cell;
+    let switch = raw.switch.map(|switch| cell_switch_from_raw(&cell_id, switch)).transpose()?;
+    let effective = match raw.effective {
+        None => None,
+        Some((mode, cell_incarnation, updated_at)) => {
+            Some(CellEffective { mode: cells::admit_mode(&mode)?, cell_incarnation, updated_at: ts(updated_at) })
+        }
+    };
+    Ok(CellView {
+        cell: CellRow {
+            cell_id,
+            url,
+            region,
+            pool_size: cells::pool_size(pool)?,
+            reserve_pool_size: cells::pool_size(reserve)?,
+        },
+        switch,
+        effective,
+        read_at,
+    })
+}
+
+fn cell_switch_from_raw(
+    cell_id: &str,
+    (mode, slots, generation, updated_at): (String, Option<i64>, i64, i64),
+) -> StoreResult<CellSwitch> {
+    Ok(CellSwitch {
+        cell_id: cell_id.to_string(),
+        admit_mode: cells::admit_mode(&mode)?,
+        dead_man_trip_slots: cells::trip_slots(slots)?,
+        generation,
+        updated_at: ts(updated_at),
+    })
+}
+
+fn switch_raw(row: &Row<'_>) -> rusqlite::Result<(String, Option<i64>, i64, i64)> {
+    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+}
+
+/// Writes a cell's effective row (`?1` cell, `?2` mode, `?3` incarnation, `?4` now).
+const WRITE_EFFECTIVE_SQL: &str =
+    "INSERT INTO relay_cell_admit_effective (cell_id, mode, cell_incarnation, updated_at) VALUES (?1, ?2, ?3, ?4) \
+     ON CONFLICT (cell_id) DO UPDATE SET mode = excluded.mode, cell_incarnation = excluded.cell_incarnation, \
+       updated_at = excluded.updated_at";
 
 fn terminal_by(conn: &Connection, clause: &str, args: &[&dyn rusqlite::ToSql]) -> StoreResult<Option<Terminal>> {
     let sql = format!("SELECT {TERMINAL_COLS} FROM terminals WHERE {clause}");
@@ -359,6 +437,10 @@ impl Store for SqliteStore {
     fn pool_status(&self) -> PoolStatus {
         let available = usize::from(self.conn.try_lock().is_ok());
         PoolStatus { size: 1, available, waiting: 0, max_size: 1 }
+    }
+
+    fn queries_total(&self) -> u64 {
+        self.queries.total()
     }
 
     async fn ensure_user(&self, name: &str) -> StoreResult<User> {
@@ -1178,6 +1260,162 @@ impl Store for SqliteStore {
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?)
+        })
+        .await
+    }
+
+    async fn register_cell(&self, cell: &CellRow) -> StoreResult<()> {
+        let cell = cell.clone();
+        self.call(move |c| {
+            c.execute(
+                "INSERT INTO relay_cells (cell_id, url, region, pool_size, reserve_pool_size) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) \
+                 ON CONFLICT (cell_id) DO UPDATE SET url = excluded.url, region = excluded.region, \
+                   pool_size = excluded.pool_size, reserve_pool_size = excluded.reserve_pool_size",
+                params![cell.cell_id, cell.url, cell.region, cell.pool_size, cell.reserve_pool_size],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn list_cells(&self) -> StoreResult<Vec<CellView>> {
+        self.call(|c| {
+            let read_at = ts(now_ms());
+            let raws: Vec<CellViewRaw> =
+                c.prepare_cached(CELL_VIEW_SQL)?.query_map([], cell_view_raw)?.collect::<Result<_, _>>()?;
+            raws.into_iter().map(|raw| cell_view_from_raw(raw, read_at)).collect()
+        })
+        .await
+    }
+
+    async fn cell_switch(&self, cell_id: &str) -> StoreResult<Option<CellSwitch>> {
+        let cell_id = cell_id.to_string();
+        self.call(move |c| {
+            c.query_row(
+                "SELECT admit_mode, dead_man_trip_slots, generation, updated_at FROM relay_cell_admit_modes \
+                 WHERE cell_id = ?1",
+                [&cell_id],
+                switch_raw,
+            )
+            .optional()?
+            .map(|raw| cell_switch_from_raw(&cell_id, raw))
+            .transpose()
+        })
+        .await
+    }
+
+    async fn set_cell_switch(
+        &self,
+        cell_id: &str,
+        admit_mode: Option<AdmitMode>,
+        trip_slots: Option<Option<u8>>,
+    ) -> StoreResult<CellSwitch> {
+        cells::check_trip_slots(trip_slots)?;
+        let cell_id = cell_id.to_string();
+        let mode = admit_mode.map(AdmitMode::as_str);
+        let slots = trip_slots.flatten();
+        let set_slots = trip_slots.is_some();
+        self.call(move |c| {
+            let raw = c.query_row(
+                "INSERT INTO relay_cell_admit_modes (cell_id, admit_mode, dead_man_trip_slots, generation, updated_at) \
+                 VALUES (?1, COALESCE(?2, 'db'), ?4, 1, ?5) \
+                 ON CONFLICT (cell_id) DO UPDATE SET \
+                   admit_mode = COALESCE(?2, relay_cell_admit_modes.admit_mode), \
+                   dead_man_trip_slots = CASE WHEN ?3 THEN ?4 ELSE relay_cell_admit_modes.dead_man_trip_slots END, \
+                   generation = relay_cell_admit_modes.generation + 1, updated_at = ?5 \
+                 RETURNING admit_mode, dead_man_trip_slots, generation, updated_at",
+                params![cell_id, mode, set_slots, slots, now_ms()],
+                switch_raw,
+            )?;
+            cell_switch_from_raw(&cell_id, raw)
+        })
+        .await
+    }
+
+    async fn write_cell_effective(&self, cell_id: &str, mode: AdmitMode, incarnation: &str) -> StoreResult<()> {
+        let (cell_id, incarnation) = (cell_id.to_string(), incarnation.to_string());
+        self.call(move |c| {
+            c.execute(WRITE_EFFECTIVE_SQL, params![cell_id, mode.as_str(), incarnation, now_ms()])?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn claim_trip_slot(
+        &self,
+        cell_id: &str,
+        incarnation: &str,
+        slots: u8,
+        fresh: Duration,
+    ) -> StoreResult<SlotClaim> {
+        let (cell_id, incarnation) = (cell_id.to_string(), incarnation.to_string());
+        self.call(move |c| {
+            // SQLite has no advisory locks. BEGIN IMMEDIATE takes the file's
+            // one write lock before the count, so no other claim (of this
+            // process, or of another process on the same file) can write
+            // between this count and this write: claims are serialised just
+            // as PostgreSQL's advisory lock serialises them. Another writer
+            // holding the lock past the busy timeout answers Busy, like a
+            // lock not taken there.
+            let tx = match c.transaction_with_behavior(TransactionBehavior::Immediate) {
+                Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::DatabaseBusy => {
+                    return Ok(SlotClaim::Busy);
+                }
+                tx => tx?,
+            };
+            let now = now_ms();
+            let holders: i64 = tx.query_row(
+                "SELECT count(*) FROM relay_cell_admit_effective e \
+                 JOIN relay_cell_admit_modes m ON m.cell_id = e.cell_id \
+                 WHERE e.cell_id <> ?1 AND e.mode = 'db' AND m.admit_mode = 'reserve' AND e.updated_at > ?2",
+                params![cell_id, now.saturating_sub(ttl_ms(fresh))],
+                |r| r.get(0),
+            )?;
+            let claim = cells::slot_claim(slots, holders);
+            if claim == SlotClaim::Won {
+                tx.execute(WRITE_EFFECTIVE_SQL, params![cell_id, AdmitMode::Db.as_str(), incarnation, now])?;
+            }
+            tx.commit()?;
+            Ok(claim)
+        })
+        .await
+    }
+
+    async fn assign_host(&self, host_id: Uuid, cell_id: &str) -> StoreResult<i64> {
+        let cell_id = cell_id.to_string();
+        self.call(move |c| {
+            Ok(c.query_row(
+                "INSERT INTO relay_assignments (host_id, cell_id, epoch, updated_at) VALUES (?1, ?2, 1, ?3) \
+                 ON CONFLICT (host_id) DO UPDATE SET cell_id = excluded.cell_id, \
+                   epoch = relay_assignments.epoch + 1, updated_at = excluded.updated_at \
+                 RETURNING epoch",
+                params![host_id.to_string(), cell_id, now_ms()],
+                |r| r.get(0),
+            )?)
+        })
+        .await
+    }
+
+    async fn record_assignments(&self, cell_id: &str, hosts: &[(Uuid, i64)]) -> StoreResult<u64> {
+        if hosts.is_empty() {
+            return Ok(0);
+        }
+        let batch: Vec<(String, i64)> =
+            cells::highest_epochs(hosts).into_iter().map(|(host, epoch)| (host.to_string(), epoch)).collect();
+        let batch = to_json(&batch);
+        let cell_id = cell_id.to_string();
+        self.call(move |c| {
+            // `WHERE true` tells SQLite's parser the ON CONFLICT belongs to the upsert.
+            let written = c.execute(
+                "INSERT INTO relay_assignments (host_id, cell_id, epoch, updated_at) \
+                 SELECT json_extract(value, '$[0]'), ?1, json_extract(value, '$[1]'), ?3 FROM json_each(?2) WHERE true \
+                 ON CONFLICT (host_id) DO UPDATE SET cell_id = excluded.cell_id, epoch = excluded.epoch, \
+                   updated_at = excluded.updated_at \
+                 WHERE relay_assignments.epoch <= excluded.epoch",
+                params![cell_id, batch, now_ms()],
+            )?;
+            Ok(written as u64)
         })
         .await
     }

@@ -60,6 +60,10 @@ impl Api {
         self.send(awc::http::Method::POST, path, Some(body)).await
     }
 
+    pub async fn put(&self, path: &str, body: Value) -> (u16, Value) {
+        self.send(awc::http::Method::PUT, path, Some(body)).await
+    }
+
     pub async fn delete(&self, path: &str) -> (u16, Value) {
         self.send(awc::http::Method::DELETE, path, None).await
     }
