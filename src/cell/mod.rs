@@ -7,6 +7,7 @@ pub mod bookings;
 pub mod budget;
 pub mod deadman;
 pub mod effective;
+pub mod feed;
 pub mod window;
 
 use std::fmt;
