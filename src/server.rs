@@ -158,6 +158,7 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     }
     .map_err(|source| ServeError::Bind { addr, source })?;
     let addrs = server.addrs();
+    state.start_bus_subscriber();
     let (metrics_server, metrics_addrs) = match &settings.metrics.listen {
         Some(listen) => {
             let (server, addrs) = bind_metrics(listen, state.clone())?;

@@ -35,6 +35,7 @@ async fn fixture(postgres: bool) -> Fixture {
     let store: Arc<dyn Store> = store::open(&settings).await.expect("open store");
     let state =
         AppState::start(Arc::new(settings), store, Instance::new("cell-a".into(), Role::Combined)).expect("state");
+    state.start_bus_subscriber();
     Fixture { state, _dir: dir }
 }
 

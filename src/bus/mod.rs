@@ -219,8 +219,8 @@ impl Bus {
         uuid::Uuid::parse_str(rest.split_once('}')?.0).ok()
     }
 
-    /// The kind of a channel, for metrics labels.
-    fn kind(&self, channel: &str) -> &'static str {
+    /// The kind of a channel (`host`, `reply`, `term`), for metrics labels.
+    pub fn kind(&self, channel: &str) -> &'static str {
         let rest = channel.strip_prefix(&self.prefix).unwrap_or(channel);
         if rest.starts_with(":host:") {
             "host"

@@ -191,7 +191,6 @@ async fn pump(mut messages: broadcast::Receiver<fred::types::Message>, inbox: In
                     Some(payload) => decode(channel, payload),
                     None => Inbound::Gap { lost: 1, channels: Some(vec![channel]) },
                 };
-                metrics::counter!("tether_bus_received_total").increment(1);
                 inbox.deliver(item);
             }
             Err(broadcast::error::RecvError::Lagged(lost)) => {

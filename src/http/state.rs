@@ -127,7 +127,6 @@ impl AppState {
         actix_rt::spawn(serve_bus(relay.clone(), inbox));
         actix_rt::spawn(crate::relay::remote::heartbeat(relay.clone()));
         let bus_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        actix_rt::spawn(subscribe_replies(relay.clone(), bus_ready.clone()));
         let runs = RunDispatcher::new(relay.clone()).start();
         Sweeper::new(relay.clone()).start();
         crate::jobs::credentials::CredentialsRefresher::new(relay.clone()).start();
@@ -143,6 +142,15 @@ impl AppState {
             bus_ready,
             draining: std::sync::atomic::AtomicBool::new(false),
         }))
+    }
+}
+
+impl AppState {
+    /// Starts the bus subscriber (docs/CLUSTER.md, "The bus"): called once
+    /// the HTTP listener is bound, so an instance is never heard on the bus
+    /// before it can serve what it hears.
+    pub fn start_bus_subscriber(&self) {
+        actix_rt::spawn(subscribe_replies(self.relay.clone(), self.bus_ready.clone()));
     }
 }
 

@@ -514,6 +514,7 @@ pub async fn serve_bus(relay: RelayContext, mut inbox: mpsc::Receiver<Inbound>) 
             }
             Inbound::Message { channel, envelope } => (channel, envelope),
         };
+        metrics::counter!("tether_bus_received_total", "kind" => relay.bus.kind(&channel)).increment(1);
         let last = seen.entry(channel.clone()).or_default().entry(envelope.sender.clone()).or_insert(0);
         if *last != 0 && envelope.seq > *last + 1 {
             let missed = envelope.seq - *last - 1;
