@@ -652,10 +652,11 @@ impl Actor for TerminalArbiter {
 }
 
 impl Handler<Join> for TerminalArbiter {
-    type Result = Result<u64, Retired>;
+    type Result = Result<u64, NotJoined>;
     fn handle(&mut self, msg: Join, ctx: &mut Context<Self>) -> Self::Result {
         if self.retiring {
-            return Err(Retired);
+            let ended = matches!(self.state, Some(TerminalState::Exited | TerminalState::Error));
+            return Err(if ended { NotJoined::Ended } else { NotJoined::Retired });
         }
         let viewer = self.next_member;
         self.next_member += 1;

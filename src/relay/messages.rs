@@ -284,8 +284,8 @@ impl ArbiterLink {
     }
 
     /// Joins as a member; see [`Join`].
-    pub async fn join(&self, join: Join) -> Result<u64, Retired> {
-        self.join.send(join).await.unwrap_or(Err(Retired))
+    pub async fn join(&self, join: Join) -> Result<u64, NotJoined> {
+        self.join.send(join).await.unwrap_or(Err(NotJoined::Retired))
     }
 
     pub fn from_viewer(&self, message: FromViewer) {
@@ -370,9 +370,9 @@ pub struct ViewReport {
 }
 
 /// A viewer joins and is given its member id, which names it in every
-/// `FromViewer` after; `Err(Retired)` means ask the registry again.
+/// `FromViewer` after; see [`NotJoined`] for a refusal.
 #[derive(Message)]
-#[rtype(result = "Result<u64, Retired>")]
+#[rtype(result = "Result<u64, NotJoined>")]
 pub struct Join {
     pub out: Recipient<ViewerOut>,
     /// Bytes waiting in the viewer's outbound queue.
@@ -380,9 +380,17 @@ pub struct Join {
     pub resume_from: Option<u64>,
 }
 
-/// The arbiter is shutting down; the caller should open the terminal again.
-#[derive(Debug, Clone, Copy)]
-pub struct Retired;
+/// Why an arbiter did not take a member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotJoined {
+    /// The arbiter is shutting down; the caller should open the terminal
+    /// again.
+    Retired,
+    /// The terminal ended before the member could join (its Exit was
+    /// recorded after the caller read the row): answer from the store,
+    /// as for any ended terminal, instead of asking again.
+    Ended,
+}
 
 /// Keep the terminal attached and write its output to the run's log.
 #[derive(Message)]

@@ -27,6 +27,7 @@ use actix::prelude::*;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+use super::ended::ended_messages;
 use super::outbox::Frame;
 use super::registry::{HostsElsewhere, OpenTerminal, WaitingHosts};
 use super::requests::{ask_owner, HostOp, OpAnswer};
@@ -558,16 +559,31 @@ impl RemoteViewer {
             queued: self.queued.clone(),
             resume_from: self.resume_from,
         };
+        let store = self.relay.store.clone();
+        let terminal_id = open.terminal_id;
         async move {
             let arbiter = registry.send(open).await.ok()?;
             match arbiter.join(join).await {
-                Ok(member) => Some(Ok((arbiter, member))),
-                Err(Retired) => Some(Err(())),
+                Ok(member) => Some(Ok(Ok((arbiter, member)))),
+                Err(NotJoined::Ended) => {
+                    let row = store.terminal_by_id(terminal_id).await.ok().flatten()?;
+                    let snapshot = crate::store::logged(store.get_snapshot(row.id).await, "load snapshot").flatten();
+                    Some(Ok(Err(ended_messages(&row, snapshot, true))))
+                }
+                Err(NotJoined::Retired) => Some(Err(())),
             }
         }
         .into_actor(self)
         .map(move |joined, act, ctx| match joined {
-            Some(Ok(joined)) => act.joined = Some(joined),
+            Some(Ok(Ok(joined))) => act.joined = Some(joined),
+            // The terminal ended meanwhile: the home's client gets what a
+            // viewer of an ended terminal gets, then a normal close.
+            Some(Ok(Err(ended))) => {
+                let close = ViewerOut::Close { code: close::NORMAL, reason: "terminal ended".into() };
+                for message in ended.into_iter().chain([close]) {
+                    <Self as Handler<ViewerOut>>::handle(act, message, ctx);
+                }
+            }
             Some(Err(())) if attempt < 20 => act.join(attempt + 1, ctx),
             _ => act.leave(close::INTERNAL, "could not join the terminal", ctx),
         })

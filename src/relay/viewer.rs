@@ -41,6 +41,8 @@ enum Joined {
     Here(Recipient<FromViewer>, u64),
     /// The host's owner is this other instance.
     Remote(String),
+    /// The terminal ended meanwhile: its row as it is now.
+    Ended(Box<Terminal>),
 }
 
 pub struct Viewer {
@@ -155,6 +157,7 @@ impl Viewer {
         let open = OpenTerminal { terminal_id: self.terminal.id, host_id: self.terminal.host_id };
         let out = ctx.address().recipient::<ViewerOut>();
         let join = Join { out, queued: self.outbox.queued_counter(), resume_from: self.resume_from };
+        let terminal_id = open.terminal_id;
         async move {
             if let Ok(Location::Remote(owner)) = locate(&relay, open.host_id).await {
                 return Some(Ok(Joined::Remote(owner)));
@@ -162,12 +165,20 @@ impl Viewer {
             let arbiter = relay.registry.send(open).await.ok()?;
             match arbiter.join(join).await {
                 Ok(member) => Some(Ok(Joined::Here(arbiter.viewer_recipient(), member))),
-                Err(Retired) => Some(Err(())),
+                Err(NotJoined::Ended) => match relay.store.terminal_by_id(terminal_id).await {
+                    Ok(Some(row)) => Some(Ok(Joined::Ended(Box::new(row)))),
+                    _ => None,
+                },
+                Err(NotJoined::Retired) => Some(Err(())),
             }
         }
         .into_actor(self)
         .map(move |joined, act, ctx| match joined {
             Some(Ok(Joined::Here(arbiter, member))) => act.target = Some((arbiter, member)),
+            Some(Ok(Joined::Ended(row))) => {
+                act.terminal = *row;
+                act.replay_ended(ctx);
+            }
             Some(Ok(Joined::Remote(owner))) => {
                 let home = HomeViewer::new(
                     act.relay.clone(),

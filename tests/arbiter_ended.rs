@@ -1,0 +1,173 @@
+//! A terminal's arbiter that starts after the terminal ended must not
+//! leave a viewer waiting (docs/PROTOCOL.md, "Ended terminals").
+//!
+//! This is the race behind short-lived terminals: a viewer reads the row
+//! while the terminal runs, the Exit is recorded, and only then does the
+//! arbiter start and read the row. Its window is microseconds on a real
+//! server (tests/relay_flow.rs attaches to 60 short-lived terminals and
+//! rarely meets it), so here the arbiter is started by hand on a real
+//! SQLite store whose row already says `exited`, with its host online (a
+//! recording stand-in for the daemon connection). Such an arbiter has
+//! nothing to stream and goes away at once; a viewer that asks to join it
+//! is told the terminal ended (`NotJoined::Ended`), so it answers from the
+//! store (status, size, final screen, exit, close 1000). It used to be
+//! told `Retired` and ask the registry again, meeting a new arbiter in the
+//! same state each time, until it gave up with 1011 after 20 tries.
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use tether::relay::arbiter::{ArbiterConfig, TerminalArbiter};
+use tether::relay::grid::GridTimings;
+use tether::relay::{
+    ArbiterId, ArbiterIdle, ArbiterLink, AttachArbiter, CloseDaemon, DaemonHandle, DaemonLink, DaemonRequest,
+    DetachArbiter, HostOnline, Join, NotJoined, Retire, SpawnTerminal, ToDaemon, ViewerOut,
+};
+use tether::store::{sqlite::SqliteStore, ExitStatus, NewHost, NewTerminal, Store, TerminalSnapshot};
+
+/// What the stand-ins saw.
+#[derive(Debug)]
+enum Seen {
+    Viewer(ViewerOut),
+    Attach,
+    Idle,
+}
+
+/// Records what the arbiter sends a viewer.
+struct ViewerStandIn(mpsc::UnboundedSender<Seen>);
+
+impl Actor for ViewerStandIn {
+    type Context = Context<Self>;
+}
+
+impl Handler<ViewerOut> for ViewerStandIn {
+    type Result = ();
+    fn handle(&mut self, msg: ViewerOut, _: &mut Context<Self>) {
+        let _ = self.0.send(Seen::Viewer(msg));
+    }
+}
+
+/// A daemon connection that records Attach and answers nothing.
+struct DaemonStandIn(mpsc::UnboundedSender<Seen>);
+
+impl Actor for DaemonStandIn {
+    type Context = Context<Self>;
+}
+
+macro_rules! ignored {
+    ($($message:ty),*) => {$(
+        impl Handler<$message> for DaemonStandIn {
+            type Result = ();
+            fn handle(&mut self, _: $message, _: &mut Context<Self>) {}
+        }
+    )*};
+}
+ignored!(ToDaemon, SpawnTerminal, DetachArbiter, DaemonRequest, CloseDaemon);
+
+impl Handler<AttachArbiter> for DaemonStandIn {
+    type Result = ();
+    fn handle(&mut self, _: AttachArbiter, _: &mut Context<Self>) {
+        let _ = self.0.send(Seen::Attach);
+    }
+}
+
+/// The registry's side: records that the arbiter asked to go, retires it.
+struct RegistryStandIn(mpsc::UnboundedSender<Seen>);
+
+impl Actor for RegistryStandIn {
+    type Context = Context<Self>;
+}
+
+impl Handler<ArbiterIdle> for RegistryStandIn {
+    type Result = ();
+    fn handle(&mut self, msg: ArbiterIdle, _: &mut Context<Self>) {
+        let _ = self.0.send(Seen::Idle);
+        msg.retire.do_send(Retire);
+    }
+}
+
+fn config() -> ArbiterConfig {
+    ArbiterConfig {
+        timings: GridTimings {
+            in_use: Duration::from_secs(60),
+            fresh: Duration::from_secs(5),
+            ping_timeout: Duration::from_millis(1500),
+        },
+        ring_bytes: 512 * 1024,
+        soft_queue_bytes: 1024 * 1024,
+        slow: Duration::from_secs(10),
+        input_queue_limit: 4 * 1024 * 1024,
+        run_log_max_bytes: 1024 * 1024,
+        window_bytes: 256 * 1024,
+    }
+}
+
+/// A terminal that ran and exited 7 with a final screen, as the store has it.
+async fn exited_terminal(store: &dyn Store) -> Uuid {
+    let user = store.ensure_user("ann").await.expect("user");
+    let host = store
+        .upsert_host(&NewHost {
+            user_id: user.id,
+            name: "box".into(),
+            hostname: "box".into(),
+            platform: "linux".into(),
+            arch: "x86_64".into(),
+        })
+        .await
+        .expect("host");
+    let terminal = store
+        .insert_terminal(&NewTerminal {
+            user_id: user.id,
+            host_id: host.id,
+            title: None,
+            dir: None,
+            argv: vec!["sh".into(), "-c".into(), "echo hi; exit 7".into()],
+            cols: 80,
+            rows: 24,
+            run_id: None,
+        })
+        .await
+        .expect("terminal");
+    assert!(store.claim_launch(host.id, terminal.id).await.expect("launch"));
+    assert!(store.mark_started(host.id, terminal.id).await.expect("started"));
+    let snapshot = TerminalSnapshot { data: b"hi\r\n".to_vec(), cols: 80, rows: 24 };
+    store.put_snapshot(host.id, terminal.id, &snapshot).await.expect("snapshot");
+    let exit = ExitStatus { code: Some(7), signal: None };
+    assert!(store.mark_exited(host.id, terminal.id, exit).await.expect("exited"));
+    terminal.id
+}
+
+#[actix_rt::test]
+async fn an_arbiter_started_after_the_exit_says_so_and_goes_away() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.path().join("t.db")).expect("store"));
+    store.migrate().await.expect("migrate");
+    let terminal_id = exited_terminal(store.as_ref()).await;
+
+    let (seen, mut heard) = mpsc::unbounded_channel();
+    let daemon = DaemonStandIn(seen.clone()).start();
+    let registry = RegistryStandIn(seen.clone()).start();
+    let viewer = ViewerStandIn(seen).start();
+    let link =
+        DaemonLink { daemon: DaemonHandle::of(&daemon), queue: Arc::new(AtomicUsize::new(0)), flow_control: true };
+    let id = ArbiterId::next();
+    let arbiter =
+        TerminalArbiter::new(terminal_id, id, config(), store.clone(), registry.recipient(), Some(HostOnline(link)))
+            .start();
+    let joined = ArbiterLink::of(id, &arbiter)
+        .join(Join { out: viewer.recipient(), queued: Arc::new(AtomicUsize::new(0)), resume_from: None })
+        .await;
+    assert_eq!(joined, Err(NotJoined::Ended), "the viewer is told the terminal ended, not to ask again");
+
+    let next = tokio::time::timeout(Duration::from_secs(10), heard.recv()).await;
+    match next.expect("the arbiter of an ended terminal stayed").expect("stand-ins alive") {
+        Seen::Idle => {}
+        Seen::Attach => panic!("an ended terminal was attached"),
+        Seen::Viewer(out) => panic!("a refused viewer was sent {out:?}"),
+    }
+}
