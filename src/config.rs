@@ -280,11 +280,14 @@ pub struct DaemonSettings {
     /// Flow control: bytes of one terminal's output a daemon may send ahead
     /// of what was handed to its viewers (docs/PROTOCOL.md, "Flow control").
     pub window_bytes: u64,
+    /// Requests (dirs, limits, credentials) one daemon connection may have
+    /// waiting for the daemon's answer; past it a request is refused 429.
+    pub max_pending_requests: usize,
 }
 
 impl Default for DaemonSettings {
     fn default() -> Self {
-        Self { hello_timeout_ms: 10_000, window_bytes: 256 * 1024 }
+        Self { hello_timeout_ms: 10_000, window_bytes: 256 * 1024, max_pending_requests: 64 }
     }
 }
 
@@ -299,6 +302,9 @@ pub struct ViewerSettings {
     /// How long a viewer may stay behind (queue over half its bound, the
     /// terminal's stream paused for it) before it is closed 1008.
     pub slow_ms: u64,
+    /// Viewers of one terminal on its owner, remote ones included; one more
+    /// is closed 4429.
+    pub max_per_terminal: usize,
 }
 
 impl Default for ViewerSettings {
@@ -309,6 +315,7 @@ impl Default for ViewerSettings {
             ping_timeout_ms: 1_500,
             queue_bytes: 4 * 1024 * 1024,
             slow_ms: 3_000,
+            max_per_terminal: 256,
         }
     }
 }
@@ -504,7 +511,9 @@ impl Settings {
                 return Err(invalid("cluster.secret", "must be at least 16 characters"));
             }
         }
-        let positive: [(&'static str, u64); 28] = [
+        let positive: [(&'static str, u64); 30] = [
+            ("viewer.max_per_terminal", self.viewer.max_per_terminal as u64),
+            ("daemon.max_pending_requests", self.daemon.max_pending_requests as u64),
             ("credentials.refresh_before_ms", self.credentials.refresh_before_ms),
             ("credentials.check_ms", self.credentials.check_ms),
             ("audit.retention_ms", self.audit.retention_ms),

@@ -104,6 +104,7 @@ fn config() -> ArbiterConfig {
         input_queue_limit: 4 * 1024 * 1024,
         run_log_max_bytes: 1024 * 1024,
         window_bytes: 256 * 1024,
+        max_viewers: 256,
     }
 }
 

@@ -394,3 +394,89 @@ async fn requests_a_daemon_cannot_answer_are_502_unsupported() {
     // Nothing was sent to the daemon.
     assert!(sock.next_within(Duration::from_millis(300)).await.is_none());
 }
+
+/// The close code a viewer socket ends with, skipping what comes before.
+async fn close_code(sock: &mut Socket) -> Option<u16> {
+    loop {
+        if let Event::Close(code) = sock.next().await {
+            return code;
+        }
+    }
+}
+
+/// A terminal takes `viewer.max_per_terminal` viewers; one more is closed
+/// 4429 and the others keep theirs; a viewer that leaves frees its place.
+#[actix_rt::test]
+async fn viewers_past_the_terminal_cap_are_4429() {
+    let server = TetherServer::start(&[("TETHER_VIEWER__MAX_PER_TERMINAL", "2")], &[]).await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let mut daemon = connected_daemon(&server, &api, &host).await;
+    let (_, body) = api.post("/api/v1/terminals", json!({"hostId": host, "argv": ["sh"]})).await;
+    let terminal = body["terminal"]["id"].as_str().expect("id").to_string();
+    assert!(matches!(daemon.next_server_frame().await, server_frame::Frame::Spawn(_)));
+    let url = viewer_url(&server, &terminal);
+    let viewer = || Socket::connect(&url, Some(&api.token), &["tether.v1"]);
+    let mut first = viewer().await;
+    let mut second = viewer().await;
+    for sock in [&mut first, &mut second] {
+        assert!(matches!(sock.next().await, Event::Text(_)), "a viewer within the cap is served");
+    }
+    let mut third = viewer().await;
+    assert_eq!(close_code(&mut third).await, Some(4429));
+    assert!(first.next_within(Duration::from_millis(300)).await.is_none_or(|e| !matches!(e, Event::Close(_))));
+    second.close().await;
+    let _ = close_code(&mut second).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut again = viewer().await;
+        match again.next_within(Duration::from_millis(500)).await {
+            Some(Event::Close(Some(4429))) if tokio::time::Instant::now() < deadline => {}
+            Some(Event::Close(code)) => panic!("the freed place was not given: {code:?}"),
+            _ => break,
+        }
+    }
+}
+
+/// A daemon connection holds at most `daemon.max_pending_requests`
+/// requests waiting for its answers; one more is refused 429 at once and
+/// never reaches the daemon, and answering frees the places.
+#[actix_rt::test]
+async fn requests_past_the_pending_cap_are_429() {
+    let server = TetherServer::start(&[("TETHER_DAEMON__MAX_PENDING_REQUESTS", "2")], &[]).await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let mut daemon = connected_daemon(&server, &api, &host).await;
+    let dirs = |path: &'static str| {
+        let api = Api::new(api.base.clone(), api.token.clone());
+        let host = host.clone();
+        actix_rt::spawn(async move { api.post(&format!("/api/v1/hosts/{host}/dirs"), json!({"path": path})).await })
+    };
+    let waiting = [dirs("/a"), dirs("/b")];
+    let mut asked = Vec::new();
+    for _ in 0..2 {
+        match daemon.next_server_frame().await {
+            server_frame::Frame::Dirs(d) => asked.push(d),
+            other => panic!("expected Dirs, got {other:?}"),
+        }
+    }
+    let (status, body) = api.post(&format!("/api/v1/hosts/{host}/dirs"), json!({"path": "/c"})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (429, Some("too_many_requests")), "{body}");
+    assert!(daemon.next_within(Duration::from_millis(300)).await.is_none(), "the refused request reached the daemon");
+    for d in asked {
+        daemon
+            .send_frame(daemon_frame::Frame::DirsResult(tether::proto::v1::DirsResult {
+                request_id: d.request_id,
+                dirs: vec![d.path],
+                error: None,
+            }))
+            .await;
+    }
+    for request in waiting {
+        assert_eq!(request.await.expect("request").0, 200);
+    }
+    let again = dirs("/d");
+    match daemon.next_server_frame().await {
+        server_frame::Frame::Dirs(d) => assert_eq!(d.path, "/d"),
+        other => panic!("expected Dirs, got {other:?}"),
+    }
+    drop(again);
+}

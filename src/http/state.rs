@@ -101,6 +101,7 @@ impl AppState {
             input_queue_limit: 4 * 1024 * 1024,
             run_log_max_bytes: settings.runs.log_max_bytes,
             window_bytes: settings.daemon.window_bytes,
+            max_viewers: settings.viewer.max_per_terminal,
         };
         let registry = HostRegistry::new(
             store.clone(),

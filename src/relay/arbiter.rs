@@ -55,6 +55,8 @@ pub struct ArbiterConfig {
     pub run_log_max_bytes: usize,
     /// Output a daemon may send ahead of what was handed to the viewers.
     pub window_bytes: u64,
+    /// Viewers (local and remote) one terminal takes.
+    pub max_viewers: usize,
 }
 
 /// How often a paused stream looks at its lagging viewers' queues again.
@@ -657,6 +659,10 @@ impl Handler<Join> for TerminalArbiter {
         if self.retiring {
             let ended = matches!(self.state, Some(TerminalState::Exited | TerminalState::Error));
             return Err(if ended { NotJoined::Ended } else { NotJoined::Retired });
+        }
+        let viewers = self.members.keys().filter(|m| matches!(m, MemberId::Viewer(_))).count();
+        if viewers >= self.config.max_viewers {
+            return Err(NotJoined::Full);
         }
         let viewer = self.next_member;
         self.next_member += 1;

@@ -99,6 +99,8 @@ pub enum RequestError {
     Unacknowledged,
     #[error("encryption.key is not set")]
     EncryptionNotConfigured,
+    #[error("too many requests are waiting for this daemon's answers")]
+    Busy,
     #[error("internal error")]
     Internal,
 }
@@ -390,6 +392,8 @@ pub enum NotJoined {
     /// recorded after the caller read the row): answer from the store,
     /// as for any ended terminal, instead of asking again.
     Ended,
+    /// The terminal has `viewer.max_per_terminal` viewers already.
+    Full,
 }
 
 /// Keep the terminal attached and write its output to the run's log.

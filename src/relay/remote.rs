@@ -564,31 +564,41 @@ impl RemoteViewer {
         async move {
             let arbiter = registry.send(open).await.ok()?;
             match arbiter.join(join).await {
-                Ok(member) => Some(Ok(Ok((arbiter, member)))),
+                Ok(member) => Some(Ok(JoinOutcome::Joined(arbiter, member))),
                 Err(NotJoined::Ended) => {
                     let row = store.terminal_by_id(terminal_id).await.ok().flatten()?;
                     let snapshot = crate::store::logged(store.get_snapshot(row.id).await, "load snapshot").flatten();
-                    Some(Ok(Err(ended_messages(&row, snapshot, true))))
+                    Some(Ok(JoinOutcome::Ended(ended_messages(&row, snapshot, true))))
                 }
+                Err(NotJoined::Full) => Some(Ok(JoinOutcome::Full)),
                 Err(NotJoined::Retired) => Some(Err(())),
             }
         }
         .into_actor(self)
         .map(move |joined, act, ctx| match joined {
-            Some(Ok(Ok(joined))) => act.joined = Some(joined),
+            Some(Ok(JoinOutcome::Joined(arbiter, member))) => act.joined = Some((arbiter, member)),
             // The terminal ended meanwhile: the home's client gets what a
             // viewer of an ended terminal gets, then a normal close.
-            Some(Ok(Err(ended))) => {
+            Some(Ok(JoinOutcome::Ended(ended))) => {
                 let close = ViewerOut::Close { code: close::NORMAL, reason: "terminal ended".into() };
                 for message in ended.into_iter().chain([close]) {
                     <Self as Handler<ViewerOut>>::handle(act, message, ctx);
                 }
             }
+            Some(Ok(JoinOutcome::Full)) => act.leave(close::TOO_MANY, "too many viewers of this terminal", ctx),
             Some(Err(())) if attempt < 20 => act.join(attempt + 1, ctx),
             _ => act.leave(close::INTERNAL, "could not join the terminal", ctx),
         })
         .wait(ctx);
     }
+}
+
+/// What a RemoteViewer's join through the registry came to.
+enum JoinOutcome {
+    Joined(ArbiterLink, u64),
+    /// The terminal ended meanwhile: what its viewers are told.
+    Ended(Vec<ViewerOut>),
+    Full,
 }
 
 impl Actor for RemoteViewer {

@@ -356,6 +356,7 @@ fn answer_to_wire(result: Result<OpAnswer, RequestError>) -> bus::Answer {
                 RequestError::Refused(_) => "refused",
                 RequestError::Unsupported => "unsupported",
                 RequestError::EncryptionNotConfigured => "encryption_not_configured",
+                RequestError::Busy => "busy",
                 RequestError::Internal => "internal",
             };
             let message = match e {
@@ -376,6 +377,7 @@ fn answer_from_wire(op: &HostOp, answer: bus::Answer) -> Result<OpAnswer, Reques
             "refused" => RequestError::Refused(f.message),
             "unsupported" => RequestError::Unsupported,
             "encryption_not_configured" => RequestError::EncryptionNotConfigured,
+            "busy" => RequestError::Busy,
             _ => RequestError::Internal,
         }),
         (HostOp::Spawn(_) | HostOp::ViewerJoin { .. }, Some(answer::Result::Spawned(sent))) => {

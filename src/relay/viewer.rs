@@ -43,6 +43,8 @@ enum Joined {
     Remote(String),
     /// The terminal ended meanwhile: its row as it is now.
     Ended(Box<Terminal>),
+    /// The terminal has as many viewers as it takes.
+    Full,
 }
 
 pub struct Viewer {
@@ -169,12 +171,14 @@ impl Viewer {
                     Ok(Some(row)) => Some(Ok(Joined::Ended(Box::new(row)))),
                     _ => None,
                 },
+                Err(NotJoined::Full) => Some(Ok(Joined::Full)),
                 Err(NotJoined::Retired) => Some(Err(())),
             }
         }
         .into_actor(self)
         .map(move |joined, act, ctx| match joined {
             Some(Ok(Joined::Here(arbiter, member))) => act.target = Some((arbiter, member)),
+            Some(Ok(Joined::Full)) => act.close(close::TOO_MANY, "too many viewers of this terminal", ctx),
             Some(Ok(Joined::Ended(row))) => {
                 act.terminal = *row;
                 act.replay_ended(ctx);

@@ -61,6 +61,11 @@ fn request_error(err: RequestError) -> ApiError {
         RequestError::EncryptionNotConfigured => {
             ApiError::conflict("encryption_not_configured", "set encryption.key to store host credentials")
         }
+        RequestError::Busy => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_requests",
+            "too many requests are waiting for this daemon's answers; retry later",
+        ),
         RequestError::Internal => ApiError::internal(),
     }
 }

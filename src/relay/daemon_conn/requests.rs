@@ -31,6 +31,12 @@ impl Handler<DaemonRequest> for DaemonConn {
             let _ = answer.send(Err(RequestError::Unsupported));
             return;
         }
+        // Each waiting request holds an entry and a timer: a caller that
+        // keeps asking a daemon that does not answer is refused, not queued.
+        if self.pending.len() >= self.relay.settings.daemon.max_pending_requests {
+            let _ = answer.send(Err(RequestError::Busy));
+            return;
+        }
         let request_id = Uuid::new_v4().to_string();
         let (frame, timeout) = match &kind {
             DaemonRequestKind::AddDir(path) | DaemonRequestKind::RemoveDir(path) => {
