@@ -11,8 +11,9 @@ use actix_ws::{CloseCode, CloseReason, Message, Session};
 use bytes::Bytes;
 use futures_util::future::LocalBoxFuture;
 use futures_util::{stream, FutureExt as _, Stream, StreamExt as _};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tether::attach::{self, AttachOptions, AttachOutcome, LocalIo};
+use tether::viewer_protocol::{ClientMessage, GridDim, ServerMessage};
 use tokio::sync::mpsc;
 
 /// Upper bound for any one attach session or wait in these tests.
@@ -24,7 +25,10 @@ const SNAPSHOT: &[u8] = b"\x1b[m\x1b[H\x1b[J$ echo hi\r\nhi\r\n$ ";
 /// What the fake server heard from the client on one connection.
 #[derive(Debug, Clone, PartialEq)]
 enum Received {
-    Text(Value),
+    /// A control message in exactly the shape `ClientMessage` sends.
+    Text(ClientMessage),
+    /// A text frame that is not (see `heard_text`).
+    OtherText(String),
     Binary(Vec<u8>),
     Pong(Vec<u8>),
     Close(Option<u16>),
@@ -156,9 +160,7 @@ async fn viewer_endpoint(
     actix_rt::spawn(async move {
         while let Some(Ok(message)) = messages.next().await {
             match message {
-                Message::Text(text) => {
-                    record(Some(Received::Text(serde_json::from_str(&text).unwrap_or(Value::String(text.to_string())))))
-                }
+                Message::Text(text) => record(Some(heard_text(&text))),
                 Message::Binary(data) => record(Some(Received::Binary(data.to_vec()))),
                 Message::Pong(data) => record(Some(Received::Pong(data.to_vec()))),
                 Message::Close(reason) => {
@@ -179,8 +181,25 @@ async fn viewer_endpoint(
     Ok(response)
 }
 
-async fn send_json(session: &mut Session, value: Value) {
-    session.text(value.to_string()).await.expect("send control");
+/// A text frame as heard. Decoding alone would fill in missing fields,
+/// clamp grids and drop unknown fields, so it is a control message only if
+/// it is exactly what `ClientMessage` serialises to.
+fn heard_text(text: &str) -> Received {
+    let sent: Option<Value> = serde_json::from_str(text).ok();
+    match serde_json::from_str::<ClientMessage>(text) {
+        Ok(message) if sent == serde_json::to_value(&message).ok() => Received::Text(message),
+        _ => Received::OtherText(text.to_owned()),
+    }
+}
+
+async fn send_control(session: &mut Session, message: ServerMessage) {
+    session.text(message.to_json()).await.expect("send control");
+}
+
+/// What a server says when the terminal's host has no daemon connected.
+async fn say_host_offline(session: &mut Session) {
+    send_control(session, ServerMessage::Status { state: "running".into(), host: "offline".into() }).await;
+    send_control(session, ServerMessage::error("host offline")).await;
 }
 
 async fn send_bytes(session: &mut Session, bytes: &'static [u8]) {
@@ -195,14 +214,14 @@ async fn close_with(session: Session, code: u16, description: &str) {
 /// status, a ping, replay + snapshot + live, live bytes, exit 3.
 fn exits_with_3(_: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
-        send_json(&mut session, json!({"type":"status","state":"running","host":"online"})).await;
+        send_control(&mut session, ServerMessage::Status { state: "running".into(), host: "online".into() }).await;
         session.ping(b"hb").await.expect("ping");
-        send_json(&mut session, json!({"type":"replay","cols":80,"rows":24,"offset":100})).await;
+        send_control(&mut session, ServerMessage::Replay { cols: 80, rows: 24, offset: 100 }).await;
         send_bytes(&mut session, SNAPSHOT).await;
-        send_json(&mut session, json!({"type":"live","offset":100})).await;
+        send_control(&mut session, ServerMessage::Live { offset: 100 }).await;
         send_bytes(&mut session, b"hello ").await;
         send_bytes(&mut session, b"world\r\n").await;
-        send_json(&mut session, json!({"type":"exit","exitCode":3})).await;
+        send_control(&mut session, ServerMessage::Exit { exit_code: Some(3) }).await;
     }
     .boxed_local()
 }
@@ -213,22 +232,22 @@ fn exits_with_3(_: ScriptContext, mut session: Session) -> LocalBoxFuture<'stati
 fn moves_once(context: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
         if context.index == 0 {
-            send_json(&mut session, json!({"type":"replay","cols":80,"rows":24,"offset":1000})).await;
+            send_control(&mut session, ServerMessage::Replay { cols: 80, rows: 24, offset: 1000 }).await;
             send_bytes(&mut session, b"SNAP").await;
-            send_json(&mut session, json!({"type":"live","offset":1000})).await;
+            send_control(&mut session, ServerMessage::Live { offset: 1000 }).await;
             send_bytes(&mut session, b"abc").await;
             send_bytes(&mut session, b"defg").await;
             context.heard(2).await; // view, resize
             close_with(session, 4503, "host moved").await;
         } else if context.query == "from=1007" {
-            send_json(&mut session, json!({"type":"resume","offset":1007})).await;
+            send_control(&mut session, ServerMessage::Resume { offset: 1007 }).await;
             send_bytes(&mut session, b"hij").await;
-            send_json(&mut session, json!({"type":"exit","exitCode":0})).await;
+            send_control(&mut session, ServerMessage::Exit { exit_code: Some(0) }).await;
         } else {
-            send_json(&mut session, json!({"type":"replay","cols":80,"rows":24,"offset":2000})).await;
+            send_control(&mut session, ServerMessage::Replay { cols: 80, rows: 24, offset: 2000 }).await;
             send_bytes(&mut session, b"WRONG-REPAINT").await;
-            send_json(&mut session, json!({"type":"live","offset":2000})).await;
-            send_json(&mut session, json!({"type":"exit","exitCode":99})).await;
+            send_control(&mut session, ServerMessage::Live { offset: 2000 }).await;
+            send_control(&mut session, ServerMessage::Exit { exit_code: Some(99) }).await;
         }
     }
     .boxed_local()
@@ -240,22 +259,21 @@ fn moves_and_is_briefly_offline(context: ScriptContext, mut session: Session) ->
     async move {
         match context.index {
             0 => {
-                send_json(&mut session, json!({"type":"replay","cols":80,"rows":24,"offset":0})).await;
-                send_json(&mut session, json!({"type":"live","offset":0})).await;
+                send_control(&mut session, ServerMessage::Replay { cols: 80, rows: 24, offset: 0 }).await;
+                send_control(&mut session, ServerMessage::Live { offset: 0 }).await;
                 send_bytes(&mut session, b"ok").await;
                 context.heard(2).await; // view, resize
                 close_with(session, 4503, "host moved").await;
             }
             1 => {
-                send_json(&mut session, json!({"type":"status","state":"running","host":"offline"})).await;
-                send_json(&mut session, json!({"type":"error","message":"host offline"})).await;
+                say_host_offline(&mut session).await;
             }
             _ => {
                 let offset: u64 =
                     context.query.strip_prefix("from=").and_then(|n| n.parse().ok()).expect("reattach without from=");
-                send_json(&mut session, json!({"type":"resume","offset":offset})).await;
+                send_control(&mut session, ServerMessage::Resume { offset }).await;
                 send_bytes(&mut session, b"!").await;
-                send_json(&mut session, json!({"type":"exit","exitCode":null})).await;
+                send_control(&mut session, ServerMessage::Exit { exit_code: None }).await;
             }
         }
     }
@@ -265,9 +283,9 @@ fn moves_and_is_briefly_offline(context: ScriptContext, mut session: Session) ->
 /// Replay, live, then silence: the client decides when it ends.
 fn stays_open(_: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
-        send_json(&mut session, json!({"type":"replay","cols":80,"rows":24,"offset":0})).await;
+        send_control(&mut session, ServerMessage::Replay { cols: 80, rows: 24, offset: 0 }).await;
         send_bytes(&mut session, SNAPSHOT).await;
-        send_json(&mut session, json!({"type":"live","offset":0})).await;
+        send_control(&mut session, ServerMessage::Live { offset: 0 }).await;
     }
     .boxed_local()
 }
@@ -282,8 +300,7 @@ fn not_found(context: ScriptContext, session: Session) -> LocalBoxFuture<'static
 
 fn host_offline(_: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
-        send_json(&mut session, json!({"type":"status","state":"running","host":"offline"})).await;
-        send_json(&mut session, json!({"type":"error","message":"host offline"})).await;
+        say_host_offline(&mut session).await;
     }
     .boxed_local()
 }
@@ -315,23 +332,22 @@ async fn attach_quietly(server: &FakeServer) -> (AttachOutcome, Vec<u8>) {
     (outcome, output)
 }
 
-fn texts(received: &[Received]) -> Vec<&Value> {
+/// The control messages heard; panics on a text frame that is not one.
+fn texts(received: &[Received]) -> Vec<&ClientMessage> {
     received
         .iter()
         .filter_map(|r| match r {
-            Received::Text(value) => Some(value),
+            Received::Text(message) => Some(message),
+            Received::OtherText(text) => panic!("the client sent a text frame that is not a control message: {text}"),
             _ => None,
         })
         .collect()
 }
 
-fn is_view(value: &Value, cols: u64, rows: u64) -> bool {
-    value["type"] == "view"
-        && value["cols"] == cols
-        && value["rows"] == rows
-        && value["visible"] == true
-        && value["open"] == true
-        && value["idleMs"].is_u64()
+/// A `view` of a visible, open window of `cols` x `rows`, however idle.
+fn is_view(message: &ClientMessage, cols: u16, rows: u16) -> bool {
+    matches!(message, ClientMessage::View { cols: c, rows: r, visible: true, open: true, .. }
+        if (*c, *r) == (GridDim(cols), GridDim(rows)))
 }
 
 #[actix_rt::test]
@@ -369,10 +385,10 @@ async fn reattaches_after_4503_from_the_offset_it_has_shown() {
     // The first attach claims the grid; the reattach only reports its view.
     let first = texts(&connections[0].received);
     assert!(is_view(first[0], 100, 30), "{first:?}");
-    assert_eq!(first[1], &json!({"type":"resize","cols":100,"rows":30}));
+    assert_eq!(first[1], &ClientMessage::resize(100, 30));
     let second = texts(&connections[1].received);
     assert!(is_view(second[0], 100, 30), "{second:?}");
-    assert!(second.iter().all(|v| v["type"] != "resize"), "{second:?}");
+    assert!(!second.iter().any(|m| matches!(m, ClientMessage::Resize { .. })), "{second:?}");
     server.stop().await;
 }
 
@@ -416,7 +432,7 @@ async fn detach_key_ends_the_session_after_view_resize_and_input() {
     let received = &connections[0].received;
     assert_eq!(received.len(), 6, "{received:#?}");
     assert!(matches!(&received[0], Received::Text(v) if is_view(v, 100, 30)), "{received:?}");
-    assert_eq!(received[1], Received::Text(json!({"type":"resize","cols":100,"rows":30})));
+    assert_eq!(received[1], Received::Text(ClientMessage::resize(100, 30)));
     assert!(matches!(&received[2], Received::Text(v) if is_view(v, 120, 40)), "{received:?}");
     assert_eq!(
         received[3..],

@@ -11,6 +11,7 @@ use support::client::{viewer_url, Api, Event, Socket, WAIT};
 use support::daemon::DaemonProcess;
 use support::e2e::{metric, start, terminal, wait_online, wait_state, E2e, Viewer};
 use support::TetherServer;
+use tether::viewer_protocol::ClientMessage;
 
 macro_rules! both_backends {
     ($($name:ident),* $(,)?) => {
@@ -35,10 +36,8 @@ async fn shell_io_resize_second_viewer_resume_and_exit(postgres: bool) {
     let (_, body) = e.api.get(&format!("/api/v1/terminals/{id}")).await;
     assert_eq!(body["terminal"]["lastInteractedAt"], Value::Null, "nobody typed yet: {body}");
     let mut v1 = Viewer::attach(&e, &id, "").await;
-    v1.sock.send_json(json!({"type": "resize", "cols": 101, "rows": 33})).await;
-    v1.sock
-        .send_json(json!({"type": "view", "cols": 101, "rows": 33, "visible": true, "idleMs": 0, "open": true}))
-        .await;
+    v1.resize(101, 33).await;
+    v1.sock.send_message(&ClientMessage::view(101, 33, true, 0, true)).await;
     // The shell expands this, so seeing the result proves a real shell ran it.
     v1.type_line("echo hello-$((6*7))").await;
     v1.until("hello-42").await;
@@ -423,7 +422,7 @@ async fn serve_demo_prints_a_ready_terminal() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let mut sock = Socket::connect(&viewer_url(&server, &terminal), Some(&token), &["tether.v1"]).await;
-    sock.send_json(json!({"type": "input", "data": "echo demo-$((2*21))\n"})).await;
+    sock.send_message(&ClientMessage::Input { data: "echo demo-$((2*21))\n".into() }).await;
     let mut seen = Vec::new();
     let deadline = tokio::time::Instant::now() + WAIT;
     while !String::from_utf8_lossy(&seen).contains("demo-42") {

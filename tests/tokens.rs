@@ -128,14 +128,10 @@ async fn read_viewers_watch_and_revoked_tokens_are_closed_on_every_instance() {
 
     // The reader's input, resize and view stay on its instance; it is told
     // once for each.
-    let typed = ClientMessage::Input { data: "echo typed-by-reader\n".into() };
-    reader.sock.send_json(serde_json::to_value(&typed).expect("json")).await;
+    reader.sock.send_message(&ClientMessage::Input { data: "echo typed-by-reader\n".into() }).await;
     reader.sock.send_binary(&b"echo typed-by-reader-binary\n"[..]).await;
-    reader.sock.send_json(json!({"type": "resize", "cols": 33, "rows": 11})).await;
-    reader
-        .sock
-        .send_json(json!({"type": "view", "cols": 33, "rows": 11, "visible": true, "idleMs": 0, "open": true}))
-        .await;
+    reader.sock.send_message(&ClientMessage::resize(33, 11)).await;
+    reader.sock.send_message(&ClientMessage::view(33, 11, true, 0, true)).await;
     let mut refusals = Vec::new();
     for _ in 0..3 {
         let seen = until_message(&mut reader, |m| matches!(m, ServerMessage::Error { .. })).await;

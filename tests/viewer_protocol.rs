@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use support::client::{create_token, daemon_url, hello, viewer_url, Api, Event, Socket};
 use support::TetherServer;
 use tether::proto::v1::{daemon_frame, server_frame};
+use tether::viewer_protocol::ClientMessage;
 
 /// A server, a user, a host with a scripted daemon and one running terminal.
 struct Setup {
@@ -105,9 +106,9 @@ impl Setup {
     /// Sends `view` from `viewer` every 200 ms (as clients heartbeat) until
     /// the daemon is asked to resize; the two viewers' sockets are separate,
     /// so only a repeated arrival is ordered after the holder's own change.
-    async fn arrive_until_resize(&mut self, viewer: &mut Socket, view: Value) -> (u32, u32) {
+    async fn arrive_until_resize(&mut self, viewer: &mut Socket, view: &ClientMessage) -> (u32, u32) {
         for _ in 0..50 {
-            viewer.send_json(view.clone()).await;
+            viewer.send_message(view).await;
             if let Some(Event::Binary(b)) = self.daemon.next_within(Duration::from_millis(200)).await {
                 let frame = <tether::proto::v1::ServerFrame as prost::Message>::decode(b.as_ref()).expect("frame");
                 if let Some(server_frame::Frame::Resize(r)) = frame.frame {
@@ -126,7 +127,7 @@ impl Setup {
         let mut v2 = self.viewer("").await;
         self.answer_attach(b"S", 0).await;
         until(&mut v2, "live").await;
-        v1.send_json(json!({"type":"view","cols":100,"rows":30,"visible":true,"idleMs":0,"open":true})).await;
+        v1.send_message(&ClientMessage::view(100, 30, true, 0, true)).await;
         assert_eq!(self.next_resize().await, (100, 30));
         (v1, v2)
     }
@@ -266,7 +267,7 @@ async fn input_reaches_the_daemon() {
     let mut v1 = s.viewer("").await;
     s.answer_attach(b"S", 0).await;
     until(&mut v1, "live").await;
-    v1.send_json(json!({"type": "input", "data": "ls\r"})).await;
+    v1.send_message(&ClientMessage::Input { data: "ls\r".into() }).await;
     v1.send_binary(Bytes::from_static(b"\x03")).await;
     let mut got = Vec::new();
     while got.len() < 2 {
@@ -299,7 +300,7 @@ async fn grid_holder_in_use_keeps_idle_or_hidden_loses_resize_claims() {
     s.answer_attach(b"S", 0).await;
     until(&mut v2, "live").await;
 
-    v1.send_json(json!({"type":"view","cols":100,"rows":30,"visible":true,"idleMs":0,"open":true})).await;
+    v1.send_message(&ClientMessage::view(100, 30, true, 0, true)).await;
     assert_eq!(s.next_resize().await, (100, 30));
     s.size(100, 30).await;
     let size = size_of(&mut v1, 100).await;
@@ -308,23 +309,23 @@ async fn grid_holder_in_use_keeps_idle_or_hidden_loses_resize_claims() {
     assert_eq!(size["yours"], false);
 
     // In use and fresh: the holder keeps the grid.
-    v2.send_json(json!({"type":"view","cols":90,"rows":20,"visible":true,"idleMs":0,"open":true})).await;
+    v2.send_message(&ClientMessage::view(90, 20, true, 0, true)).await;
     assert!(s.daemon.next_within(Duration::from_millis(300)).await.is_none(), "the holder in use keeps the grid");
     // Idle holder (61 s): the newcomer's next view takes it.
-    v1.send_json(json!({"type":"view","cols":100,"rows":30,"visible":true,"idleMs":61000,"open":true})).await;
-    let arrival = json!({"type":"view","cols":90,"rows":20,"visible":true,"idleMs":0,"open":true});
-    assert_eq!(s.arrive_until_resize(&mut v2, arrival).await, (90, 20), "only the idle holder's loss resizes");
+    v1.send_message(&ClientMessage::view(100, 30, true, 61000, true)).await;
+    let arrival = ClientMessage::view(90, 20, true, 0, true);
+    assert_eq!(s.arrive_until_resize(&mut v2, &arrival).await, (90, 20), "only the idle holder's loss resizes");
     s.size(90, 20).await;
     let size = size_of(&mut v2, 90).await;
     assert_eq!((size["cols"].as_u64(), size["yours"].as_bool()), (Some(90), Some(true)));
 
     // Hidden holder loses to a visible arrival.
-    v2.send_json(json!({"type":"view","cols":90,"rows":20,"visible":false,"idleMs":0,"open":true})).await;
-    let arrival = json!({"type":"view","cols":100,"rows":30,"visible":true,"idleMs":0,"open":true});
-    assert_eq!(s.arrive_until_resize(&mut v1, arrival).await, (100, 30));
+    v2.send_message(&ClientMessage::view(90, 20, false, 0, true)).await;
+    let arrival = ClientMessage::view(100, 30, true, 0, true);
+    assert_eq!(s.arrive_until_resize(&mut v1, &arrival).await, (100, 30));
 
     // resize always claims.
-    v2.send_json(json!({"type":"resize","cols":70,"rows":25})).await;
+    v2.send_message(&ClientMessage::resize(70, 25)).await;
     assert_eq!(s.next_resize().await, (70, 25));
     s.size(70, 25).await;
     let size = size_of(&mut v2, 70).await;
@@ -339,7 +340,7 @@ async fn an_unresponsive_holder_loses_the_grid() {
     let (v1, mut v2) = s.holder_and_newcomer().await;
     // v1 stops reading (so it never answers the ping); v2 arrives after v1 went stale.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    v2.send_json(json!({"type":"view","cols":60,"rows":20,"visible":true,"idleMs":0,"open":true})).await;
+    v2.send_message(&ClientMessage::view(60, 20, true, 0, true)).await;
     assert_eq!(s.next_resize().await, (60, 20), "no pong within ping_timeout: the newcomer takes the grid");
     drop(v1);
 }
@@ -349,7 +350,7 @@ async fn a_responsive_stale_holder_keeps_the_grid() {
     let mut s = setup(&[("TETHER_VIEWER__FRESH_MS", "200"), ("TETHER_VIEWER__PING_TIMEOUT_MS", "1500")]).await;
     let (mut v1, mut v2) = s.holder_and_newcomer().await;
     tokio::time::sleep(Duration::from_millis(400)).await;
-    v2.send_json(json!({"type":"view","cols":60,"rows":20,"visible":true,"idleMs":0,"open":true})).await;
+    v2.send_message(&ClientMessage::view(60, 20, true, 0, true)).await;
     // v1 reads, so it answers the ping with a pong.
     let pinged = loop {
         match v1.next_within(Duration::from_secs(3)).await {
@@ -428,6 +429,7 @@ async fn bad_viewer_input_closes_with_its_code() {
     let mut v = s.viewer("").await;
     s.answer_attach(b"S", 0).await;
     until(&mut v, "live").await;
+    // Raw JSON: an unknown type is what ClientMessage cannot express.
     v.send_json(json!({"type": "dance"})).await;
     let error = until(&mut v, "error").await;
     assert!(error["message"].as_str().is_some_and(|m| m.contains("bad message")), "{error}");
@@ -515,6 +517,8 @@ async fn grid_values_out_of_range_are_clamped() {
     let mut v = s.viewer("").await;
     s.answer_attach(b"S", 0).await;
     until(&mut v, "live").await;
+    // Raw JSON: a negative, a fractional and a non-number grid are what
+    // ClientMessage (u16 grids) cannot express.
     v.send_json(json!({"type": "resize", "cols": -1, "rows": 3})).await;
     assert_eq!(s.next_resize().await, (1, 3));
     v.send_json(json!({"type": "resize", "cols": 5000, "rows": 40.7})).await;

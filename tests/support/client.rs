@@ -11,6 +11,7 @@ use futures_util::{SinkExt, StreamExt};
 use prost::Message as _;
 use serde_json::Value;
 use tether::proto::v1::{daemon_frame, server_frame, DaemonFrame, ServerFrame};
+use tether::viewer_protocol::ClientMessage;
 
 use super::TetherServer;
 
@@ -163,6 +164,11 @@ impl Socket {
 
     pub async fn send_json(&mut self, value: Value) {
         self.send_text(value.to_string()).await;
+    }
+
+    /// Sends a viewer control message as its text frame.
+    pub async fn send_message(&mut self, message: &ClientMessage) {
+        self.send_text(message.to_json()).await;
     }
 
     pub async fn close(&mut self) {

@@ -194,12 +194,11 @@ impl Viewer {
 
     /// Claims the grid (`resize`).
     pub async fn resize(&mut self, cols: u16, rows: u16) {
-        self.sock.send_json(serde_json::to_value(ClientMessage::resize(cols, rows)).expect("json")).await;
+        self.sock.send_message(&ClientMessage::resize(cols, rows)).await;
     }
 
     pub async fn type_line(&mut self, line: &str) {
-        let input = ClientMessage::Input { data: format!("{line}\n") };
-        self.sock.send_json(serde_json::to_value(input).expect("json")).await;
+        self.sock.send_message(&ClientMessage::Input { data: format!("{line}\n") }).await;
     }
 }
 
