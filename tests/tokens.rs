@@ -284,9 +284,18 @@ async fn the_cli_creates_lists_expires_and_revokes_tokens() {
     assert!(!row.ends_with("never"), "the use was stamped: {row}");
     let id = row.split_whitespace().next().expect("id").to_string();
 
-    // Expired: refused, and listed as such.
+    // A socket opened with it while it was valid: a daemon connection.
+    let (status, body) = api.post("/api/v1/hosts", json!({"hostname": "ann-box"})).await;
+    assert_eq!(status, 201, "{body}");
+    let host = body["host"]["id"].as_str().expect("host id").to_string();
+    let mut daemon = Socket::connect(&daemon_url(&server), Some(&secret), &["tether.daemon.v1"]).await;
+    daemon.send_frame(hello(&host)).await;
+    assert!(matches!(daemon.next_server_frame().await, server_frame::Frame::HelloAck(_)));
+
+    // Expired: refused, listed as such, and its open socket closed 4401.
     tokio::time::sleep(Duration::from_millis(3200)).await;
     assert_eq!(api.get("/api/v1/hosts").await.0, 401);
+    assert_eq!(daemon.expect_close().await, Some(4401), "the expired token's socket stays open");
     let table = String::from_utf8(server.run(&["token", "list", "--user", "ann"], &[]).stdout).expect("utf8");
     assert!(table.lines().any(|l| l.starts_with(&id) && l.contains(" expired ")), "{table}");
 
