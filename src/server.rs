@@ -124,13 +124,17 @@ async fn drain(state: &AppState) {
 /// Opens the store and binds the listener.
 pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     let settings = Arc::new(settings);
+    let serving = Serving::of(role, settings.director.enabled);
+    let ticket_key = match serving.placement {
+        true => Some(crate::director::ticket_key(&settings)?),
+        false => None,
+    };
     let store = store::open(&settings).await?;
     let instance = Instance::new(settings.cell_id(), role);
     tracing::info!(instance_id = %instance.instance_id, backend = store.backend(), "tether_instance_starting");
-    let serving = Serving::of(role, settings.director.enabled);
-    let director = match serving.placement {
-        true => Some(web::Data::new(crate::director::start(&settings, store.clone())?)),
-        false => None,
+    let director = match ticket_key {
+        Some(key) => Some(web::Data::new(crate::director::start(&settings, store.clone(), key)?)),
+        None => None,
     };
     let state = AppState::start(settings.clone(), store, instance)?;
     let app_state = state.clone();

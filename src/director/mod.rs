@@ -33,15 +33,21 @@ pub enum StartError {
     Tls(#[from] crate::tls::TlsError),
 }
 
-/// Starts the director's poller on the current actix system; the director
-/// needs `cluster.secret` (it signs tickets and calls the cells' `/internal` routes with it).
-pub fn start(settings: &Settings, store: Arc<dyn Store>) -> Result<Director, StartError> {
+/// The director's ticket key from `cluster.secret`, which it needs: it
+/// signs booking tickets and authenticates to the cells' `/internal`
+/// routes with it. Checked before anything is opened.
+pub fn ticket_key(settings: &Settings) -> Result<ticket::TicketKey, ConfigError> {
     let unset = || ConfigError::Invalid {
         key: "cluster.secret",
         message: "the director needs it: it signs booking tickets and authenticates to the cells with it".into(),
     };
-    let secret = settings.cluster.secret.clone().filter(|s| !s.is_empty()).ok_or_else(unset)?;
-    let key = ticket::TicketKey::new(secret.as_bytes()).map_err(|_| unset())?;
+    let secret = settings.cluster.secret.as_deref().filter(|s| !s.is_empty()).ok_or_else(unset)?;
+    ticket::TicketKey::new(secret.as_bytes()).map_err(|_| unset())
+}
+
+/// Starts the director's poller on the current actix system.
+pub fn start(settings: &Settings, store: Arc<dyn Store>, key: ticket::TicketKey) -> Result<Director, StartError> {
+    let secret = settings.cluster.secret.clone().unwrap_or_default();
     let director = &settings.director;
     let poller = poller::CellPoller::new(store.clone(), secret, ms(director.poll_ms), ms(director.fresh_ms))?.start();
     let freshness = placement::Freshness {
