@@ -131,7 +131,7 @@ impl Principal {
             (_, Access::Public) => true,
             (_, Access::ClusterSecret) => false,
             (TokenScope::Full, _) => true,
-            (TokenScope::Daemon, Access::RegisterHost | Access::DaemonSocket) => true,
+            (TokenScope::Daemon, Access::RegisterHost | Access::DaemonSocket | Access::Assign) => true,
             (TokenScope::Daemon, _) => false,
             (TokenScope::Read, Access::ReadTerminal | Access::ViewerSocket) => match self.share_terminal {
                 None => true,
@@ -186,6 +186,8 @@ pub enum Access {
     RegisterHost,
     /// `/ws/v1/daemon`: `full` and `daemon` tokens.
     DaemonSocket,
+    /// `POST /v1/assign` (the director's placement): `full` and `daemon` tokens.
+    Assign,
     /// `/ws/v1/terminals/{id}`: `full`, `read`, and a share token of that terminal.
     ViewerSocket,
     /// `/internal/...`: the cluster secret (`cluster.secret`) as the

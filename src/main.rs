@@ -481,11 +481,6 @@ async fn token_command(settings: &Settings, command: TokenCommand) -> Result<(),
 }
 
 async fn serve(settings: Settings, role: Role, demo: bool) -> Result<(), Failure> {
-    if role == Role::Director {
-        return Err(Failure::config(
-            "--role director is not available in this build yet (placement arrives with the cells work)",
-        ));
-    }
     let scheme = if settings.http.tls_cert_path.is_some() { "https" } else { "http" };
     let backend = match &settings.database.url {
         Some(_) => "PostgreSQL".to_string(),
@@ -494,10 +489,16 @@ async fn serve(settings: Settings, role: Role, demo: bool) -> Result<(), Failure
     let bound = tether::server::bind(settings, role).await.map_err(|e| match e {
         tether::server::ServeError::Config(e) => Failure::config(e),
         tether::server::ServeError::Tls(e) => Failure::config(e),
+        tether::server::ServeError::Director(e) => Failure::config(e),
         other => Failure::runtime(other),
     })?;
     for addr in &bound.addrs {
-        println!("tether: listening on {scheme}://{addr} ({backend}); the web page is at {scheme}://{addr}/");
+        match role {
+            Role::Director => {
+                println!("tether: director listening on {scheme}://{addr} ({backend}); it serves POST /v1/assign")
+            }
+            _ => println!("tether: listening on {scheme}://{addr} ({backend}); the web page is at {scheme}://{addr}/"),
+        }
     }
     for addr in &bound.metrics_addrs {
         println!("tether: /metrics is served on http://{addr}/metrics only");

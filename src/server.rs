@@ -8,6 +8,7 @@ use std::sync::Arc;
 use actix_web::{web, App, HttpServer};
 
 use crate::config::{ms, Settings};
+use crate::http::routes::Serving;
 use crate::http::state::{AppState, Instance, Role};
 use crate::relay::registry::DrainAll;
 use crate::store::{self, host_lease_key, HostState, LeaseHolder, StoreError};
@@ -21,6 +22,8 @@ pub enum ServeError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
+    #[error(transparent)]
+    Director(#[from] crate::director::StartError),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("server failed: {0}")]
@@ -121,9 +124,18 @@ async fn drain(state: &AppState) {
 /// Opens the store and binds the listener.
 pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     let settings = Arc::new(settings);
+    let serving = Serving::of(role, settings.director.enabled);
+    let ticket_key = match serving.placement {
+        true => Some(crate::director::ticket_key(&settings)?),
+        false => None,
+    };
     let store = store::open(&settings).await?;
     let instance = Instance::new(settings.cell_id(), role);
     tracing::info!(instance_id = %instance.instance_id, backend = store.backend(), "tether_instance_starting");
+    let director = match ticket_key {
+        Some(key) => Some(web::Data::new(crate::director::start(&settings, store.clone(), key)?)),
+        None => None,
+    };
     let state = AppState::start(settings.clone(), store, instance)?;
     let app_state = state.clone();
     let max_body = settings.http.max_body_bytes;
@@ -135,9 +147,14 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     let server = HttpServer::new(move || {
         App::new()
             .app_data(app_state.clone())
+            .configure(|cfg| {
+                if let Some(director) = director.clone() {
+                    cfg.app_data(director);
+                }
+            })
             .wrap(crate::http::security_headers())
             .wrap_fn(crate::http::record_metrics)
-            .configure(|cfg| crate::http::configure(cfg, max_body))
+            .configure(|cfg| crate::http::configure(cfg, max_body, serving))
     })
     // Terminal traffic is many small frames (keystrokes, echoes, control
     // messages): Nagle's algorithm would hold each behind the peer's

@@ -44,7 +44,7 @@ impl Who {
     fn reaches(self, access: Access) -> bool {
         match self {
             Who::Read => matches!(access, Access::Read | Access::ReadTerminal | Access::ViewerSocket),
-            Who::Daemon => matches!(access, Access::RegisterHost | Access::DaemonSocket),
+            Who::Daemon => matches!(access, Access::RegisterHost | Access::DaemonSocket | Access::Assign),
             _ => false,
         }
     }
@@ -98,6 +98,7 @@ fn case_for(spec: &RouteSpec, w: &World) -> (String, Option<Value>, bool) {
             Some(json!({"admitMode": "reserve", "deadManTripSlots": 2})),
             false,
         ),
+        ("POST", "/v1/assign") => (spec.path.into(), Some(host_body), true),
         (method, path) => panic!("no authorization matrix case for {method} {path}: add one to tests/authz_matrix.rs"),
     }
 }
@@ -106,13 +107,18 @@ fn case_for(spec: &RouteSpec, w: &World) -> (String, Option<Value>, bool) {
 const MATRIX_CELL: &str = "relay-matrix";
 
 /// Everything the requests could have changed, as text: ann's and bob's
-/// hosts, terminals, runs and tokens (a token's last use aside), and the
-/// cell switch the cluster-route cases would write.
+/// hosts with their cell assignments, terminals, runs and tokens (a
+/// token's last use aside), and the cell switch the cluster-route cases
+/// would write.
 async fn database_state(store: &PgStore) -> String {
     let mut state = format!("{:?}\n", store.cell_switch(MATRIX_CELL).await.expect("switch"));
     for name in ["ann", "bob"] {
         let user = store.ensure_user(name).await.expect("user");
         let hosts = store.list_hosts(user.id).await.expect("hosts");
+        for host in &hosts {
+            let assignment = store.assignment(host.id).await.expect("assignment");
+            state.push_str(&format!("{} assigned to {assignment:?}\n", host.id));
+        }
         let terminals = store.list_terminals(user.id, &Default::default()).await.expect("terminals");
         let runs = store.list_runs(user.id, None).await.expect("runs");
         let mut tokens = store.list_tokens(user.id).await.expect("tokens");
@@ -167,8 +173,13 @@ async fn send(api: &Api, spec: &RouteSpec, path: &str, body: &Option<Value>) -> 
 async fn every_route_is_refused_to_whoever_it_does_not_reach() {
     let url = support::pg_database().await;
     let cluster_secret = "matrix-cluster-secret-0123456789";
-    let server =
-        TetherServer::start(&[("TETHER_DATABASE__URL", &url), ("TETHER_CLUSTER__SECRET", cluster_secret)], &[]).await;
+    // With the director enabled, the combined instance serves every route of the table.
+    let env = [
+        ("TETHER_DATABASE__URL", url.as_str()),
+        ("TETHER_CLUSTER__SECRET", cluster_secret),
+        ("TETHER_DIRECTOR__ENABLED", "true"),
+    ];
+    let server = TetherServer::start(&env, &[]).await;
     let store = PgStore::connect(&url, 4).await.expect("connect");
     let ann_token = create_token(&server, "ann");
     let ann = Api::new(server.url(), ann_token.clone());
@@ -229,10 +240,10 @@ async fn every_route_is_refused_to_whoever_it_does_not_reach() {
     let mut checked = 0;
     for spec in ROUTES {
         // Writes are for full tokens only (a daemon token may register its
-        // host) and for the cluster.
+        // host and ask where it dials) and for the cluster.
         if spec.method != "GET" {
             assert!(
-                matches!(spec.access, Access::Control | Access::RegisterHost | Access::ClusterSecret),
+                matches!(spec.access, Access::Control | Access::RegisterHost | Access::Assign | Access::ClusterSecret),
                 "{} {} changes state but is open to {:?}",
                 spec.method,
                 spec.path,

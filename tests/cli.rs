@@ -16,7 +16,7 @@
 //!   creates `./tether.db`; settings also come from a `--config` file;
 //! - on PostgreSQL, `serve` is ready and `GET /api/v1/instance` describes the
 //!   instance (`<cellId>#<6 hex>`, role, `cell.id`);
-//! - `serve --role director` exits 2 in this build; a taken port exits 1;
+//! - `serve --role director` without `cluster.secret` exits 2 naming it; a taken port exits 1;
 //! - `cell set` prints the switch and bumps its generation on every write,
 //!   refusing bad values with exit 2 and a message; `cell budget` prints the
 //!   worked example of docs/CELLS.md (300 connections, 280 with 2 slots).
@@ -771,12 +771,12 @@ async fn serve_role_cell_reports_its_role() {
 // 8. director
 
 #[test]
-fn serve_role_director_is_refused_with_status_2() {
+fn serve_role_director_without_the_cluster_secret_is_refused_naming_the_key() {
     let finished = run_in_empty_dir(&["serve", "--role", "director", "--listen", &free_listen()], &[]);
     assert_status_2(&finished, "serve --role director");
     assert!(
-        finished.stderr.contains("director"),
-        "the message does not say what is unavailable\n{}",
+        finished.stderr.contains("cluster.secret") && finished.stderr.contains("director"),
+        "the message does not name the missing key\n{}",
         finished.describe()
     );
 }

@@ -41,12 +41,9 @@ async fn fixture(postgres: bool) -> Fixture {
 
 macro_rules! app {
     ($fx:expr) => {
-        init_service(
-            App::new()
-                .app_data($fx.state.clone())
-                .wrap_fn(tether::http::record_metrics)
-                .configure(|cfg| tether::http::configure(cfg, 4096)),
-        )
+        init_service(App::new().app_data($fx.state.clone()).wrap_fn(tether::http::record_metrics).configure(|cfg| {
+            tether::http::configure(cfg, 4096, tether::http::routes::Serving::of(Role::Combined, false))
+        }))
         .await
     };
 }

@@ -24,8 +24,8 @@ use super::screen::GridSize;
 use super::state::StateDir;
 use super::terminal::{self, ChildStreams, FinalFrames, TerminalCommand, TerminalHandle};
 use crate::proto::v1::{
-    daemon_frame::Frame, server_frame::Frame as In, Attach, AttachError, Capabilities, CredentialsResult, Dirs, DirsOp,
-    DirsResult, Hello, LimitsResult, Ping, ServerFrame, Spawn, SpawnError, Started, TerminalReport,
+    daemon_frame::Frame, server_frame::Frame as In, Attach, AttachError, Booking, Capabilities, CredentialsResult,
+    Dirs, DirsOp, DirsResult, Hello, LimitsResult, Ping, ServerFrame, Spawn, SpawnError, Started, TerminalReport,
 };
 
 /// How often the daemon pings (docs/PROTOCOL.md, "Connection lifecycle").
@@ -159,7 +159,7 @@ impl Host {
 
     /// Runs one connection: Hello, wait for HelloAck, then serve frames
     /// until the socket ends.
-    pub async fn serve(&mut self, connection: Connection, host_id: &str) -> SessionOutcome {
+    pub async fn serve(&mut self, connection: Connection, host_id: &str, booking: Option<Booking>) -> SessionOutcome {
         let started = Instant::now();
         let Connection { mut inbound, out, mut writer } = connection;
         let outcome =
@@ -170,7 +170,7 @@ impl Host {
             self.on_finished(final_frames, None).await;
         }
         let mut link = Link { out, ledger: PingLedger::default(), stalled: false };
-        if !link.send(Frame::Hello(self.hello(host_id))).await {
+        if !link.send(Frame::Hello(self.hello(host_id, booking))).await {
             return outcome(false, SessionEnd::Lost("writer stopped before hello".to_owned()));
         }
 
@@ -219,7 +219,7 @@ impl Host {
         }
     }
 
-    fn hello(&self, host_id: &str) -> Hello {
+    fn hello(&self, host_id: &str, booking: Option<Booking>) -> Hello {
         Hello {
             host_id: host_id.to_owned(),
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -240,7 +240,7 @@ impl Host {
                     next_offset: entry.handle.next_offset.get(),
                 })
                 .collect(),
-            booking: None,
+            booking,
         }
     }
 

@@ -4,6 +4,7 @@
 //!
 //! Layout, one job per module:
 //! - `supervisor`: the reconnect loop and close-code policy;
+//! - `assign`: asking the server's director which cell to dial;
 //! - `host`: the terminals table and server-frame handling per connection;
 //! - `connection`: dialing, the ordered outbound queue, frame decoding;
 //! - `terminal`: the per-terminal task that owns the output stream;
@@ -16,6 +17,7 @@
 //! Everything runs on the current thread's local task set (awc is `!Send`),
 //! so [`run`] can be spawned with `actix_rt::spawn` inside a server process.
 
+mod assign;
 mod backoff;
 mod connection;
 mod dirs;

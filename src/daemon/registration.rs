@@ -55,6 +55,16 @@ struct RegisteredHost {
     id: String,
 }
 
+/// The error code of a refused request. The code is enough to act on; the
+/// body is not logged whole.
+pub(super) async fn error_code(response: &mut awc::ClientResponse) -> String {
+    let body = response.body().await.unwrap_or_default();
+    match crate::client::ApiErrorBody::parse(&body) {
+        Some(error) => error.code,
+        None => "no error code".to_owned(),
+    }
+}
+
 /// Registers this machine and returns its host id.
 pub async fn register(
     client: &awc::Client,
@@ -73,13 +83,7 @@ pub async fn register(
         return Err(RegisterError::BadToken);
     }
     if !status.is_success() {
-        // The error code is enough to act on; the body is not logged whole.
-        let body = response.body().await.unwrap_or_default();
-        let code = match crate::client::ApiErrorBody::parse(&body) {
-            Some(error) => error.code,
-            None => "no error code".to_owned(),
-        };
-        return Err(RegisterError::Status { status: status.as_u16(), code });
+        return Err(RegisterError::Status { status: status.as_u16(), code: error_code(&mut response).await });
     }
     let registered: Registered = response.json().await.map_err(|err| RegisterError::BadResponse(err.to_string()))?;
     let id = registered.host.id;

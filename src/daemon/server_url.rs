@@ -53,6 +53,11 @@ impl ServerUrl {
         format!("{}/api/v1/hosts", self.base)
     }
 
+    /// `POST` here asks the director where to dial (docs/CELLS.md, "What a daemon does").
+    pub fn assign_endpoint(&self) -> String {
+        format!("{}/v1/assign", self.base)
+    }
+
     /// The daemon WebSocket (docs/PROTOCOL.md, "The socket").
     pub fn daemon_ws_endpoint(&self) -> String {
         format!("{}/ws/v1/daemon", self.ws_base)
@@ -74,6 +79,7 @@ mod tests {
         let url = ServerUrl::parse("http://127.0.0.1:8080/").unwrap();
         assert_eq!(url.hosts_endpoint(), "http://127.0.0.1:8080/api/v1/hosts");
         assert_eq!(url.daemon_ws_endpoint(), "ws://127.0.0.1:8080/ws/v1/daemon");
+        assert_eq!(url.assign_endpoint(), "http://127.0.0.1:8080/v1/assign");
 
         let url = ServerUrl::parse("https://relay.example.com/tether").unwrap();
         assert_eq!(url.hosts_endpoint(), "https://relay.example.com/tether/api/v1/hosts");

@@ -1,11 +1,14 @@
-//! The reconnect loop: register if needed, dial, serve, and decide from how
-//! the connection ended whether to redial at once, back off, re-register
-//! or give up (docs/PROTOCOL.md, "Close codes (daemon's reaction)").
+//! The reconnect loop: register if needed, ask where to dial (the server's
+//! director, if it runs one), dial, serve, and decide from how the
+//! connection ended whether to redial at once, back off, ask the director
+//! again, re-register or give up (docs/PROTOCOL.md, "Close codes (daemon's
+//! reaction)"; docs/CELLS.md, "What a daemon does").
 
 use std::time::Duration;
 
 use tracing::Instrument;
 
+use super::assign::{self, AssignError, Target};
 use super::backoff::Backoff;
 use super::connection::{self, DialError};
 use super::host::{Host, SessionEnd, SessionOutcome};
@@ -21,6 +24,7 @@ mod close_code {
     pub const REPLACED: u16 = 4000;
     pub const BAD_TOKEN: u16 = 4401;
     pub const FOREIGN_HOST: u16 = 4403;
+    pub const WRONG_CELL: u16 = 4409;
     pub const DRAINING: u16 = 4503;
 }
 
@@ -50,6 +54,8 @@ impl Supervisor {
         let mut reregistered = false;
         // A 4503 earns one immediate redial; repeated ones back off.
         let mut redialed_after_drain = false;
+        // Where connections go until a dial fails or a cell says 4409; None: ask.
+        let mut target: Option<Target> = None;
         loop {
             let host_id = match self.host_id(&client).await? {
                 Some(host_id) => host_id,
@@ -58,10 +64,29 @@ impl Supervisor {
                     continue;
                 }
             };
-            let connection = match connection::dial(&client, &self.server, &self.token).await {
+            let Target { url, booking } = match &target {
+                Some(known) => known.clone(),
+                None => match assign::ask(&client, &self.server, &self.token, &host_id).await {
+                    Ok(assigned) => {
+                        if assigned.url != self.server {
+                            tracing::info!(cell = %assigned.url, booked = assigned.booking.is_some(), "tether_daemon_assigned");
+                        }
+                        target.insert(assigned).clone()
+                    }
+                    Err(AssignError::BadToken) => return Err(DaemonError::BadToken),
+                    Err(err) => {
+                        let delay = backoff.next_delay();
+                        tracing::warn!(error = %err, delay_ms = delay.as_millis(), "tether_daemon_assign_failed");
+                        self.host.idle(delay).await;
+                        continue;
+                    }
+                },
+            };
+            let connection = match connection::dial(&client, &url, &self.token).await {
                 Ok(connection) => connection,
                 Err(DialError::Refused(401)) => return Err(DaemonError::BadToken),
                 Err(err) => {
+                    target = None;
                     let delay = backoff.next_delay();
                     tracing::warn!(error = %err, delay_ms = delay.as_millis(), "tether_daemon_dial_failed");
                     self.host.idle(delay).await;
@@ -70,7 +95,7 @@ impl Supervisor {
             };
 
             let span = tracing::info_span!("daemon_connection", host_id = %host_id);
-            let outcome = self.host.serve(connection, &host_id).instrument(span).await;
+            let outcome = self.host.serve(connection, &host_id, booking).instrument(span).await;
             if outcome.established {
                 reregistered = false;
                 if outcome.lived >= HEALTHY_CONNECTION {
@@ -78,10 +103,12 @@ impl Supervisor {
                 }
             }
             let drain_retry_used = std::mem::take(&mut redialed_after_drain);
-            match decide(&outcome, reregistered, drain_retry_used) {
+            let decision = decide(&outcome, reregistered, drain_retry_used);
+            match decision {
                 Decision::Fatal(err) => return Err(err.with_host_id(&host_id)),
                 Decision::Reregister => {
                     reregistered = true;
+                    target = None;
                     tracing::warn!(host_id, "tether_daemon_host_refused_registering_again");
                     self.state.forget_host_id()?;
                 }
@@ -89,7 +116,11 @@ impl Supervisor {
                     redialed_after_drain = true;
                     tracing::info!(host_id, "tether_daemon_instance_draining");
                 }
-                Decision::BackOff => {
+                Decision::Reassign | Decision::BackOff => {
+                    if matches!(decision, Decision::Reassign) {
+                        tracing::info!(host_id, "tether_daemon_wrong_cell");
+                        target = None;
+                    }
                     let delay = backoff.next_delay();
                     tracing::info!(
                         end = %outcome.end,
@@ -127,6 +158,8 @@ enum Decision {
     Fatal(FatalEnd),
     Reregister,
     RedialAfterDrain,
+    /// The cell says the host belongs elsewhere: ask the director again, after the backoff.
+    Reassign,
     BackOff,
 }
 
@@ -154,6 +187,7 @@ fn decide(outcome: &SessionOutcome, reregistered: bool, drain_retry_used: bool) 
         close_code::FOREIGN_HOST if reregistered => Decision::Fatal(FatalEnd::ForeignHost),
         close_code::FOREIGN_HOST => Decision::Reregister,
         close_code::DRAINING if !drain_retry_used => Decision::RedialAfterDrain,
+        close_code::WRONG_CELL => Decision::Reassign,
         close_code::REPLACED => {
             tracing::warn!("tether_daemon_replaced");
             Decision::BackOff
@@ -177,6 +211,7 @@ mod tests {
         assert!(matches!(decide(&closed(4403, false), true, false), Decision::Fatal(FatalEnd::ForeignHost)));
         assert!(matches!(decide(&closed(4503, true), false, false), Decision::RedialAfterDrain));
         assert!(matches!(decide(&closed(4503, false), false, true), Decision::BackOff));
+        assert!(matches!(decide(&closed(4409, false), false, false), Decision::Reassign));
         for code in [4000, 4429, 4408, 1000, 1011] {
             assert!(matches!(decide(&closed(code, true), false, false), Decision::BackOff), "{code}");
         }

@@ -19,16 +19,55 @@ use actix_web::middleware::{from_fn, Next};
 use actix_web::{web, HttpMessage, ResponseError};
 
 use super::error::ApiError;
-use super::state::{authenticate, AppState};
+use super::state::{authenticate, AppState, Role};
 use super::{ops, rest, ws};
 use crate::auth::{self, Access};
 
-/// One route: method, path pattern, what it asks of a token, its handler.
+/// One route: method, path pattern, what it asks of a token, which
+/// instances serve it, its handler.
 pub struct RouteSpec {
     pub method: &'static str,
     pub path: &'static str,
     pub access: Access,
+    pub served: Served,
     handler: fn(actix_web::Route) -> actix_web::Route,
+}
+
+/// Which instances serve a route (docs/CELLS.md, "Running a director").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// The relay: `combined` and `cell` instances.
+    Relay,
+    /// Placement: `director` instances, and `combined` ones with `director.enabled`.
+    Placement,
+    /// Every instance: operations, and host registration (a daemon pointed
+    /// at a director registers there before it asks where to dial).
+    Always,
+}
+
+/// What one instance serves, from its role and `director.enabled`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Serving {
+    pub relay: bool,
+    pub placement: bool,
+}
+
+impl Serving {
+    pub fn of(role: Role, director_enabled: bool) -> Self {
+        match role {
+            Role::Combined => Self { relay: true, placement: director_enabled },
+            Role::Cell => Self { relay: true, placement: false },
+            Role::Director => Self { relay: false, placement: true },
+        }
+    }
+
+    pub fn serves(self, spec: &RouteSpec) -> bool {
+        match spec.served {
+            Served::Relay => self.relay,
+            Served::Placement => self.placement,
+            Served::Always => true,
+        }
+    }
 }
 
 impl RouteSpec {
@@ -40,19 +79,28 @@ impl RouteSpec {
 
 macro_rules! route {
     ($method:literal, $path:literal, $access:ident, $handler:path) => {
-        RouteSpec { method: $method, path: $path, access: Access::$access, handler: |r| r.to($handler) }
+        route!($method, $path, $access, $handler, Relay)
+    };
+    ($method:literal, $path:literal, $access:ident, $handler:path, $served:ident) => {
+        RouteSpec {
+            method: $method,
+            path: $path,
+            access: Access::$access,
+            served: Served::$served,
+            handler: |r| r.to($handler),
+        }
     };
 }
 
 /// Every route the API serves besides the web page's static files.
 pub const ROUTES: &[RouteSpec] = &[
-    route!("GET", "/healthz", Public, ops::healthz),
-    route!("GET", "/readyz", Public, ops::readyz),
-    route!("GET", "/metrics", Public, ops::metrics),
+    route!("GET", "/healthz", Public, ops::healthz, Always),
+    route!("GET", "/readyz", Public, ops::readyz, Always),
+    route!("GET", "/metrics", Public, ops::metrics, Always),
     route!("GET", "/ws/v1/daemon", DaemonSocket, ws::daemon),
     route!("GET", "/ws/v1/terminals/{id}", ViewerSocket, ws::terminal),
     route!("GET", "/api/v1/instance", Public, ops::instance),
-    route!("POST", "/api/v1/hosts", RegisterHost, rest::hosts::register),
+    route!("POST", "/api/v1/hosts", RegisterHost, rest::hosts::register, Always),
     route!("GET", "/api/v1/hosts", Read, rest::hosts::list),
     route!("GET", "/api/v1/hosts/{id}", Read, rest::hosts::get),
     route!("DELETE", "/api/v1/hosts/{id}", Control, rest::hosts::delete),
@@ -77,19 +125,21 @@ pub const ROUTES: &[RouteSpec] = &[
     route!("DELETE", "/api/v1/tokens/{id}", Control, rest::tokens::revoke),
     route!("GET", "/internal/v1/cells", ClusterSecret, rest::cells::list),
     route!("PUT", "/internal/v1/cells/{cellId}/admit-mode", ClusterSecret, rest::cells::set_admit_mode),
+    route!("POST", "/v1/assign", Assign, rest::assign::assign, Placement),
 ];
 
-/// Registers [`ROUTES`]: one resource per path, each behind [`authorize`].
-pub fn configure(cfg: &mut web::ServiceConfig) {
+/// Registers the rows of [`ROUTES`] this instance serves: one resource per
+/// path, each behind [`authorize`]. A route it does not serve is 404.
+pub fn configure(cfg: &mut web::ServiceConfig, serving: Serving) {
     let mut paths: Vec<&'static str> = Vec::new();
-    for spec in ROUTES {
+    for spec in ROUTES.iter().filter(|s| serving.serves(s)) {
         if !paths.contains(&spec.path) {
             paths.push(spec.path);
         }
     }
     for path in paths {
         let mut resource = web::resource(path);
-        for spec in ROUTES.iter().filter(|s| s.path == path) {
+        for spec in ROUTES.iter().filter(|s| s.path == path && serving.serves(s)) {
             let method = Method::from_bytes(spec.method.as_bytes()).unwrap_or(Method::GET);
             resource = resource.route((spec.handler)(web::route().method(method)));
         }

@@ -7,6 +7,7 @@
 //! - [`redis_cluster_nodes`] / [`redis_cluster_hosts`]: a three-master Redis Cluster;
 //! - [`unique_prefix`]: a random prefix for keys and channels, so tests can share servers;
 //! - [`TetherServer`] / [`tether_cmd`]: real `tether` processes;
+//! - [`cell_peer::CellPeer`]: a scripted relay cell answering a director's calls;
 //! - [`cli::Person`]: the client commands as a person runs them (own config dir, pipes or a PTY).
 //!
 //! No mocks: the servers are real `postgres` and `redis-server` processes.
@@ -22,6 +23,7 @@
 
 pub mod balancer;
 pub mod browser;
+pub mod cell_peer;
 pub mod cli;
 pub mod client;
 pub mod daemon;

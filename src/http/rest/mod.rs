@@ -3,6 +3,7 @@
 //! validate input, scope every read and write to the caller's user, and
 //! answer errors in the shape of `http::error`.
 
+pub mod assign;
 pub mod audit;
 pub mod cells;
 pub mod hosts;

@@ -1,0 +1,295 @@
+//! The director (docs/CELLS.md, "Running a director"): a real
+//! `tether serve --role director` on PostgreSQL, placing hosts on cells
+//! that share its database. The placement rules are shown against scripted
+//! cells (`support::cell_peer`: a seat feed and a reserve call answered as
+//! a cell would, with what they answer set by the test); the daemon's side
+//! against real `tether serve --role cell` processes and a real
+//! `tether daemon` pointed at the director.
+//!
+//! Time is short settings (`director.poll_ms` 200 ms, `director.fresh_ms`
+//! 1 s), and every wait is for an event (a count of polls a cell saw, a
+//! lease holder), never for a duration.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::cell_peer::CellPeer;
+use support::client::{create_token, Api};
+use support::daemon::DaemonProcess;
+use support::TetherServer;
+use tether::cell::bookings::ReserveAnswer;
+use tether::cell::feed::AssignAnswer;
+use tether::cell::AdmitMode;
+use tether::director::ticket::{TicketKey, TicketSubject};
+use tether::store::postgres::PgStore;
+use tether::store::{host_lease_key, CellRow, LeaseHolder, Store};
+use uuid::Uuid;
+
+const SECRET: &str = "director-test-cluster-secret-0123";
+/// Polls of a cell that stopped answering before the director surely
+/// counts it stale: `director.fresh_ms` / `director.poll_ms`, and margin.
+const POLLS_TO_GO_STALE: u32 = 1_000 / 200 + 3;
+/// Polls after a write to the registry before the director surely read it:
+/// the third poll's registry read started after the write (each cell's
+/// poll waits for its previous one, and registry reads do not overlap).
+const POLLS_TO_RELIST: u32 = 3;
+
+async fn director(database_url: &str) -> TetherServer {
+    let env = [
+        ("TETHER_DATABASE__URL", database_url),
+        ("TETHER_CLUSTER__SECRET", SECRET),
+        ("TETHER_DIRECTOR__POLL_MS", "200"),
+        ("TETHER_DIRECTOR__FRESH_MS", "1000"),
+    ];
+    TetherServer::start(&env, &["--role", "director"]).await
+}
+
+async fn register_cell(store: &PgStore, cell_id: &str, url: &str, switch: AdmitMode, row: Option<AdmitMode>) {
+    let cell = CellRow {
+        cell_id: cell_id.into(),
+        url: url.into(),
+        region: "test".into(),
+        pool_size: 10,
+        reserve_pool_size: 4,
+    };
+    store.register_cell(&cell).await.expect("register the cell");
+    store.set_cell_switch(cell_id, Some(switch), None).await.expect("the cell's switch");
+    if let Some(mode) = row {
+        store.write_cell_effective(cell_id, mode, "boot-1").await.expect("the cell's effective row");
+    }
+}
+
+/// Registers a host of the token's user through the director.
+async fn new_host(api: &Api, name: &str) -> Uuid {
+    let (status, body) = api.post("/api/v1/hosts", json!({"name": name, "hostname": name, "platform": "linux"})).await;
+    assert_eq!(status, 201, "{body}");
+    body["host"]["id"].as_str().and_then(|id| id.parse().ok()).expect("host id")
+}
+
+async fn assign(api: &Api, host: Uuid) -> (u16, Value) {
+    api.post("/v1/assign", json!({"hostId": host})).await
+}
+
+async fn assigned(api: &Api, host: Uuid) -> AssignAnswer {
+    let (status, body) = assign(api, host).await;
+    assert_eq!(status, 200, "assign {host}: {body}");
+    serde_json::from_value(body).expect("an AssignAnswer")
+}
+
+#[actix_rt::test]
+async fn reserve_placement_books_only_fresh_reserve_cells_then_falls_back_to_the_database() {
+    let url = support::pg_database().await;
+    let store = PgStore::connect(&url, 4).await.expect("store");
+    store.migrate().await.expect("migrate");
+    let light = CellPeer::start("light", SECRET, 0).await;
+    let busy = CellPeer::start("busy", SECRET, 10).await;
+    let switched = CellPeer::start("switched", SECRET, 0).await;
+    let tripped = CellPeer::start("tripped", SECRET, 0).await;
+    register_cell(&store, "light", &light.url, AdmitMode::Reserve, Some(AdmitMode::Reserve)).await;
+    register_cell(&store, "busy", &busy.url, AdmitMode::Reserve, Some(AdmitMode::Reserve)).await;
+    register_cell(&store, "switched", &switched.url, AdmitMode::Db, None).await;
+    register_cell(&store, "tripped", &tripped.url, AdmitMode::Reserve, Some(AdmitMode::Db)).await;
+    let director = director(&url).await;
+    let ann = Api::new(director.url(), create_token(&director, "ann"));
+    let first = new_host(&ann, "first").await;
+    light.wait_polls(2).await;
+    busy.wait_polls(2).await;
+
+    // Two fresh reserve cells: the lighter is booked, with a ticket the
+    // cells can check with the cluster secret alone.
+    let answer = assigned(&ann, first).await;
+    assert_eq!((answer.cell_id.as_str(), answer.cell_url.as_str(), answer.epoch), ("light", light.url.as_str(), 1));
+    let key = TicketKey::new(SECRET.as_bytes()).expect("key");
+    let subject = TicketSubject { host_id: first, cell_id: "light", epoch: 1 };
+    let now = chrono::Utc::now().timestamp_millis();
+    assert_eq!(key.verify(&answer.ticket, &subject, now), Ok(answer.expires_at.timestamp_millis()));
+    let booked = light.reserves();
+    assert_eq!(booked.len(), 1, "{booked:?}");
+    assert_eq!((booked[0].host_id, booked[0].epoch), (first, 1));
+    assert!(booked[0].ttl_ms > 0 && booked[0].ttl_ms <= 30_000, "{booked:?}");
+
+    // The light cell stops answering its feed: once it is stale, every
+    // host goes to the busy one.
+    light.set_answering(false);
+    light.wait_polls(POLLS_TO_GO_STALE).await;
+    for n in 0..5 {
+        let host = new_host(&ann, &format!("host-{n}")).await;
+        let answer = assigned(&ann, host).await;
+        assert_eq!((answer.cell_id.as_str(), answer.epoch), ("busy", 1), "{answer:?}");
+        assert!(!answer.ticket.is_empty());
+    }
+    assert_eq!(light.reserves().len(), 1, "a stale cell was booked");
+    assert_eq!(busy.reserves().len(), 5);
+
+    // The busy cell refuses: after it, the database path, on a db cell or
+    // a tripped one (its own row says db), never a reserve row; each
+    // assignment writes the epoch + 1, with no ticket.
+    busy.set_reserve_answer(ReserveAnswer::Full);
+    let late = new_host(&ann, "late").await;
+    for epoch in 1..=3 {
+        let answer = assigned(&ann, late).await;
+        assert!(["switched", "tripped"].contains(&answer.cell_id.as_str()), "{answer:?}");
+        assert_eq!((answer.epoch, answer.ticket.as_str()), (epoch, ""), "{answer:?}");
+        assert_eq!(store.assignment(late).await.expect("assignment"), Some((answer.cell_id.clone(), epoch)));
+    }
+    assert!(switched.reserves().is_empty() && tripped.reserves().is_empty(), "a non-reserve cell was booked");
+    for peer in [&light, &busy, &switched, &tripped] {
+        assert_eq!(peer.unauthorized(), 0, "the director called a cell without the cluster secret");
+    }
+
+    // Only the host's owner, and a daemon token only for its own host.
+    let bob = Api::new(director.url(), create_token(&director, "bob"));
+    let (status, body) = assign(&bob, late).await;
+    assert_eq!((status, &body["error"]["code"]), (404, &json!("not_found")), "{body}");
+    let bound =
+        director.run(&["token", "create", "--user", "ann", "--scope", "daemon", "--host", &first.to_string()], &[]);
+    assert!(bound.status.success(), "{}", String::from_utf8_lossy(&bound.stderr));
+    let bound = Api::new(director.url(), String::from_utf8_lossy(&bound.stdout).trim());
+    let (status, body) = assign(&bound, late).await;
+    assert_eq!((status, &body["error"]["code"]), (403, &json!("token_bound_to_other_host")), "{body}");
+    assert_eq!(assign(&bound, first).await.0, 200, "a daemon token assigns its own host");
+    // A director serves placement, not the relay.
+    assert_eq!(ann.get("/api/v1/terminals").await.0, 404);
+}
+
+#[actix_rt::test]
+async fn the_database_path_never_places_on_a_held_cell_but_takes_it_once_it_trips() {
+    let url = support::pg_database().await;
+    let store = PgStore::connect(&url, 4).await.expect("store");
+    store.migrate().await.expect("migrate");
+    // Held: its switch and its row say reserve, and its feed is quiet.
+    let held = CellPeer::start("held", SECRET, 0).await;
+    held.set_answering(false);
+    let db = CellPeer::start("db", SECRET, 0).await;
+    register_cell(&store, "held", &held.url, AdmitMode::Reserve, Some(AdmitMode::Reserve)).await;
+    register_cell(&store, "db", &db.url, AdmitMode::Db, None).await;
+    let director = director(&url).await;
+    let ann = Api::new(director.url(), create_token(&director, "ann"));
+    held.wait_polls(POLLS_TO_RELIST).await;
+    db.wait_polls(POLLS_TO_RELIST).await;
+
+    // A host connected to the held cell (its lease holder is an instance
+    // of that cell) at epoch 4.
+    let connected = new_host(&ann, "connected").await;
+    store.record_assignments("held", &[(connected, 4)]).await.expect("assignment");
+    let holder = LeaseHolder::connection("held#a1b2c3", 1);
+    assert!(store.claim_lease(&host_lease_key(connected), &holder, Duration::from_secs(600)).await.expect("lease"));
+
+    for n in 0..10 {
+        let host = new_host(&ann, &format!("new-{n}")).await;
+        let answer = assigned(&ann, host).await;
+        assert_eq!((answer.cell_id.as_str(), answer.epoch, answer.ticket.as_str()), ("db", 1, ""), "{answer:?}");
+    }
+    // The connected host stays where it is, at its epoch, though a db cell
+    // could take it.
+    let answer = assigned(&ann, connected).await;
+    assert_eq!((answer.cell_id.as_str(), answer.cell_url.as_str(), answer.epoch), ("held", held.url.as_str(), 4));
+    assert_eq!(store.assignment(connected).await.expect("assignment"), Some(("held".into(), 4)));
+
+    // The db cell goes: its switch says reserve, its feed is quiet and it
+    // writes no row. With only the held cell left, a new host has no cell.
+    db.set_answering(false);
+    store.set_cell_switch("db", Some(AdmitMode::Reserve), None).await.expect("switch");
+    db.wait_polls(POLLS_TO_GO_STALE).await;
+    let waiting = new_host(&ann, "waiting").await;
+    for _ in 0..3 {
+        let (status, body) = assign(&ann, waiting).await;
+        assert_eq!((status, &body["error"]["code"]), (503, &json!("no_cell")), "{body}");
+        assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("no cell can take")), "{body}");
+    }
+    assert_eq!(store.assignment(waiting).await.expect("assignment"), None);
+
+    // The held cell trips (its own row says db): it takes database
+    // placements from the director's next registry read on.
+    store.write_cell_effective("held", AdmitMode::Db, "boot-1").await.expect("trip");
+    held.wait_polls(POLLS_TO_RELIST).await;
+    for epoch in 1..=2 {
+        let answer = assigned(&ann, waiting).await;
+        assert_eq!((answer.cell_id.as_str(), answer.epoch, answer.ticket.as_str()), ("held", epoch, ""), "{answer:?}");
+        assert_eq!(store.assignment(waiting).await.expect("assignment"), Some(("held".into(), epoch)));
+    }
+    assert!(held.reserves().is_empty() && db.reserves().is_empty(), "nothing was booked");
+
+    let (status, text) = ann.get_bytes("/metrics").await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8_lossy(&text);
+    for line in [
+        "tether_director_assignments_total{path=\"database\"} 12",
+        "tether_director_assignments_total{path=\"stay\"} 1",
+        "tether_director_assignments_total{path=\"none\"} 3",
+    ] {
+        assert!(text.contains(line), "no {line:?} in /metrics:\n{text}");
+    }
+}
+
+/// A real cell process for `cell_id` on a port chosen here, so its
+/// `cell.url` can name it.
+async fn cell_process(database_url: &str, cell_id: &str) -> TetherServer {
+    let listen = format!("127.0.0.1:{}", support::free_port());
+    let url = format!("http://{listen}");
+    let env = [
+        ("TETHER_DATABASE__URL", database_url),
+        ("TETHER_CLUSTER__SECRET", SECRET),
+        ("TETHER_HTTP__LISTEN", listen.as_str()),
+        ("TETHER_CELL__ID", cell_id),
+        ("TETHER_CELL__URL", url.as_str()),
+    ];
+    TetherServer::start(&env, &["--role", "cell"]).await
+}
+
+/// The cell whose instance holds the host's lease, once it is `cell_id`.
+async fn wait_connected_on(store: &PgStore, host: Uuid, cell_id: &str, daemon: &DaemonProcess) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let holder = store.lease_holder(&host_lease_key(host)).await.expect("lease holder");
+        if holder.as_ref().is_some_and(|h| tether::director::assign::cell_of_instance(&h.instance) == cell_id) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the daemon did not connect to {cell_id} (lease holder {holder:?}); its log:\n{}",
+            daemon.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[actix_rt::test]
+async fn a_daemon_pointed_at_the_director_connects_to_its_cell_and_asks_again_when_the_cell_goes() {
+    let url = support::pg_database().await;
+    let store: Arc<PgStore> = Arc::new(PgStore::connect(&url, 4).await.expect("store"));
+    let director = director(&url).await;
+    let cell_a = cell_process(&url, "cell-a").await;
+    register_cell(&store, "cell-a", &cell_a.url(), AdmitMode::Db, None).await;
+    let token = director.run(&["token", "create", "--user", "ann", "--scope", "daemon"], &[]);
+    assert!(token.status.success(), "{}", String::from_utf8_lossy(&token.stderr));
+    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
+    let state = tempfile::tempdir().expect("state dir");
+    let daemon = DaemonProcess::start_url(&director.url(), &token, state.path());
+
+    // It registers through the director, asks where to dial, and dials cell-a.
+    let ann = store.ensure_user("ann").await.expect("ann");
+    let host = loop {
+        if let Some(host) = store.list_hosts(ann.id).await.expect("hosts").first() {
+            break host.id;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    wait_connected_on(&store, host, "cell-a", &daemon).await;
+    let (cell, first_epoch) = store.assignment(host).await.expect("assignment").expect("the host was placed");
+    assert_eq!(cell, "cell-a");
+
+    // cell-a goes away and may take no more hosts; cell-b comes. The
+    // daemon's redial of cell-a fails, so it asks the director again.
+    store.set_cell_switch("cell-a", Some(AdmitMode::Reserve), None).await.expect("switch");
+    drop(cell_a);
+    let cell_b = cell_process(&url, "cell-b").await;
+    register_cell(&store, "cell-b", &cell_b.url(), AdmitMode::Db, None).await;
+    wait_connected_on(&store, host, "cell-b", &daemon).await;
+    let (cell, epoch) = store.assignment(host).await.expect("assignment").expect("placed");
+    assert_eq!(cell, "cell-b");
+    assert!(epoch > first_epoch, "{epoch} after {first_epoch}");
+}
