@@ -198,18 +198,21 @@ impl Handler<Inbound> for DaemonConn {
                     Some(error) => Err(RequestError::Refused(error)),
                     None => Ok(DaemonAnswer::Dirs(r.dirs.clone())),
                 };
-                let ok = answer.is_ok();
-                self.answer(&r.request_id, answer);
-                if !ok {
+                if answer.is_err() {
+                    self.answer(&r.request_id, answer);
                     return done();
                 }
+                // Recorded before the caller hears the answer, so a read of
+                // the host right after shows the dirs the answer listed.
+                let dirs = r.dirs;
                 AtomicResponse::new(Box::pin(
                     async move {
-                        if let Err(e) = store.set_host_dirs(host_id, &r.dirs).await {
+                        if let Err(e) = store.set_host_dirs(host_id, &dirs).await {
                             tracing::error!(error = %e, "tether_dirs_write_failed");
                         }
                     }
-                    .into_actor(self),
+                    .into_actor(self)
+                    .map(move |(), act, _| act.answer(&r.request_id, answer)),
                 ))
             }
             daemon_frame::Frame::LimitsResult(r) => {
