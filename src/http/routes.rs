@@ -77,6 +77,8 @@ pub const ROUTES: &[RouteSpec] = &[
     route!("DELETE", "/api/v1/tokens/{id}", Control, rest::tokens::revoke),
     route!("GET", "/internal/v1/cells", ClusterSecret, rest::cells::list),
     route!("PUT", "/internal/v1/cells/{cellId}/admit-mode", ClusterSecret, rest::cells::set_admit_mode),
+    route!("GET", "/internal/v1/seats", ClusterSecret, rest::cell_seats::seats),
+    route!("POST", "/internal/v1/reserve", ClusterSecret, rest::cell_seats::reserve),
 ];
 
 /// Registers [`ROUTES`]: one resource per path, each behind [`authorize`].

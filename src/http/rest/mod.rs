@@ -4,6 +4,7 @@
 //! answer errors in the shape of `http::error`.
 
 pub mod audit;
+pub mod cell_seats;
 pub mod cells;
 pub mod hosts;
 mod page;
