@@ -180,6 +180,12 @@ pub struct CellSettings {
     pub effective_forced_ms: u64,
     pub slot_stale_ms: u64,
     pub recent_seat_ms: u64,
+    /// Database connections in reserve mode (docs/CELLS.md, "The connection
+    /// budget"); unset: a quarter of `database.pool_size` (see
+    /// [`Settings::reserve_pool_size`]).
+    pub reserve_pool_size: Option<usize>,
+    /// Hosts the cell takes by booking: seats + live bookings never exceed it.
+    pub seat_capacity: usize,
 }
 
 impl Default for CellSettings {
@@ -195,6 +201,8 @@ impl Default for CellSettings {
             effective_forced_ms: 300_000,
             slot_stale_ms: 600_000,
             recent_seat_ms: 600_000,
+            reserve_pool_size: None,
+            seat_capacity: 10_000,
         }
     }
 }
@@ -480,6 +488,14 @@ impl Settings {
         if self.database.pool_size == 0 {
             return Err(invalid("database.pool_size", "must be positive"));
         }
+        if let Some(reserve) = self.cell.reserve_pool_size {
+            if reserve == 0 || reserve > self.database.pool_size {
+                return Err(invalid("cell.reserve_pool_size", "must be between 1 and database.pool_size"));
+            }
+        }
+        if self.cell.seat_capacity == 0 {
+            return Err(invalid("cell.seat_capacity", "must be positive"));
+        }
         if let Some(url) = &self.database.url {
             if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
                 return Err(invalid("database.url", "must be a postgres:// or postgresql:// URL"));
@@ -615,6 +631,15 @@ impl Settings {
     /// The cell id: the setting, else the host name.
     pub fn cell_id(&self) -> String {
         self.cell.id.clone().unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned())
+    }
+
+    /// The cell's pool in reserve mode: `cell.reserve_pool_size`, else a
+    /// quarter of `database.pool_size` (at least 1). A reserve cell reads
+    /// nothing to admit a booked hello; what is left is the claim's writes,
+    /// the batched lease renewal and the periodic jobs, which a quarter of
+    /// the full pool carries while the fleet's budget gains three quarters.
+    pub fn reserve_pool_size(&self) -> usize {
+        self.cell.reserve_pool_size.unwrap_or_else(|| self.database.pool_size.div_ceil(4)).max(1)
     }
 
     /// The credentials encryption key, when configured (validated at load).

@@ -176,6 +176,11 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     .map_err(|source| ServeError::Bind { addr, source })?;
     let addrs = server.addrs();
     state.start_bus_subscriber();
+    if role != Role::Director {
+        let scheme = if settings.http.tls_cert_path.is_some() { "https" } else { "http" };
+        let url = settings.cell.url.clone().unwrap_or_else(|| format!("{scheme}://{}", addr_of(&addrs, addr)));
+        crate::cell::runtime::start(state.relay.cell.clone(), state.store.clone(), &settings, url).await?;
+    }
     let (metrics_server, metrics_addrs) = match &settings.metrics.listen {
         Some(listen) => {
             let (server, addrs) = bind_metrics(listen, state.clone())?;
@@ -184,6 +189,11 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
         None => (None, Vec::new()),
     };
     Ok(Bound { addrs, metrics_addrs, state, server: server.run(), metrics_server })
+}
+
+/// The first bound address (the real port of a port-0 bind).
+fn addr_of(addrs: &[SocketAddr], configured: SocketAddr) -> SocketAddr {
+    addrs.first().copied().unwrap_or(configured)
 }
 
 /// The `metrics.listen` listener: `/metrics` and nothing else, plain HTTP

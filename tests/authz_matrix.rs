@@ -99,6 +99,10 @@ fn case_for(spec: &RouteSpec, w: &World) -> (String, Option<Value>, bool) {
             false,
         ),
         ("POST", "/v1/assign") => (spec.path.into(), Some(host_body), true),
+        ("GET", "/internal/v1/seats") => (spec.path.into(), None, false),
+        ("POST", "/internal/v1/reserve") => {
+            (spec.path.into(), Some(json!({"items": [{"hostId": w.host, "epoch": 1, "ttlMs": 1000}]})), false)
+        }
         (method, path) => panic!("no authorization matrix case for {method} {path}: add one to tests/authz_matrix.rs"),
     }
 }
@@ -163,8 +167,9 @@ async fn send(api: &Api, spec: &RouteSpec, path: &str, body: &Option<Value>) -> 
         ("DELETE", _) => api.delete(path).await,
         ("POST", Some(body)) => api.post(path, body.clone()).await,
         ("PUT", Some(body)) => api.put(path, body.clone()).await,
-        // The cluster-secret probe sends no body: 400, past the secret check, and nothing written.
+        // The cluster-secret probes send no body: 400, past the secret check, and nothing written.
         ("PUT", None) => api.put(path, Value::Null).await,
+        ("POST", None) => api.post(path, Value::Null).await,
         (method, _) => panic!("{method} {path}: no way to send it"),
     }
 }

@@ -25,7 +25,9 @@ async fn store_of(server: &TetherServer) -> std::sync::Arc<dyn Store> {
 
 #[actix_rt::test]
 async fn the_switch_is_written_and_listed_with_the_cluster_secret() {
-    let server = TetherServer::start(&[("TETHER_CLUSTER__SECRET", SECRET)], &[]).await;
+    // The server registers itself as relay-3 when it starts.
+    let env = [("TETHER_CLUSTER__SECRET", SECRET), ("TETHER_CELL__ID", "relay-3")];
+    let server = TetherServer::start(&env, &[]).await;
     let store = store_of(&server).await;
     let cell = |id: &str, pool, reserve| CellRow {
         cell_id: id.into(),
@@ -74,7 +76,7 @@ async fn the_switch_is_written_and_listed_with_the_cluster_secret() {
     let (status, body) = cluster.get("/internal/v1/cells").await;
     assert_eq!(status, 200, "{body}");
     let cells = body["cells"].as_array().expect("cells");
-    assert_eq!(cells.len(), 2, "{body}");
+    assert_eq!(cells.len(), 3, "{body}");
     let one = &cells[0];
     assert_eq!(
         (&one["cellId"], &one["url"], &one["poolSize"], &one["reservePoolSize"]),
@@ -88,6 +90,9 @@ async fn the_switch_is_written_and_listed_with_the_cluster_secret() {
     );
     assert!(one["readAt"].is_string() && one["effective"]["updatedAt"].is_string(), "{body}");
     assert_eq!((&cells[1]["switch"], &cells[1]["effective"]), (&Value::Null, &Value::Null), "{body}");
+    let own = &cells[2];
+    assert_eq!((&own["cellId"], &own["url"]), (&json!("relay-3"), &json!(server.url())), "{body}");
+    assert_eq!((&own["poolSize"], &own["reservePoolSize"]), (&json!(16), &json!(4)), "a quarter by default: {body}");
 
     // Only the secret opens the door: none, a wrong one, a user's full token.
     let full = create_token(&server, "ann");

@@ -329,15 +329,20 @@ async fn a_host_assigned_to_another_cell_is_4409() {
     let (api, host) = user_with_host(&server, "ann").await;
     exec_sql(
         &server,
-        &format!("INSERT INTO relay_assignments (host_id, cell_id, epoch) VALUES ('{host}', 'cell-b', 1)"),
         &format!(
-            "INSERT INTO relay_assignments (host_id, cell_id, epoch, updated_at) VALUES ('{host}', 'cell-b', 1, 0)"
+            "INSERT INTO relay_assignments (host_id, cell_id, epoch) VALUES ('{host}', 'cell-b', 1); \
+             INSERT INTO relay_cells (cell_id, url) VALUES ('cell-b', 'https://cell-b.example:8443')"
+        ),
+        &format!(
+            "INSERT INTO relay_assignments (host_id, cell_id, epoch, updated_at) VALUES ('{host}', 'cell-b', 1, 0); \
+             INSERT INTO relay_cells (cell_id, url) VALUES ('cell-b', 'https://cell-b.example:8443')"
         ),
     )
     .await;
     let mut sock = Socket::connect(&daemon_url(&server), Some(&api.token), PROTOCOL).await;
     sock.send_frame(hello(&host)).await;
     assert_eq!(sock.expect_close().await, Some(4409));
+    assert_eq!(sock.close_reason(), Some("wrong cell: https://cell-b.example:8443"), "the close names where to dial");
     let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
     assert_eq!(body["host"]["state"], "offline", "a refused hello changes nothing");
     // Placed on this cell: admitted.

@@ -1,4 +1,4 @@
-//! A cell's seats and bookings (docs/CELLS.md, "Bookings and admission"), as
+//! A cell's seats and bookings (docs/CELLS.md, "Admission"), as
 //! plain state: what the cell answers the director's reserve requests, and
 //! how it admits a daemon's hello without reading the database.
 //!

@@ -3,12 +3,19 @@
 //! the database; when the director goes quiet its dead-man controller falls
 //! back to database admission, within the fleet's cap of trip slots.
 
+pub mod admission;
 pub mod bookings;
 pub mod budget;
+pub mod controller;
 pub mod deadman;
 pub mod effective;
 pub mod feed;
+pub mod runtime;
+pub mod state;
+pub mod switch_poll;
+pub mod trip;
 pub mod window;
+pub mod writer;
 
 use std::fmt;
 use std::str::FromStr;

@@ -77,12 +77,24 @@ fn render_metrics(state: &AppState) -> HttpResponse {
     HttpResponse::Ok().content_type("text/plain; version=0.0.4").body(text)
 }
 
+/// The instance card: who this is and, for a cell, how it admits
+/// (docs/REST.md, "Instance and operations").
 pub async fn instance(state: web::Data<AppState>) -> HttpResponse {
+    let cell = &state.relay.cell;
+    let status = cell.status();
     HttpResponse::Ok().json(json!({
         "instanceId": state.instance.instance_id,
         "cellId": state.instance.cell_id,
         "role": state.instance.role.as_str(),
-        // Without a director every admission goes through the database.
-        "admitMode": "db",
+        // How hellos are admitted now: the switch, unless the trip made it db.
+        "admitMode": status.mode,
+        "cell": {
+            "cellId": cell.cell_id,
+            "switchAdmitMode": status.switch,
+            "effectiveAdmitMode": status.mode,
+            "tripped": status.tripped,
+            "held": status.held,
+            "directorHeardAt": cell.heard_from_director(),
+        },
     }))
 }

@@ -126,6 +126,8 @@ pub const ROUTES: &[RouteSpec] = &[
     route!("GET", "/internal/v1/cells", ClusterSecret, rest::cells::list),
     route!("PUT", "/internal/v1/cells/{cellId}/admit-mode", ClusterSecret, rest::cells::set_admit_mode),
     route!("POST", "/v1/assign", Assign, rest::assign::assign, Placement),
+    route!("GET", "/internal/v1/seats", ClusterSecret, rest::cell_seats::seats),
+    route!("POST", "/internal/v1/reserve", ClusterSecret, rest::cell_seats::reserve),
 ];
 
 /// Registers the rows of [`ROUTES`] this instance serves: one resource per

@@ -11,8 +11,10 @@ use uuid::Uuid;
 use super::error::ApiError;
 use crate::auth::{self, Principal};
 use crate::bus::Bus;
+use crate::cell::state::CellState;
 use crate::config::ConfigError;
 use crate::config::{ms, Settings};
+use crate::director::ticket::TicketKey;
 use crate::jobs::runs::RunDispatcher;
 use crate::jobs::sweep::Sweeper;
 use crate::metrics::Metrics;
@@ -112,12 +114,21 @@ impl AppState {
             bus.clone(),
         )
         .start();
+        let tickets = settings.cluster.secret.as_deref().and_then(|s| TicketKey::new(s.as_bytes()).ok());
+        let cell = CellState::new(
+            instance.cell_id.clone(),
+            instance.instance_id.clone(),
+            tickets,
+            settings.cell.seat_capacity,
+            ms(settings.cell.recent_seat_ms),
+        );
         let relay = RelayContext {
             store: store.clone(),
             registry,
             settings: settings.clone(),
             instance_id: instance.instance_id.clone(),
             cell_id: instance.cell_id.clone(),
+            cell: Arc::new(cell),
             bus: bus.clone(),
             requests: Arc::new(PendingRequests::default()),
             remotes: Arc::new(crate::relay::remote::Remotes::default()),

@@ -67,6 +67,8 @@ pub struct RelayContext {
     pub settings: Arc<Settings>,
     pub instance_id: String,
     pub cell_id: String,
+    /// This cell's seats, bookings and admit mode (docs/CELLS.md).
+    pub cell: Arc<crate::cell::state::CellState>,
     pub bus: Arc<crate::bus::Bus>,
     /// Requests this instance sent to owners elsewhere, awaiting replies.
     pub requests: Arc<requests::PendingRequests>,

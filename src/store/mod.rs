@@ -69,6 +69,10 @@ pub trait Store: Send + Sync + 'static {
     /// Highest applied migration version (0 when none).
     async fn schema_version(&self) -> StoreResult<i64>;
     fn pool_status(&self) -> PoolStatus;
+    /// Sets the pool's most connections (a cell's reserve pool and full
+    /// pool, docs/CELLS.md, "The connection budget"); idle connections over
+    /// it are closed. SQLite has one connection and nothing to resize.
+    fn resize_pool(&self, max_size: usize);
     /// How many calls this store has made to its database since it was
     /// opened (`tether_store_queries_total`): a test reads it to show that
     /// a path made no query at all.

@@ -302,6 +302,10 @@ impl Store for PgStore {
         PoolStatus { size: s.size, available: s.available, waiting: s.waiting, max_size: s.max_size }
     }
 
+    fn resize_pool(&self, max_size: usize) {
+        self.pool.resize(max_size.max(1));
+    }
+
     fn queries_total(&self) -> u64 {
         self.queries.total()
     }

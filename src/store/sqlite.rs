@@ -439,6 +439,8 @@ impl Store for SqliteStore {
         PoolStatus { size: 1, available, waiting: 0, max_size: 1 }
     }
 
+    fn resize_pool(&self, _max_size: usize) {}
+
     fn queries_total(&self) -> u64 {
         self.queries.total()
     }

@@ -5,6 +5,7 @@
 
 pub mod assign;
 pub mod audit;
+pub mod cell_seats;
 pub mod cells;
 pub mod hosts;
 mod page;

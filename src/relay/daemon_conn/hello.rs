@@ -1,12 +1,16 @@
-//! The hello of a daemon connection: admission (the host is the token's
-//! user's, a daemon token's own host, and belongs to this cell), the claim (subscribe, seize the lease,
+//! The hello of a daemon connection: admission (the cell's one admission
+//! step, `crate::cell::admission`), the claim (subscribe, seize the lease,
 //! tell the previous owner), reconciliation of terminal rows, then the
 //! acknowledgement and the parked spawns.
 
 use super::*;
+use crate::cell::admission::{self, Verdict};
+use crate::cell::bookings::AdmittedBy;
 
 /// What the hello established, applied back on the actor.
 struct Accepted {
+    /// The epoch and the path of the admission, for the cell's seat.
+    admitted: (i64, AdmittedBy),
     capabilities: Capabilities,
     claim: Claim,
     live: Vec<crate::store::Terminal>,
@@ -23,12 +27,13 @@ struct Claim {
     subscribed: bool,
 }
 
-/// Why a hello was refused.
-struct Refused(u16, &'static str, Option<Claim>);
+/// Why a hello was refused: the close code and reason (a wrong cell's
+/// reason names the URL to dial).
+struct Refused(u16, String, Option<Claim>);
 
 /// A refusal made before any claim.
 fn refused((code, reason): (u16, &'static str)) -> Refused {
-    Refused(code, reason, None)
+    Refused(code, reason.into(), None)
 }
 
 /// Logs a store failure with its cause; the daemon is told only
@@ -123,28 +128,30 @@ impl Handler<Hello> for DaemonConn {
         let queue = self.outbox.queued_counter();
         let host_id = Uuid::parse_str(&hello.host_id).ok();
         let fut = async move {
-            let host_id = host_id.ok_or(Refused(close::FORBIDDEN, "unknown host", None))?;
-            let host = relay.store.host_by_id(host_id).await.map_err(|e| refused(database_error(e)))?;
-            if host.is_none_or(|h| h.user_id != user_id) {
-                return Err(Refused(close::FORBIDDEN, "unknown or foreign host", None));
-            }
-            if !crate::auth::speaks_for(relay.store.as_ref(), &principal, host_id)
-                .await
-                .map_err(|e| refused(database_error(e)))?
-            {
-                return Err(Refused(close::FORBIDDEN, "this daemon token is bound to another host", None));
-            }
-            // Database admission (docs/ARCHITECTURE.md, "Cells"): a host placed on another cell
-            // belongs there.
-            let assignment = relay.store.assignment(host_id).await.map_err(|e| refused(database_error(e)))?;
-            if assignment.is_some_and(|(cell, _)| cell != relay.cell_id) {
-                return Err(Refused(close::WRONG_CELL, "the host is assigned to another cell", None));
-            }
+            let host_id = host_id.ok_or(Refused(close::FORBIDDEN, "unknown host".into(), None))?;
+            // The one admission step (docs/CELLS.md, "Admission").
+            let verdict = admission::admit(
+                &relay.cell,
+                relay.store.as_ref(),
+                &principal,
+                host_id,
+                hello.booking.as_ref(),
+                Instant::now(),
+            )
+            .await;
+            let admitted = match verdict {
+                Verdict::Accept { by, epoch } => (epoch, by),
+                Verdict::WrongCell { cell_id, url } => {
+                    let reason = Verdict::wrong_cell_reason(&cell_id, url.as_deref());
+                    return Err(Refused(close::WRONG_CELL, reason, None));
+                }
+                Verdict::Refuse { code, reason } => return Err(refused((code, reason))),
+            };
             let conn_no = relay
                 .registry
                 .send(Register { host_id, conn })
                 .await
-                .map_err(|_| Refused(close::INTERNAL, "registry unavailable", None))?;
+                .map_err(|_| Refused(close::INTERNAL, "registry unavailable".into(), None))?;
             let holder = HostRegistry::holder(&relay.instance_id, conn_no);
             // Subscribe first, then seize (docs/CLUSTER.md): a request
             // published right after the seize finds this instance listening.
@@ -159,18 +166,19 @@ impl Handler<Hello> for DaemonConn {
             let claim = Claim { conn_no, holder, subscribed };
             match take_host(&relay, host_id, user_id, &claim.holder, hello).await {
                 Ok(t) => Ok(Accepted {
+                    admitted,
                     capabilities: t.capabilities,
                     claim,
                     live: t.live,
                     parked: t.parked,
                     captures: t.captures,
                 }),
-                Err((code, reason)) => Err(Refused(code, reason, Some(claim))),
+                Err((code, reason)) => Err(Refused(code, reason.into(), Some(claim))),
             }
         };
         AtomicResponse::new(Box::pin(fut.into_actor(self).map(move |result, act, ctx| match result {
             Err(Refused(code, reason, claim)) => {
-                tracing::info!(code, reason, "tether_daemon_hello_refused");
+                tracing::info!(code, reason = %reason, "tether_daemon_hello_refused");
                 if let (Some(claim), Some(host_id)) = (claim, host_id) {
                     act.host = Some(HostSession {
                         host_id,
@@ -181,7 +189,7 @@ impl Handler<Hello> for DaemonConn {
                         subscribed: claim.subscribed,
                     });
                 }
-                act.close(code, reason, ctx);
+                act.close(code, &reason, ctx);
                 false
             }
             Ok(accepted) => {
@@ -197,6 +205,9 @@ impl Handler<Hello> for DaemonConn {
                 if act.closed {
                     return false;
                 }
+                let (epoch, by) = accepted.admitted;
+                act.relay.cell.seats().seated(host_id, epoch, accepted.claim.conn_no, by);
+                act.seated = true;
                 for t in &accepted.live {
                     act.owned.entry(t.id).or_default().run_id = t.run_id;
                 }

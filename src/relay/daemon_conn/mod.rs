@@ -87,6 +87,11 @@ pub struct DaemonConn {
     pending: HashMap<String, (DaemonRequestKind, oneshot::Sender<Result<DaemonAnswer, RequestError>>)>,
     last_heard: Instant,
     closed: bool,
+    /// The close code this side sent, for the cell's seat (docs/CELLS.md,
+    /// "Admission": a host closed 4409 is not remembered).
+    close_code: Option<u16>,
+    /// The hello was accepted and the cell seated the host.
+    seated: bool,
     _guard: AddressGuard,
 }
 
@@ -111,6 +116,8 @@ impl DaemonConn {
             pending: HashMap::new(),
             last_heard: Instant::now(),
             closed: false,
+            close_code: None,
+            seated: false,
             _guard: guard,
         }
     }
@@ -126,6 +133,7 @@ impl DaemonConn {
     fn close(&mut self, code: u16, reason: &str, ctx: &mut Context<Self>) {
         if !self.closed {
             self.closed = true;
+            self.close_code = Some(code);
             self.outbox.close(code, reason);
         }
         ctx.stop();
@@ -274,6 +282,10 @@ impl Actor for DaemonConn {
             let _ = reply.send(Err(RequestError::Offline));
         }
         let Some(host) = self.host.take() else { return };
+        if self.seated {
+            let code = self.close_code.unwrap_or(close::NORMAL);
+            self.relay.cell.seats().left(Instant::now(), host.host_id, host.conn_no, code);
+        }
         let relay = self.relay.clone();
         // Releases only this connection's own lease, and marks the host
         // offline only when no connection anywhere holds one.

@@ -1,0 +1,152 @@
+//! Admission of a daemon's hello on a cell (docs/CELLS.md, "Admission"): the
+//! one step the hello calls before it claims the host, answering accept
+//! (and how), wrong cell (with the right cell's URL) or refuse.
+//!
+//! - Reserve mode: a `hello.booking` whose ticket verifies with the cluster
+//!   secret (signed for this host, this cell and the booking's epoch; an
+//!   expired ticket still names the epoch of a redial) goes to
+//!   [`CellSeats::admit`]: a booking at exactly that epoch admits once,
+//!   and a host seated here at that epoch (now, or lately and not with
+//!   4409) is admitted from memory. Neither reads the database.
+//! - Anything else, and every hello in db mode, is checked in the
+//!   database: the host is the token's user's, a daemon token speaks for
+//!   it, and when an assignment row names another cell the daemon is sent
+//!   there (4409).
+//!
+//! A daemon token bound to another host never takes the path without the
+//! database, and neither does one not bound yet (binding it is a write).
+//!
+//! [`CellSeats::admit`]: super::bookings::CellSeats::admit
+
+use std::time::Instant;
+
+use uuid::Uuid;
+
+use super::bookings::{Admission, AdmittedBy};
+use super::state::CellState;
+use crate::auth::Principal;
+use crate::director::ticket::{TicketError, TicketSubject};
+use crate::proto::v1::Booking;
+use crate::relay::close;
+use crate::store::{Store, StoreError, TokenScope};
+
+/// What the admission step decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Admitted at `epoch` (the booking's, or the assignment row's; 0 for a
+    /// host never placed).
+    Accept { by: AdmittedBy, epoch: i64 },
+    /// The host is assigned to another cell (4409); `url` is that cell's
+    /// registered URL, if it registered.
+    WrongCell { cell_id: String, url: Option<String> },
+    /// Closed with `code`.
+    Refuse { code: u16, reason: &'static str },
+}
+
+impl Verdict {
+    /// The close reason of a wrong-cell refusal: where to dial. A close
+    /// reason holds at most 123 bytes; a URL too long for the prefix goes
+    /// alone.
+    pub fn wrong_cell_reason(cell_id: &str, url: Option<&str>) -> String {
+        match url {
+            Some(url) if url.len() + 12 <= 120 => format!("wrong cell: {url}"),
+            Some(url) => url.to_string(),
+            None => format!("wrong cell: {cell_id}"),
+        }
+    }
+}
+
+/// Decides the hello of `host_id`, opened with `principal`'s token and
+/// carrying `booking`.
+pub async fn admit(
+    cell: &CellState,
+    store: &dyn Store,
+    principal: &Principal,
+    host_id: Uuid,
+    booking: Option<&Booking>,
+    now: Instant,
+) -> Verdict {
+    let verdict = match admit_without_database(cell, principal, host_id, booking, now) {
+        Some(verdict) => verdict,
+        None => match check_database(cell, store, principal, host_id, booking_epoch(booking)).await {
+            Ok(verdict) => verdict,
+            Err(e) => {
+                tracing::error!(error = %e, %host_id, "tether_store_error");
+                Verdict::Refuse { code: close::INTERNAL, reason: "database error" }
+            }
+        },
+    };
+    if let Verdict::Accept { by, .. } = &verdict {
+        let path = match by {
+            AdmittedBy::Booking => "booking",
+            AdmittedBy::Memory => "memory",
+            AdmittedBy::Database => "database",
+        };
+        metrics::counter!("tether_cell_admissions_total", "path" => path).increment(1);
+    }
+    verdict
+}
+
+/// A booked or remembered host in reserve mode; None: check the database.
+fn admit_without_database(
+    cell: &CellState,
+    principal: &Principal,
+    host_id: Uuid,
+    booking: Option<&Booking>,
+    now: Instant,
+) -> Option<Verdict> {
+    let speaks_without_a_read = principal.scope != TokenScope::Daemon || principal.bound_host == Some(host_id);
+    if !speaks_without_a_read {
+        return None;
+    }
+    let epoch = verified_epoch(cell, host_id, booking?)?;
+    let mode = cell.status().mode;
+    match cell.seats().admit(now, host_id, Some(epoch), mode) {
+        Admission::Booked => Some(Verdict::Accept { by: AdmittedBy::Booking, epoch }),
+        Admission::FromMemory => Some(Verdict::Accept { by: AdmittedBy::Memory, epoch }),
+        Admission::CheckDatabase => None,
+    }
+}
+
+/// The booking's epoch once its ticket verified for this host and cell.
+fn verified_epoch(cell: &CellState, host_id: Uuid, booking: &Booking) -> Option<i64> {
+    let key = cell.tickets.as_ref()?;
+    let epoch = i64::try_from(booking.epoch).ok()?;
+    let subject = TicketSubject { host_id, cell_id: &cell.cell_id, epoch };
+    match key.verify(&booking.ticket, &subject, chrono::Utc::now().timestamp_millis()) {
+        Ok(_) | Err(TicketError::Expired { .. }) => Some(epoch),
+        Err(e) => {
+            tracing::info!(error = %e, %host_id, "tether_cell_booking_refused");
+            None
+        }
+    }
+}
+
+fn booking_epoch(booking: Option<&Booking>) -> Option<i64> {
+    booking.and_then(|b| i64::try_from(b.epoch).ok())
+}
+
+/// The database check: owner, token binding, assignment row.
+async fn check_database(
+    cell: &CellState,
+    store: &dyn Store,
+    principal: &Principal,
+    host_id: Uuid,
+    booking_epoch: Option<i64>,
+) -> Result<Verdict, StoreError> {
+    let host = store.host_by_id(host_id).await?;
+    if host.is_none_or(|h| h.user_id != principal.user_id()) {
+        return Ok(Verdict::Refuse { code: close::FORBIDDEN, reason: "unknown or foreign host" });
+    }
+    if !crate::auth::speaks_for(store, principal, host_id).await? {
+        return Ok(Verdict::Refuse { code: close::FORBIDDEN, reason: "this daemon token is bound to another host" });
+    }
+    match store.assignment(host_id).await? {
+        Some((assigned, _)) if assigned != cell.cell_id => {
+            let url = store.list_cells().await?.into_iter().find(|c| c.cell.cell_id == assigned).map(|c| c.cell.url);
+            Ok(Verdict::WrongCell { cell_id: assigned, url })
+        }
+        Some((_, epoch)) => Ok(Verdict::Accept { by: AdmittedBy::Database, epoch }),
+        None => Ok(Verdict::Accept { by: AdmittedBy::Database, epoch: booking_epoch.unwrap_or(0) }),
+    }
+}

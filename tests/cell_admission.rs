@@ -1,0 +1,158 @@
+//! The cell's admission step (docs/CELLS.md, "Admission") against a real
+//! store: a booked hello and a redial from memory are admitted in reserve
+//! mode with no store query at all (`queries_total` unchanged); anything
+//! else, and every hello in db mode, is checked in the database, and a host
+//! assigned to another cell is sent there with its URL.
+//! SQLite by default; PostgreSQL with `TETHER_TEST_BACKEND=postgres`.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tether::auth::Principal;
+use tether::cell::admission::{admit, Verdict};
+use tether::cell::bookings::{AdmittedBy, ReserveItem};
+use tether::cell::state::{CellState, CellStatus};
+use tether::cell::AdmitMode;
+use tether::director::ticket::{TicketKey, TicketSubject};
+use tether::proto::v1::Booking;
+use tether::store::{CellRow, NewHost, NewToken, Store};
+use uuid::Uuid;
+
+const SECRET: &[u8] = b"cell-admission-secret-0123";
+const CELL: &str = "cell-a";
+
+struct Fixture {
+    store: Arc<dyn Store>,
+    cell: CellState,
+    principal: Principal,
+    host: Uuid,
+    _dir: tempfile::TempDir,
+}
+
+async fn fixture(mode: AdmitMode) -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut settings = tether::config::Settings::default();
+    settings.database.sqlite_path = dir.path().join("tether.db");
+    if std::env::var("TETHER_TEST_BACKEND").as_deref() == Ok("postgres") {
+        settings.database.url = Some(support::pg_database().await);
+    }
+    let store = tether::store::open(&settings).await.expect("store");
+    let user = store.ensure_user("ann").await.expect("user");
+    let host = store
+        .upsert_host(&NewHost {
+            user_id: user.id,
+            name: "box".into(),
+            hostname: "box".into(),
+            platform: "linux".into(),
+            arch: "x86_64".into(),
+        })
+        .await
+        .expect("host")
+        .id;
+    let token = store.insert_token(&NewToken::full(user.id, &tether::auth::hash_token("t"))).await.expect("token");
+    let principal = Principal::new(user, &token);
+    let key = TicketKey::new(SECRET).expect("key");
+    let cell = CellState::new(CELL.into(), "cell-a#000001".into(), Some(key), 100, Duration::from_secs(600));
+    cell.set_status(CellStatus { switch: mode, mode, tripped: false, held: false });
+    Fixture { store, cell, principal, host, _dir: dir }
+}
+
+fn booking(host: Uuid, epoch: i64) -> Booking {
+    let key = TicketKey::new(SECRET).expect("key");
+    let expires = chrono::Utc::now().timestamp_millis() + 30_000;
+    let ticket = key.sign(&TicketSubject { host_id: host, cell_id: CELL, epoch }, expires);
+    Booking { epoch: epoch as u64, ticket }
+}
+
+fn book(f: &Fixture, epoch: i64) {
+    let item = ReserveItem { host_id: f.host, epoch, ttl_ms: 30_000 };
+    f.cell.reserve(Instant::now(), &[item], false);
+}
+
+#[actix_rt::test]
+async fn a_booked_hello_is_admitted_without_a_store_query() {
+    let f = fixture(AdmitMode::Reserve).await;
+    book(&f, 3);
+    let before = f.store.queries_total();
+    let verdict =
+        admit(&f.cell, f.store.as_ref(), &f.principal, f.host, Some(&booking(f.host, 3)), Instant::now()).await;
+    assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Booking, epoch: 3 });
+    assert_eq!(f.store.queries_total(), before, "the booked hello read nothing");
+
+    // The booking admits once; the same hello again is checked in the database.
+    let verdict =
+        admit(&f.cell, f.store.as_ref(), &f.principal, f.host, Some(&booking(f.host, 3)), Instant::now()).await;
+    assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Database, epoch: 3 });
+    assert!(f.store.queries_total() > before, "the database check is counted");
+}
+
+#[actix_rt::test]
+async fn a_redial_at_the_same_epoch_is_admitted_from_memory_without_a_store_query() {
+    let f = fixture(AdmitMode::Reserve).await;
+    book(&f, 2);
+    let now = Instant::now();
+    admit(&f.cell, f.store.as_ref(), &f.principal, f.host, Some(&booking(f.host, 2)), now).await;
+    f.cell.seats().seated(f.host, 2, 7, AdmittedBy::Booking);
+    f.cell.seats().left(now, f.host, 7, 1006);
+
+    let before = f.store.queries_total();
+    let verdict = admit(&f.cell, f.store.as_ref(), &f.principal, f.host, Some(&booking(f.host, 2)), now).await;
+    assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Memory, epoch: 2 });
+    assert_eq!(f.store.queries_total(), before, "the redial read nothing");
+}
+
+#[actix_rt::test]
+async fn a_forged_ticket_or_db_mode_goes_to_the_database() {
+    let f = fixture(AdmitMode::Reserve).await;
+    book(&f, 1);
+    let forged = Booking {
+        epoch: 1,
+        ticket: TicketKey::new(b"another secret").expect("key").sign(
+            &TicketSubject { host_id: f.host, cell_id: CELL, epoch: 1 },
+            chrono::Utc::now().timestamp_millis() + 30_000,
+        ),
+    };
+    let before = f.store.queries_total();
+    let verdict = admit(&f.cell, f.store.as_ref(), &f.principal, f.host, Some(&forged), Instant::now()).await;
+    assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Database, epoch: 1 });
+    assert!(f.store.queries_total() > before);
+
+    let db = fixture(AdmitMode::Db).await;
+    book(&db, 1);
+    let before = db.store.queries_total();
+    let verdict =
+        admit(&db.cell, db.store.as_ref(), &db.principal, db.host, Some(&booking(db.host, 1)), Instant::now()).await;
+    assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Database, epoch: 1 });
+    assert!(db.store.queries_total() > before, "db mode always reads");
+}
+
+#[actix_rt::test]
+async fn a_host_assigned_to_another_cell_is_sent_there_with_its_url() {
+    let f = fixture(AdmitMode::Db).await;
+    let row = CellRow {
+        cell_id: "cell-b".into(),
+        url: "https://cell-b.relay.example:8443".into(),
+        region: String::new(),
+        pool_size: 8,
+        reserve_pool_size: 2,
+    };
+    f.store.register_cell(&row).await.expect("register");
+    f.store.assign_host(f.host, "cell-b").await.expect("assign");
+    let verdict = admit(&f.cell, f.store.as_ref(), &f.principal, f.host, None, Instant::now()).await;
+    assert_eq!(
+        verdict,
+        Verdict::WrongCell { cell_id: "cell-b".into(), url: Some("https://cell-b.relay.example:8443".into()) }
+    );
+    assert_eq!(
+        Verdict::wrong_cell_reason("cell-b", Some("https://cell-b.relay.example:8443")),
+        "wrong cell: https://cell-b.relay.example:8443"
+    );
+    // A foreign host is refused before anything else.
+    let other = f.store.ensure_user("bob").await.expect("bob");
+    let token = f.store.insert_token(&NewToken::full(other.id, &tether::auth::hash_token("b"))).await.expect("token");
+    let bob = Principal::new(other, &token);
+    let verdict = admit(&f.cell, f.store.as_ref(), &bob, f.host, None, Instant::now()).await;
+    assert_eq!(verdict, Verdict::Refuse { code: 4403, reason: "unknown or foreign host" });
+}
