@@ -293,3 +293,41 @@ async fn a_daemon_pointed_at_the_director_connects_to_its_cell_and_asks_again_wh
     assert_eq!(cell, "cell-b");
     assert!(epoch > first_epoch, "{epoch} after {first_epoch}");
 }
+
+/// The whole booked path with real processes: a reserve cell that the
+/// director polls, and a real daemon pointed at the director. The director
+/// books the host on the cell, the daemon presents the booking in its
+/// hello, and the cell admits it by the booking: no database admission,
+/// and no assignment row (a booking is not a database placement).
+#[actix_rt::test]
+async fn a_booked_daemon_is_admitted_by_its_reserve_cell_without_the_database() {
+    let url = support::pg_database().await;
+    let store: Arc<PgStore> = Arc::new(PgStore::connect(&url, 4).await.expect("store"));
+    // The switch says reserve before the cell starts, so it boots reserve.
+    store.migrate().await.expect("migrate");
+    store.set_cell_switch("cell-r", Some(AdmitMode::Reserve), None).await.expect("switch");
+    let director = director(&url).await;
+    let cell = cell_process(&url, "cell-r").await;
+    let cell_api = Api::new(cell.url(), String::new());
+    let token = director.run(&["token", "create", "--user", "ann", "--scope", "daemon"], &[]);
+    assert!(token.status.success(), "{}", String::from_utf8_lossy(&token.stderr));
+    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
+    let state = tempfile::tempdir().expect("state dir");
+    let daemon = DaemonProcess::start_url(&director.url(), &token, state.path());
+
+    let ann = store.ensure_user("ann").await.expect("ann");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    let host = loop {
+        if let Some(host) = store.list_hosts(ann.id).await.expect("hosts").first() {
+            break host.id;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no host registered; the daemon's log:\n{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    wait_connected_on(&store, host, "cell-r", &daemon).await;
+    let booked = support::e2e::metric(&cell_api, "tether_cell_admissions_total{path=\"booking\"}").await;
+    assert_eq!(booked, Some(1.0), "the cell admitted the hello by its booking; the daemon's log:\n{}", daemon.log());
+    let by_database = support::e2e::metric(&cell_api, "tether_cell_admissions_total{path=\"database\"}").await;
+    assert_eq!(by_database, None, "no hello went to the database check");
+    assert_eq!(store.assignment(host).await.expect("assignment"), None, "a booking writes no assignment row");
+}
