@@ -257,15 +257,28 @@ impl Handler<Unregister> for HostRegistry {
     }
 }
 
-/// The ready connection of a host on this instance.
+/// A host's connection on this instance, as far as it got.
+pub enum HostConnection {
+    /// Its hello is done: the link to use.
+    Ready(DaemonLink),
+    /// Registered and still in its hello (it may hold the lease already).
+    InHello,
+    None,
+}
+
+/// The connection of a host on this instance.
 #[derive(Message)]
-#[rtype(result = "Option<DaemonLink>")]
+#[rtype(result = "HostConnection")]
 pub struct HostConn(pub Uuid);
 
 impl Handler<HostConn> for HostRegistry {
-    type Result = Option<DaemonLink>;
+    type Result = MessageResult<HostConn>;
     fn handle(&mut self, msg: HostConn, _: &mut Context<Self>) -> Self::Result {
-        self.hosts.get(&msg.0).and_then(|e| e.ready.clone())
+        MessageResult(match self.hosts.get(&msg.0) {
+            Some(HostEntry { ready: Some(link), .. }) => HostConnection::Ready(link.clone()),
+            Some(_) => HostConnection::InHello,
+            None => HostConnection::None,
+        })
     }
 }
 

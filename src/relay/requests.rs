@@ -28,7 +28,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
-use super::registry::{HostConn, RecheckLease, RecheckWaiting};
+use super::registry::{HostConn, HostConnection, RecheckLease, RecheckWaiting};
 use super::{DaemonAnswer, DaemonLink, DaemonRequestKind, RelayContext, RequestError};
 use crate::bus::Inbound;
 use crate::proto::bus::{self, answer, envelope, host_request, reply};
@@ -103,10 +103,31 @@ pub enum Location {
     Offline,
 }
 
+/// How often a request for a host whose connection here is still in its
+/// hello looks again.
+const HELLO_POLL: Duration = Duration::from_millis(20);
+
+/// The host's ready connection on this instance. A connection still in its
+/// hello may already hold the lease (so the host reads online everywhere):
+/// a request waits for its hello to finish, at most `daemon.hello_timeout_ms`,
+/// rather than calling the host offline.
+async fn local_link(relay: &RelayContext, host_id: Uuid) -> Option<DaemonLink> {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(relay.settings.daemon.hello_timeout_ms);
+    loop {
+        match relay.registry.send(HostConn(host_id)).await {
+            Ok(HostConnection::Ready(link)) => return Some(link),
+            Ok(HostConnection::InHello) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(HELLO_POLL).await;
+            }
+            _ => return None,
+        }
+    }
+}
+
 /// The routing step: the local connection, else the lease.
 pub async fn locate(relay: &RelayContext, host_id: Uuid) -> Result<Location, RequestError> {
-    if let Ok(Some(conn)) = relay.registry.send(HostConn(host_id)).await {
-        return Ok(Location::Local(conn));
+    if let Some(link) = local_link(relay, host_id).await {
+        return Ok(Location::Local(link));
     }
     if !relay.bus.is_shared() {
         return Ok(Location::Offline);
@@ -450,7 +471,11 @@ async fn serve_request(relay: &RelayContext, request: bus::HostRequest) {
     let request_id = request.request_id;
     let ack = bus::Reply { request_id: request_id.clone(), outcome: Some(reply::Outcome::Ack(bus::Ack {})) };
     send_reply(relay, &reply_to, ack).await;
-    let conn = relay.registry.send(HostConn(host_id)).await.ok().flatten();
+    // No waiting for a hello here: this loop serves every host in order.
+    let conn = match relay.registry.send(HostConn(host_id)).await {
+        Ok(HostConnection::Ready(link)) => Some(link),
+        _ => None,
+    };
     let answer = |result| bus::Reply {
         request_id: request_id.clone(),
         outcome: Some(reply::Outcome::Answer(answer_to_wire(result))),
