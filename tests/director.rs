@@ -240,6 +240,28 @@ async fn cell_process(database_url: &str, cell_id: &str) -> TetherServer {
     TetherServer::start(&env, &["--role", "cell"]).await
 }
 
+/// A real `tether daemon` of user ann, with a daemon token, pointed at the
+/// director.
+fn daemon_of_ann(director: &TetherServer, state: &std::path::Path) -> DaemonProcess {
+    let token = director.run(&["token", "create", "--user", "ann", "--scope", "daemon"], &[]);
+    assert!(token.status.success(), "{}", String::from_utf8_lossy(&token.stderr));
+    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
+    DaemonProcess::start_url(&director.url(), &token, state)
+}
+
+/// The host ann's daemon registered (through the director), once it did.
+async fn registered_host(store: &PgStore, daemon: &DaemonProcess) -> Uuid {
+    let ann = store.ensure_user("ann").await.expect("ann");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Some(host) = store.list_hosts(ann.id).await.expect("hosts").first() {
+            return host.id;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no host registered; the daemon's log:\n{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The cell whose instance holds the host's lease, once it is `cell_id`.
 async fn wait_connected_on(store: &PgStore, host: Uuid, cell_id: &str, daemon: &DaemonProcess) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
@@ -264,20 +286,11 @@ async fn a_daemon_pointed_at_the_director_connects_to_its_cell_and_asks_again_wh
     let director = director(&url).await;
     let cell_a = cell_process(&url, "cell-a").await;
     register_cell(&store, "cell-a", &cell_a.url(), AdmitMode::Db, None).await;
-    let token = director.run(&["token", "create", "--user", "ann", "--scope", "daemon"], &[]);
-    assert!(token.status.success(), "{}", String::from_utf8_lossy(&token.stderr));
-    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
     let state = tempfile::tempdir().expect("state dir");
-    let daemon = DaemonProcess::start_url(&director.url(), &token, state.path());
+    let daemon = daemon_of_ann(&director, state.path());
 
     // It registers through the director, asks where to dial, and dials cell-a.
-    let ann = store.ensure_user("ann").await.expect("ann");
-    let host = loop {
-        if let Some(host) = store.list_hosts(ann.id).await.expect("hosts").first() {
-            break host.id;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let host = registered_host(&store, &daemon).await;
     wait_connected_on(&store, host, "cell-a", &daemon).await;
     let (cell, first_epoch) = store.assignment(host).await.expect("assignment").expect("the host was placed");
     assert_eq!(cell, "cell-a");
@@ -309,21 +322,9 @@ async fn a_booked_daemon_is_admitted_by_its_reserve_cell_without_the_database() 
     let director = director(&url).await;
     let cell = cell_process(&url, "cell-r").await;
     let cell_api = Api::new(cell.url(), String::new());
-    let token = director.run(&["token", "create", "--user", "ann", "--scope", "daemon"], &[]);
-    assert!(token.status.success(), "{}", String::from_utf8_lossy(&token.stderr));
-    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
     let state = tempfile::tempdir().expect("state dir");
-    let daemon = DaemonProcess::start_url(&director.url(), &token, state.path());
-
-    let ann = store.ensure_user("ann").await.expect("ann");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    let host = loop {
-        if let Some(host) = store.list_hosts(ann.id).await.expect("hosts").first() {
-            break host.id;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no host registered; the daemon's log:\n{}", daemon.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let daemon = daemon_of_ann(&director, state.path());
+    let host = registered_host(&store, &daemon).await;
     wait_connected_on(&store, host, "cell-r", &daemon).await;
     let booked = support::e2e::metric(&cell_api, "tether_cell_admissions_total{path=\"booking\"}").await;
     assert_eq!(booked, Some(1.0), "the cell admitted the hello by its booking; the daemon's log:\n{}", daemon.log());
