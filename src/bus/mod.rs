@@ -335,8 +335,9 @@ impl Bus {
     }
 }
 
-/// Decodes a received payload into an inbox item.
-fn decode(channel: String, payload: &[u8]) -> Inbound {
+/// Decodes a received payload into an inbox item (a payload that is not
+/// an `Envelope` is counted as one lost message).
+pub fn decode(channel: String, payload: &[u8]) -> Inbound {
     match Envelope::decode(payload) {
         Ok(envelope) => Inbound::Message { channel, envelope },
         Err(_) => {

@@ -96,6 +96,12 @@ pub async fn dial(client: &awc::Client, server: &ServerUrl, token: &str) -> Resu
 
 type WsItem = Result<awc::ws::Frame, awc::error::WsProtocolError>;
 
+/// A binary message from the server as a frame (an unknown frame kind
+/// decodes with no `frame` and is skipped by the host).
+pub fn decode_server_frame(bytes: impl bytes::Buf) -> Result<ServerFrame, prost::DecodeError> {
+    ServerFrame::decode(bytes)
+}
+
 /// The read side: decodes ServerFrames and answers WebSocket pings.
 pub struct InboundFrames {
     stream: LocalBoxStream<'static, WsItem>,
@@ -113,7 +119,7 @@ impl InboundFrames {
             match item {
                 None => return Inbound::Lost("socket ended without a close frame".to_owned()),
                 Some(Err(err)) => return Inbound::Lost(err.to_string()),
-                Some(Ok(awc::ws::Frame::Binary(data))) => match ServerFrame::decode(data) {
+                Some(Ok(awc::ws::Frame::Binary(data))) => match decode_server_frame(data) {
                     Ok(frame) => return Inbound::Frame(frame),
                     Err(err) => tracing::warn!(error = %err, "tether_daemon_bad_server_frame"),
                 },

@@ -37,6 +37,8 @@ mod token_file;
 
 use std::path::PathBuf;
 
+pub use self::connection::decode_server_frame;
+pub use self::screen::GridSize;
 pub use self::server_url::BadServerUrl;
 pub use self::state::{default_state_dir, StateError};
 pub use self::token_file::{read_token_file, TokenFileError};

@@ -26,6 +26,15 @@ fn too_large(limit: usize) -> ApiError {
     ApiError::payload_too_large(format!("request body over {limit} bytes"))
 }
 
+/// A whole body as an optional JSON value: blank is `None`, anything else
+/// must parse (400 `bad_json`).
+pub fn parse_optional<T: DeserializeOwned>(body: &[u8]) -> Result<Option<T>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    serde_json::from_slice(body).map(Some).map_err(|e| ApiError::bad_request("bad_json", e.to_string()))
+}
+
 impl<T: DeserializeOwned + 'static> FromRequest for OptionalJson<T> {
     type Error = ApiError;
     type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
@@ -50,12 +59,7 @@ impl<T: DeserializeOwned + 'static> FromRequest for OptionalJson<T> {
                 }
                 body.extend_from_slice(&chunk);
             }
-            if body.iter().all(u8::is_ascii_whitespace) {
-                return Ok(OptionalJson(None));
-            }
-            serde_json::from_slice(&body)
-                .map(|value| OptionalJson(Some(value)))
-                .map_err(|e| ApiError::bad_request("bad_json", e.to_string()))
+            parse_optional(&body).map(OptionalJson)
         })
     }
 }

@@ -342,7 +342,7 @@ fn to_wire(op: HostOp) -> host_request::Op {
 }
 
 /// A request that arrived over the bus, checked; `None` if malformed.
-fn from_wire(op: host_request::Op) -> Option<HostOp> {
+pub fn from_wire(op: host_request::Op) -> Option<HostOp> {
     let id = |raw: &str| Uuid::parse_str(raw).ok();
     let grid = |v: u32| u16::try_from(v.clamp(1, 1000)).unwrap_or(1000);
     Some(match op {
@@ -390,7 +390,8 @@ fn answer_to_wire(result: Result<OpAnswer, RequestError>) -> bus::Answer {
     bus::Answer { result: Some(result) }
 }
 
-fn answer_from_wire(op: &HostOp, answer: bus::Answer) -> Result<OpAnswer, RequestError> {
+/// An answer from the owner's instance, checked against the operation asked.
+pub fn answer_from_wire(op: &HostOp, answer: bus::Answer) -> Result<OpAnswer, RequestError> {
     match (op, answer.result) {
         (_, Some(answer::Result::Failure(f))) => Err(match f.code.as_str() {
             "offline" => RequestError::Offline,

@@ -28,17 +28,26 @@ pub struct RegisterHost {
     arch: String,
 }
 
+impl RegisterHost {
+    /// Checks every field; returns the host's name (the hostname when no
+    /// name is given).
+    pub fn check(&self) -> Result<String, ApiError> {
+        check_text("hostname", &self.hostname, 255, true)?;
+        let name = self.name.clone().filter(|n| !n.trim().is_empty()).unwrap_or_else(|| self.hostname.clone());
+        check_text("name", &name, 255, true)?;
+        check_text("platform", &self.platform, 64, false)?;
+        check_text("arch", &self.arch, 64, false)?;
+        Ok(name)
+    }
+}
+
 pub async fn register(
     state: web::Data<AppState>,
     user: AuthUser,
     body: web::Json<RegisterHost>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
-    check_text("hostname", &body.hostname, 255, true)?;
-    let name = body.name.filter(|n| !n.trim().is_empty()).unwrap_or_else(|| body.hostname.clone());
-    check_text("name", &name, 255, true)?;
-    check_text("platform", &body.platform, 64, false)?;
-    check_text("arch", &body.arch, 64, false)?;
+    let name = body.check()?;
     // A daemon token bound to a host may register only that host again.
     if let (TokenScope::Daemon, Some(bound)) = (user.0.scope, user.0.bound_host) {
         let same = state.store.get_host(user.id(), bound).await?.is_some_and(|h| h.hostname == body.hostname);
@@ -139,6 +148,13 @@ pub struct DirQuery {
     path: String,
 }
 
+impl DirBody {
+    /// The dir must be an absolute path.
+    pub fn check(&self) -> Result<(), ApiError> {
+        check_path(&self.path)
+    }
+}
+
 fn check_path(path: &str) -> Result<(), ApiError> {
     if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
         return Err(ApiError::bad_request("invalid_dir", "`path` must be an absolute path"));
@@ -167,7 +183,7 @@ pub async fn add_dir(
     body: web::Json<DirBody>,
 ) -> Result<HttpResponse, ApiError> {
     let id = own_host(&state, &user, &id).await?;
-    check_path(&body.path)?;
+    body.check()?;
     dirs_response(on_host(&state, id, HostOp::Dirs { add: true, path: body.into_inner().path }).await?)
 }
 

@@ -110,7 +110,7 @@ fn check_argv(argv: &[String]) -> Result<(), ApiError> {
 
 /// Checks a working directory against the host's allowlist (when the host
 /// has reported one): the dir must be an allowed dir or inside one.
-fn check_dir(dir: &str, allowed: &[String]) -> Result<(), ApiError> {
+pub fn check_dir(dir: &str, allowed: &[String]) -> Result<(), ApiError> {
     if !dir.starts_with('/') || dir.contains('\0') || dir.split('/').any(|part| part == "..") {
         return Err(ApiError::bad_request("invalid_dir", "`dir` must be an absolute path without `..`"));
     }

@@ -20,17 +20,31 @@ pub struct CreateRun {
     dir: Option<String>,
 }
 
+impl CreateRun {
+    /// The checks that need no store: the host id and a non-empty argv.
+    /// Returns the host id.
+    pub fn check(&self) -> Result<uuid::Uuid, ApiError> {
+        let host_id = field_id(&self.host_id, "hostId")?;
+        if self.argv.is_empty() {
+            return Err(ApiError::bad_request("missing_field", "`argv` must name a command"));
+        }
+        check_argv(&self.argv)?;
+        Ok(host_id)
+    }
+
+    /// The working directory asked for, if any.
+    pub fn dir(&self) -> Option<&str> {
+        self.dir.as_deref()
+    }
+}
+
 pub async fn create(
     state: web::Data<AppState>,
     user: AuthUser,
     body: web::Json<CreateRun>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
-    let host_id = field_id(&body.host_id, "hostId")?;
-    if body.argv.is_empty() {
-        return Err(ApiError::bad_request("missing_field", "`argv` must name a command"));
-    }
-    check_argv(&body.argv)?;
+    let host_id = body.check()?;
     let host = state.store.get_host(user.id(), host_id).await?.ok_or_else(|| ApiError::not_found("host"))?;
     if let Some(dir) = &body.dir {
         check_dir(dir, &host.dirs)?;

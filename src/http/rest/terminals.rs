@@ -47,19 +47,34 @@ fn grid(field: &str, value: Option<u32>, default: u16) -> Result<u16, ApiError> 
     }
 }
 
+impl CreateTerminal {
+    /// The checks that need no store: the host id, the grid (defaults
+    /// 80x24), argv and title. Returns the host id and the grid.
+    pub fn check(&self) -> Result<(uuid::Uuid, u16, u16), ApiError> {
+        let host_id = field_id(&self.host_id, "hostId")?;
+        let cols = grid("cols", self.cols, 80)?;
+        let rows = grid("rows", self.rows, 24)?;
+        check_argv(&self.argv)?;
+        if let Some(title) = &self.title {
+            check_text("title", title, 256, false)?;
+        }
+        Ok((host_id, cols, rows))
+    }
+
+    /// The working directory asked for, if any (checked against the host's
+    /// allowlist with `check_dir`).
+    pub fn dir(&self) -> Option<&str> {
+        self.dir.as_deref()
+    }
+}
+
 pub async fn create(
     state: web::Data<AppState>,
     user: AuthUser,
     body: web::Json<CreateTerminal>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
-    let host_id = field_id(&body.host_id, "hostId")?;
-    let cols = grid("cols", body.cols, 80)?;
-    let rows = grid("rows", body.rows, 24)?;
-    check_argv(&body.argv)?;
-    if let Some(title) = &body.title {
-        check_text("title", title, 256, false)?;
-    }
+    let (host_id, cols, rows) = body.check()?;
     let host = state.store.get_host(user.id(), host_id).await?.ok_or_else(|| ApiError::not_found("host"))?;
     if let Some(dir) = &body.dir {
         check_dir(dir, &host.dirs)?;
@@ -165,15 +180,23 @@ pub struct InputBody {
     data: String,
 }
 
+impl InputBody {
+    /// At most `MAX_INPUT_BYTES` of input (413 otherwise).
+    pub fn check(&self) -> Result<(), ApiError> {
+        if self.data.len() > MAX_INPUT_BYTES {
+            return Err(ApiError::payload_too_large(format!("input over {MAX_INPUT_BYTES} bytes")));
+        }
+        Ok(())
+    }
+}
+
 pub async fn input(
     state: web::Data<AppState>,
     user: AuthUser,
     id: web::Path<String>,
     body: web::Json<InputBody>,
 ) -> Result<HttpResponse, ApiError> {
-    if body.data.len() > MAX_INPUT_BYTES {
-        return Err(ApiError::payload_too_large(format!("input over {MAX_INPUT_BYTES} bytes")));
-    }
+    body.check()?;
     let terminal = running_terminal(&state, &user, &id).await?;
     let data = body.into_inner().data.into_bytes().into();
     state.relay.audit.rest_input(user.id(), user.0.token_id, terminal.host_id, terminal.id);
@@ -187,14 +210,20 @@ pub struct ResizeBody {
     rows: u32,
 }
 
+impl ResizeBody {
+    /// The grid asked for, each dimension checked.
+    pub fn grid(&self) -> Result<(u16, u16), ApiError> {
+        Ok((grid("cols", Some(self.cols), 80)?, grid("rows", Some(self.rows), 24)?))
+    }
+}
+
 pub async fn resize(
     state: web::Data<AppState>,
     user: AuthUser,
     id: web::Path<String>,
     body: web::Json<ResizeBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let cols = grid("cols", Some(body.cols), 80)?;
-    let rows = grid("rows", Some(body.rows), 24)?;
+    let (cols, rows) = body.grid()?;
     let terminal = running_terminal(&state, &user, &id).await?;
     let subject =
         Subject::terminal(terminal.host_id, terminal.id).with_detail(format!("{cols}x{rows}")).by(user.0.token_id);
@@ -207,6 +236,13 @@ pub async fn resize(
 pub struct KillBody {
     #[serde(default)]
     signal: Option<serde_json::Value>,
+}
+
+impl KillBody {
+    /// The signal a kill body (or its absence) asks for: TERM by default.
+    pub fn signal(body: Option<&Self>) -> Result<i32, ApiError> {
+        signal_number(body.and_then(|b| b.signal.as_ref()))
+    }
 }
 
 /// A signal by number (1..=64) or name (`TERM`, `SIGKILL`, ...).
@@ -246,7 +282,7 @@ pub async fn kill(
     id: web::Path<String>,
     body: OptionalJson<KillBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let signal = signal_number(body.0.as_ref().and_then(|b| b.signal.as_ref()))?;
+    let signal = KillBody::signal(body.0.as_ref())?;
     let terminal = running_terminal(&state, &user, &id).await?;
     let subject =
         Subject::terminal(terminal.host_id, terminal.id).with_detail(format!("signal {signal}")).by(user.0.token_id);

@@ -43,6 +43,36 @@ pub fn expiry(ttl_seconds: Option<u64>) -> Result<Option<DateTime<Utc>>, ApiErro
     Ok(Some(Utc::now() + chrono::Duration::seconds(ttl as i64)))
 }
 
+/// What a checked `CreateToken` asks for: the scope, the expiry and the
+/// shared terminal.
+pub type TokenRequest = (TokenScope, Option<DateTime<Utc>>, Option<uuid::Uuid>);
+
+impl CreateToken {
+    /// The checks that need no store: the label, the scope, a share
+    /// token's terminal id (always `read`) and the lifetime.
+    pub fn check(&self) -> Result<TokenRequest, ApiError> {
+        if let Some(name) = &self.name {
+            check_text("name", name, 128, false)?;
+        }
+        let scope = match self.scope.as_deref() {
+            None => None,
+            Some(s) => Some(
+                s.parse::<TokenScope>()
+                    .map_err(|_| ApiError::bad_request("invalid_scope", "`scope` must be full, daemon or read"))?,
+            ),
+        };
+        let terminal_id = self.terminal_id.as_deref().map(|t| field_id(t, "terminalId")).transpose()?;
+        let (scope, ttl) = match terminal_id {
+            None => (scope.unwrap_or(TokenScope::Full), self.ttl_seconds),
+            Some(_) if scope.is_some_and(|s| s != TokenScope::Read) => {
+                return Err(ApiError::bad_request("invalid_scope", "a share token (`terminalId`) is always `read`"));
+            }
+            Some(_) => (TokenScope::Read, Some(self.ttl_seconds.unwrap_or(SHARE_TTL_SECONDS))),
+        };
+        Ok((scope, expiry(ttl)?, terminal_id))
+    }
+}
+
 pub async fn list(state: web::Data<AppState>, user: AuthUser) -> Result<HttpResponse, ApiError> {
     let tokens = state.store.list_tokens(user.id()).await?;
     Ok(HttpResponse::Ok().json(json!({ "tokens": tokens })))
@@ -54,25 +84,7 @@ pub async fn create(
     body: web::Json<CreateToken>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
-    if let Some(name) = &body.name {
-        check_text("name", name, 128, false)?;
-    }
-    let scope = match body.scope.as_deref() {
-        None => None,
-        Some(s) => Some(
-            s.parse::<TokenScope>()
-                .map_err(|_| ApiError::bad_request("invalid_scope", "`scope` must be full, daemon or read"))?,
-        ),
-    };
-    let terminal_id = body.terminal_id.as_deref().map(|t| field_id(t, "terminalId")).transpose()?;
-    let (scope, ttl) = match terminal_id {
-        None => (scope.unwrap_or(TokenScope::Full), body.ttl_seconds),
-        Some(_) if scope.is_some_and(|s| s != TokenScope::Read) => {
-            return Err(ApiError::bad_request("invalid_scope", "a share token (`terminalId`) is always `read`"));
-        }
-        Some(_) => (TokenScope::Read, Some(body.ttl_seconds.unwrap_or(SHARE_TTL_SECONDS))),
-    };
-    let expires_at = expiry(ttl)?;
+    let (scope, expires_at, terminal_id) = body.check()?;
     if let Some(terminal_id) = terminal_id {
         state.store.get_terminal(user.id(), terminal_id).await?.ok_or_else(|| ApiError::not_found("terminal"))?;
     }

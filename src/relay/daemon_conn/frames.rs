@@ -4,12 +4,40 @@
 
 use super::*;
 
-fn terminal_id(raw: &str) -> Option<Uuid> {
+/// A terminal id as a daemon sends it; `None` when it is not a UUID.
+pub fn terminal_id(raw: &str) -> Option<Uuid> {
     Uuid::parse_str(raw).ok()
 }
 
-fn grid(value: u32) -> u16 {
+/// A grid dimension from a daemon, clamped to 1..=1000.
+pub fn grid(value: u32) -> u16 {
     u16::try_from(value.clamp(1, 1000)).unwrap_or(1000)
+}
+
+/// A spawn error's message as stored: its first 1000 characters.
+pub fn spawn_error_message(message: &str) -> String {
+    message.chars().take(1000).collect()
+}
+
+/// A run's usage as a daemon reports it, each figure capped at `i64::MAX`.
+pub fn run_usage(u: &crate::proto::v1::Usage) -> RunUsage {
+    RunUsage {
+        cpu_ms: i64::try_from(u.cpu_ms).unwrap_or(i64::MAX),
+        max_rss_kb: i64::try_from(u.max_rss_kb).unwrap_or(i64::MAX),
+        output_bytes: i64::try_from(u.output_bytes).unwrap_or(i64::MAX),
+        wall_ms: i64::try_from(u.wall_ms).unwrap_or(i64::MAX),
+    }
+}
+
+/// The answer a `LimitsResult` carries: the daemon's refusal, or its
+/// limits, which must be JSON.
+pub fn limits_answer(r: &crate::proto::v1::LimitsResult) -> Result<DaemonAnswer, RequestError> {
+    match &r.error {
+        Some(error) => Err(RequestError::Refused(error.clone())),
+        None => serde_json::from_str(&r.limits_json)
+            .map(DaemonAnswer::Limits)
+            .map_err(|_| RequestError::Refused("the daemon sent limits that are not JSON".into())),
+    }
 }
 
 impl Handler<Inbound> for DaemonConn {
@@ -113,7 +141,7 @@ impl Handler<Inbound> for DaemonConn {
                 let Some(id) = owned_id(&s.terminal_id, &self.owned) else { return done() };
                 let run_id = self.owned.remove(&id).and_then(|o| o.run_id);
                 let registry = self.relay.registry.clone();
-                let message: String = s.message.chars().take(1000).collect();
+                let message = spawn_error_message(&s.message);
                 AtomicResponse::new(Box::pin(
                     async move {
                         if let Err(e) = store.mark_spawn_failed(host_id, id, &message).await {
@@ -178,12 +206,7 @@ impl Handler<Inbound> for DaemonConn {
                 let Some(id) = terminal_id(&u.terminal_id) else { return done() };
                 // Usage follows Exit; the terminal is forgotten once it arrives.
                 let Some(run_id) = self.owned.remove(&id).and_then(|o| o.run_id) else { return done() };
-                let usage = RunUsage {
-                    cpu_ms: i64::try_from(u.cpu_ms).unwrap_or(i64::MAX),
-                    max_rss_kb: i64::try_from(u.max_rss_kb).unwrap_or(i64::MAX),
-                    output_bytes: i64::try_from(u.output_bytes).unwrap_or(i64::MAX),
-                    wall_ms: i64::try_from(u.wall_ms).unwrap_or(i64::MAX),
-                };
+                let usage = run_usage(&u);
                 AtomicResponse::new(Box::pin(
                     async move {
                         if let Err(e) = store.set_run_usage(run_id, &usage).await {
@@ -216,12 +239,7 @@ impl Handler<Inbound> for DaemonConn {
                 ))
             }
             daemon_frame::Frame::LimitsResult(r) => {
-                let answer = match r.error {
-                    Some(error) => Err(RequestError::Refused(error)),
-                    None => serde_json::from_str(&r.limits_json)
-                        .map(DaemonAnswer::Limits)
-                        .map_err(|_| RequestError::Refused("the daemon sent limits that are not JSON".into())),
-                };
+                let answer = limits_answer(&r);
                 self.answer(&r.request_id, answer);
                 done()
             }

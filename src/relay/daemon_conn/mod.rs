@@ -29,9 +29,9 @@ use prost::Message as _;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-mod frames;
+pub mod frames;
 mod hello;
-mod reader;
+pub mod reader;
 mod requests;
 
 use super::limiter::AddressGuard;
