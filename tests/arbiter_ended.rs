@@ -14,6 +14,8 @@
 //! told `Retired` and ask the registry again, meeting a new arbiter in the
 //! same state each time, until it gave up with 1011 after 20 tries.
 
+mod support;
+
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +30,7 @@ use tether::relay::{
     ArbiterId, ArbiterIdle, ArbiterLink, AttachArbiter, CloseDaemon, DaemonHandle, DaemonLink, DaemonRequest,
     DetachArbiter, HostOnline, Join, NotJoined, Retire, SpawnTerminal, ToDaemon, ViewerOut,
 };
-use tether::store::{sqlite::SqliteStore, ExitStatus, NewHost, NewTerminal, Store, TerminalSnapshot};
+use tether::store::{sqlite::SqliteStore, ExitStatus, NewTerminal, Store, TerminalSnapshot};
 
 /// What the stand-ins saw.
 #[derive(Debug)]
@@ -111,16 +113,7 @@ fn config() -> ArbiterConfig {
 /// A terminal that ran and exited 7 with a final screen, as the store has it.
 async fn exited_terminal(store: &dyn Store) -> Uuid {
     let user = store.ensure_user("ann").await.expect("user");
-    let host = store
-        .upsert_host(&NewHost {
-            user_id: user.id,
-            name: "box".into(),
-            hostname: "box".into(),
-            platform: "linux".into(),
-            arch: "x86_64".into(),
-        })
-        .await
-        .expect("host");
+    let host = support::store_host(store, &user, "box").await;
     let terminal = store
         .insert_terminal(&NewTerminal {
             user_id: user.id,

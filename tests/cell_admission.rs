@@ -17,7 +17,7 @@ use tether::cell::state::{CellState, CellStatus};
 use tether::cell::AdmitMode;
 use tether::director::ticket::{TicketKey, TicketSubject};
 use tether::proto::v1::Booking;
-use tether::store::{CellRow, NewHost, NewToken, Store};
+use tether::store::{CellRow, NewToken, Store};
 use uuid::Uuid;
 
 const SECRET: &[u8] = b"cell-admission-secret-0123";
@@ -40,17 +40,7 @@ async fn fixture(mode: AdmitMode) -> Fixture {
     }
     let store = tether::store::open(&settings).await.expect("store");
     let user = store.ensure_user("ann").await.expect("user");
-    let host = store
-        .upsert_host(&NewHost {
-            user_id: user.id,
-            name: "box".into(),
-            hostname: "box".into(),
-            platform: "linux".into(),
-            arch: "x86_64".into(),
-        })
-        .await
-        .expect("host")
-        .id;
+    let host = support::store_host(store.as_ref(), &user, "box").await.id;
     let token = store.insert_token(&NewToken::full(user.id, &tether::auth::hash_token("t"))).await.expect("token");
     let principal = Principal::new(user, &token);
     let key = TicketKey::new(SECRET).expect("key");

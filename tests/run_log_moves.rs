@@ -17,7 +17,6 @@ use support::balancer::Balancer;
 use support::client::{create_token, Api};
 use support::daemon::DaemonProcess;
 use support::e2e::metric;
-use support::{pg_database, redis_url, unique_prefix, TetherServer};
 
 const LINES: u32 = 3000;
 
@@ -57,18 +56,7 @@ async fn daemon_moved(from: &Api, to: &Api) {
 
 #[actix_rt::test]
 async fn a_run_log_is_complete_across_daemon_moves() {
-    let database = pg_database().await;
-    let prefix = unique_prefix();
-    let redis = redis_url();
-    let env = [
-        ("TETHER_DATABASE__URL", database.as_str()),
-        ("TETHER_REDIS__URL", redis.as_str()),
-        ("TETHER_BUS__PREFIX", prefix.as_str()),
-        ("TETHER_LEASE__RENEW_MS", "1000"),
-        ("TETHER_LEASE__TTL_MS", "3000"),
-    ];
-    let a = TetherServer::start(&env, &[]).await;
-    let b = TetherServer::start(&env, &[]).await;
+    let (a, b) = support::instance_pair().await;
     let token = create_token(&a, "ann");
     let (on_a, on_b) = (Api::new(a.url(), token.clone()), Api::new(b.url(), token.clone()));
     let dir = tempfile::tempdir().expect("temp dir");

@@ -82,16 +82,7 @@ async fn user(store: &Arc<dyn Store>, name: &str) -> User {
 }
 
 async fn host(store: &Arc<dyn Store>, user: &User, hostname: &str) -> Host {
-    store
-        .upsert_host(&NewHost {
-            user_id: user.id,
-            name: hostname.into(),
-            hostname: hostname.into(),
-            platform: "linux".into(),
-            arch: "x86_64".into(),
-        })
-        .await
-        .expect("host")
+    support::store_host(store.as_ref(), user, hostname).await
 }
 
 async fn terminal(store: &Arc<dyn Store>, host: &Host) -> Terminal {

@@ -13,7 +13,7 @@ use support::browser::{run_case, run_unit_tests, screenshot_dir};
 use support::client::{create_token, viewer_url, Api};
 use support::daemon::DaemonProcess;
 use support::e2e::{start, terminal, wait_online, E2e};
-use support::{pg_database, redis_url, unique_prefix, TetherServer};
+use support::TetherServer;
 
 /// The bound on the page's JS heap while `seq 1 2000000` runs (docs/WEB.md,
 /// "Large output"): xterm.js keeps 5000 lines of scrollback (about 5 MiB at
@@ -82,18 +82,7 @@ async fn dropped_socket_resumes_without_duplicates() {
 /// socket 4503 (host moved); the page redials at once and continues.
 #[actix_rt::test]
 async fn host_moved_redials_at_once() {
-    let database = pg_database().await;
-    let redis = redis_url();
-    let prefix = unique_prefix();
-    let env = [
-        ("TETHER_DATABASE__URL", database.as_str()),
-        ("TETHER_REDIS__URL", redis.as_str()),
-        ("TETHER_BUS__PREFIX", prefix.as_str()),
-        ("TETHER_LEASE__RENEW_MS", "1000"),
-        ("TETHER_LEASE__TTL_MS", "3000"),
-    ];
-    let a = TetherServer::start(&env, &[]).await;
-    let b = TetherServer::start(&env, &[]).await;
+    let (a, b) = support::instance_pair().await;
     let api = Api::new(b.url(), create_token(&a, "ann"));
     let balancer = Balancer::start(a.listen_addr()).await;
     let dir = tempfile::tempdir().expect("temp dir");

@@ -38,6 +38,39 @@ pub use process::free_port;
 pub use redis::{redis_cluster_hosts, redis_cluster_nodes, redis_url, OwnRedis, OwnRedisCluster};
 pub use tether::{tether_cmd, tether_command, TetherServer};
 
+/// A Linux host of `user` called `hostname`, registered straight in the store.
+pub async fn store_host(
+    store: &dyn ::tether::store::Store,
+    user: &::tether::store::User,
+    hostname: &str,
+) -> ::tether::store::Host {
+    let new = ::tether::store::NewHost {
+        user_id: user.id,
+        name: hostname.into(),
+        hostname: hostname.into(),
+        platform: "linux".into(),
+        arch: "x86_64".into(),
+    };
+    store.upsert_host(&new).await.expect("register a host")
+}
+
+/// Two instances A and B forming one cluster on a fresh PostgreSQL database
+/// and the test Redis (own bus prefix), with leases renewed every second
+/// (3 s TTL), so a host that moves is settled within a test's patience.
+pub async fn instance_pair() -> (TetherServer, TetherServer) {
+    let database = pg_database().await;
+    let redis = redis_url();
+    let prefix = unique_prefix();
+    let env = [
+        ("TETHER_DATABASE__URL", database.as_str()),
+        ("TETHER_REDIS__URL", redis.as_str()),
+        ("TETHER_BUS__PREFIX", prefix.as_str()),
+        ("TETHER_LEASE__RENEW_MS", "1000"),
+        ("TETHER_LEASE__TTL_MS", "3000"),
+    ];
+    (TetherServer::start(&env, &[]).await, TetherServer::start(&env, &[]).await)
+}
+
 /// A short random prefix for the keys and channels of one test, e.g. `t3fa90c1d`.
 pub fn unique_prefix() -> String {
     format!("t{:08x}", rand::random::<u32>())
