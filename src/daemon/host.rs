@@ -21,6 +21,7 @@ use super::limits::HostLimits;
 use super::ping_ledger::PingLedger;
 use super::pty;
 use super::screen::GridSize;
+use super::screen_worker::ScreenWorker;
 use super::state::StateDir;
 use super::terminal::{self, ChildStreams, FinalFrames, TerminalCommand, TerminalHandle};
 use crate::proto::v1::{
@@ -348,6 +349,11 @@ impl Host {
             Err(err) => return spawn_error(terminal_id, err.to_string()),
         };
         let size = GridSize::for_spawn(spawn.cols, spawn.rows);
+        // Before the process, so a failure leaves nothing to clean up.
+        let screen = match ScreenWorker::start(format!("tether-screen-{terminal_id}"), size) {
+            Ok(screen) => screen,
+            Err(err) => return spawn_error(terminal_id, format!("cannot start the screen thread: {err}")),
+        };
         let process = match pty::spawn(&dir, &spawn.argv, size) {
             Ok(process) => process,
             Err(err) => return spawn_error(terminal_id, err.to_string()),
@@ -364,7 +370,7 @@ impl Host {
             exit: process.exit,
             started_at: process.started_at,
         };
-        let handle = terminal::start(terminal_id.clone(), size, child, self.finished_tx.clone());
+        let handle = terminal::start(terminal_id.clone(), screen, child, self.finished_tx.clone());
         self.terminals.insert(
             terminal_id.clone(),
             TerminalEntry {

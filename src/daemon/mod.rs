@@ -29,6 +29,7 @@ mod pty;
 mod registration;
 mod ring;
 mod screen;
+mod screen_worker;
 mod server_url;
 mod state;
 mod supervisor;

@@ -1,8 +1,12 @@
 //! One task per terminal: the single owner of its output stream.
 //!
-//! The task reads the PTY output channel, feeds every chunk to the screen
-//! model and the ring buffer, and (while attached) cuts Output frames from
-//! the ring. Because the screen, the offset and the Output cursor are only
+//! The task reads the PTY output channel, puts every chunk in the ring
+//! buffer and (while attached) cuts Output frames from the ring; then it
+//! queues the chunk for the screen model, which parses on its own thread
+//! ([`super::screen_worker`]) so forwarding never waits for it. Reads that
+//! are already waiting are taken together, so a busy terminal sends fewer,
+//! larger frames while a lone keystroke echo goes out at once. Because the
+//! offset, the Output cursor and the order of the screen's queue are only
 //! touched here, one chunk at a time, a Scrollback taken between two chunks
 //! is the screen at exactly its offset, and Output continues from that
 //! offset with no gap and no duplicate. An incomplete escape sequence at
@@ -37,7 +41,8 @@ use super::connection::{Outbound, Outbox};
 use super::escape_boundary;
 use super::pty::{self, ChildExit};
 use super::ring::OutputRing;
-use super::screen::{GridSize, ScreenModel};
+use super::screen::GridSize;
+use super::screen_worker::ScreenWorker;
 use crate::proto::v1::{daemon_frame::Frame, Exit, Output, Scrollback, Size, Snapshot, Usage};
 
 /// Recent output kept per terminal (docs/ARCHITECTURE.md, "Where state lives").
@@ -101,11 +106,12 @@ pub struct ChildStreams {
     pub started_at: Instant,
 }
 
-/// Spawns the task on the current local task set. `finished` receives the
-/// final frames once all output has been read and the child reaped.
+/// Spawns the task on the current local task set, with `screen` (started
+/// at the PTY's size) as its model. `finished` receives the final frames
+/// once all output has been read and the child reaped.
 pub fn start(
     terminal_id: String,
-    size: GridSize,
+    screen: ScreenWorker,
     child: ChildStreams,
     finished: mpsc::UnboundedSender<FinalFrames>,
 ) -> TerminalHandle {
@@ -113,7 +119,7 @@ pub fn start(
     let next_offset = Rc::new(Cell::new(0));
     let task = TerminalTask {
         terminal_id,
-        screen: ScreenModel::new(size),
+        screen,
         ring: OutputRing::with_capacity(RING_BYTES),
         attached: None,
         next_offset: Rc::clone(&next_offset),
@@ -142,7 +148,7 @@ impl Attachment {
 
 struct TerminalTask {
     terminal_id: String,
-    screen: ScreenModel,
+    screen: ScreenWorker,
     ring: OutputRing,
     attached: Option<Attachment>,
     next_offset: Rc<Cell<u64>>,
@@ -165,10 +171,7 @@ impl TerminalTask {
         tokio::pin!(drain_deadline);
 
         while output_open || child_exit.is_none() {
-            let pending = self.pending_bytes();
-            // One chunk plus a held-back tail must fit without evicting
-            // bytes the connection has not taken yet.
-            let may_read = output_open && pending.saturating_add(MAX_EMIT) <= self.ring.capacity();
+            let may_read = output_open && self.has_room();
             let sendable = self.sendable_bytes() > 0;
             let permit = self.reserve_output_slot(sendable);
             tokio::select! {
@@ -189,13 +192,22 @@ impl TerminalTask {
                 },
                 chunk = output.recv(), if may_read => match chunk {
                     Some(chunk) => {
-                        self.on_output(&chunk);
+                        // Reads already waiting join this one's frame, up to
+                        // a frame's worth; this never waits for more, so an
+                        // echo is not delayed.
+                        let mut taken = chunk.len();
+                        self.on_output(chunk).await;
+                        while taken < MAX_OUTPUT_CHUNK && self.has_room() {
+                            let Ok(chunk) = output.try_recv() else { break };
+                            taken += chunk.len();
+                            self.on_output(chunk).await;
+                        }
                         if child_exit.is_some() {
                             drain_deadline.as_mut().reset(tokio::time::Instant::now() + DRAIN_GRACE);
                         }
                     }
                     None => {
-                        self.on_output_end();
+                        self.on_output_end().await;
                         output_open = false;
                     }
                 },
@@ -205,7 +217,7 @@ impl TerminalTask {
                 },
                 () = &mut drain_deadline, if child_exit.is_some() && may_read => {
                     tracing::warn!(terminal_id = %self.terminal_id, "tether_daemon_output_left_open");
-                    self.on_output_end();
+                    self.on_output_end().await;
                     output_open = false;
                 },
             }
@@ -213,7 +225,13 @@ impl TerminalTask {
 
         self.flush().await;
         let child_exit = child_exit.unwrap_or_else(unknown_exit);
-        let _ = finished.send(self.final_frames(child_exit, started_at));
+        let _ = finished.send(self.final_frames(child_exit, started_at).await);
+    }
+
+    /// Whether one more chunk plus a held-back tail fits without evicting
+    /// bytes the connection has not taken yet.
+    fn has_room(&self) -> bool {
+        self.pending_bytes().saturating_add(MAX_EMIT) <= self.ring.capacity()
     }
 
     /// Bytes read but not yet handed to the attached connection.
@@ -248,32 +266,32 @@ impl TerminalTask {
     /// Takes a chunk into the stream, holding back an incomplete trailing
     /// escape sequence or character until the rest arrives (see
     /// `escape_boundary`), so snapshots are always taken on a boundary.
-    fn on_output(&mut self, chunk: &[u8]) {
-        let joined;
+    async fn on_output(&mut self, chunk: Bytes) {
         let data = if self.held_back.is_empty() {
             chunk
         } else {
-            joined = [std::mem::take(&mut self.held_back).as_slice(), chunk].concat();
-            &joined[..]
+            Bytes::from([std::mem::take(&mut self.held_back).as_slice(), &chunk].concat())
         };
-        let (complete, tail) = data.split_at(escape_boundary::complete_prefix_len(data));
-        self.held_back = tail.to_vec();
-        self.emit(complete);
+        let complete = escape_boundary::complete_prefix_len(&data);
+        self.held_back = data[complete..].to_vec();
+        self.emit(data.slice(..complete)).await;
     }
 
     /// The output ended: whatever was held back is all there will be.
-    fn on_output_end(&mut self) {
+    async fn on_output_end(&mut self) {
         let tail = std::mem::take(&mut self.held_back);
-        self.emit(&tail);
+        self.emit(Bytes::from(tail)).await;
     }
 
-    fn emit(&mut self, data: &[u8]) {
+    /// Puts a chunk in the stream: the ring (from which it is forwarded)
+    /// first, then the screen model's queue.
+    async fn emit(&mut self, data: Bytes) {
         if data.is_empty() {
             return;
         }
-        self.screen.process(data);
-        self.ring.push(data);
+        self.ring.push(data.clone());
         self.next_offset.set(self.ring.end_offset());
+        self.screen.feed(data).await;
     }
 
     async fn on_command(&mut self, command: TerminalCommand) {
@@ -292,7 +310,7 @@ impl TerminalTask {
                 });
                 let (data, from, resumed) = match resumed {
                     Some((from, raw)) => (raw, from, true),
-                    None => (self.screen.snapshot(), offset, false),
+                    None => (self.screen.snapshot().await, offset, false),
                 };
                 let scrollback = Scrollback {
                     terminal_id: self.terminal_id.clone(),
@@ -322,7 +340,7 @@ impl TerminalTask {
                 if self.attached.as_ref().is_some_and(|current| current.out.same_channel(&out)) {
                     self.flush().await;
                 }
-                self.screen.resize(size);
+                self.screen.resize(size).await;
                 let frame = Frame::Size(Size {
                     terminal_id: self.terminal_id.clone(),
                     cols: u32::from(size.cols()),
@@ -387,14 +405,14 @@ impl TerminalTask {
         }
     }
 
-    fn final_frames(&self, child_exit: ChildExit, started_at: Instant) -> FinalFrames {
+    async fn final_frames(&self, child_exit: ChildExit, started_at: Instant) -> FinalFrames {
         let size = self.screen.size();
         let terminal_id = self.terminal_id.clone();
         let wall = child_exit.ended_at.saturating_duration_since(started_at);
         FinalFrames {
             snapshot: Snapshot {
                 terminal_id: terminal_id.clone(),
-                data: self.screen.snapshot(),
+                data: self.screen.snapshot().await,
                 cols: u32::from(size.cols()),
                 rows: u32::from(size.rows()),
             },
@@ -421,6 +439,10 @@ fn unknown_exit() -> ChildExit {
 mod tests {
     use super::*;
 
+    fn test_screen() -> ScreenWorker {
+        ScreenWorker::start("screen-test".to_owned(), GridSize::clamped(80, 24)).expect("screen thread")
+    }
+
     fn exit_status() -> ChildExit {
         ChildExit { exit_code: Some(0), signal: None, cpu_ms: 1, max_rss_kb: 2, ended_at: Instant::now() }
     }
@@ -437,7 +459,7 @@ mod tests {
                 let (finished_tx, mut finished) = mpsc::unbounded_channel();
                 // pid 0 is never signalled (send_signal refuses it).
                 let child = ChildStreams { pid: 0, output, exit, started_at: Instant::now() };
-                let handle = start("t".to_owned(), GridSize::clamped(80, 24), child, finished_tx);
+                let handle = start("t".to_owned(), test_screen(), child, finished_tx);
                 let (out, mut wire) = mpsc::channel(2);
                 let attach =
                     TerminalCommand::Attach { attach_id: "a".to_owned(), resume_from: None, window: None, out };
@@ -501,7 +523,7 @@ mod tests {
                 let (_exit_tx, exit) = oneshot::channel();
                 let (finished_tx, _finished) = mpsc::unbounded_channel();
                 let child = ChildStreams { pid: 0, output, exit, started_at: Instant::now() };
-                let handle = start("t".to_owned(), GridSize::clamped(80, 24), child, finished_tx);
+                let handle = start("t".to_owned(), test_screen(), child, finished_tx);
                 assert!(output_tx.send(Bytes::from_static(b"plain \x1b[3")).await.is_ok());
                 tokio::task::yield_now().await;
 
@@ -539,7 +561,7 @@ mod tests {
                 let (exit_tx, exit) = oneshot::channel();
                 let (finished_tx, mut finished) = mpsc::unbounded_channel();
                 let child = ChildStreams { pid: 0, output, exit, started_at: Instant::now() };
-                let _handle = start("t".to_owned(), GridSize::clamped(80, 24), child, finished_tx);
+                let _handle = start("t".to_owned(), test_screen(), child, finished_tx);
 
                 assert!(exit_tx.send(exit_status()).is_ok());
                 tokio::time::sleep(Duration::from_millis(50)).await;
