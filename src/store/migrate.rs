@@ -32,6 +32,11 @@ pub const MIGRATIONS_SQLITE: &[Migration] = &[
         name: "run_log_offsets_credentials_expiry",
         sql: include_str!("../../migrations/sqlite/0004_run_log_offsets_credentials_expiry.sql"),
     },
+    Migration {
+        version: 5,
+        name: "renew_touches_hosts",
+        sql: include_str!("../../migrations/sqlite/0005_renew_touches_hosts.sql"),
+    },
 ];
 
 /// The error for a database migrated by a newer binary.

@@ -1187,23 +1187,18 @@ impl Store for SqliteStore {
         }
         let pairs = to_json(&leases.iter().map(|(k, h)| [k.clone(), h.encode()]).collect::<Vec<_>>());
         self.call(move |c| {
-            let mut stmt = c.prepare(
-                "UPDATE leases SET expires_at = ?2 WHERE EXISTS ( \
-                   SELECT 1 FROM json_each(?1) p \
-                   WHERE json_extract(p.value, '$[0]') = leases.key AND json_extract(p.value, '$[1]') = leases.holder) \
-                 RETURNING key",
+            // One statement, linear in the leases: each (key, holder) pair is
+            // looked up by the primary key, and the trigger of migration 0005
+            // marks the hosts of renewed host leases seen.
+            let mut stmt = c.prepare_cached(
+                "UPDATE leases SET expires_at = ?2 \
+                 FROM (SELECT json_extract(value, '$[0]') AS key, json_extract(value, '$[1]') AS holder \
+                       FROM json_each(?1)) AS mine \
+                 WHERE leases.key = mine.key AND leases.holder = mine.holder \
+                 RETURNING leases.key",
             )?;
             let keys: Vec<String> =
                 stmt.query_map(params![pairs, now_ms() + ttl_ms(ttl)], |r| r.get(0))?.collect::<Result<_, _>>()?;
-            // The hosts of the renewed host leases were seen now (in the
-            // same call: an embedded database has no round trips to save).
-            let hosts: Vec<&str> = keys.iter().filter_map(|k| k.strip_prefix("host:")).collect();
-            if !hosts.is_empty() {
-                c.execute(
-                    "UPDATE hosts SET last_seen_at = ?2 WHERE id IN (SELECT value FROM json_each(?1))",
-                    params![to_json(&hosts), now_ms()],
-                )?;
-            }
             Ok(keys)
         })
         .await
