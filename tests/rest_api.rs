@@ -282,7 +282,7 @@ async fn bad_input_is_400(fx: Fixture) {
     let hid = host["id"].as_str().expect("id").to_string();
     // Record an allowlist as a daemon hello would.
     let host_uuid = uuid::Uuid::parse_str(&hid).expect("uuid");
-    fx.state.store.host_connected(host_uuid, &Default::default(), &["/home/ann".into()]).await.expect("dirs");
+    fx.state.store.set_host_dirs(host_uuid, &["/home/ann".into()]).await.expect("dirs");
 
     let cases: Vec<(&str, Value, &str)> = vec![
         ("/api/v1/hosts", json!({"hostname": ""}), "missing_field"),

@@ -55,6 +55,7 @@ conformance!(
     terminal_writes_are_scoped_by_host,
     terminal_delete_refuses_live,
     hello_reconciliation,
+    hello_admission_reads_the_owner_and_the_assignment,
     parked_terminals_and_stuck_launches,
     snapshots,
     lease_claim_and_renew_check_the_holder,
@@ -85,20 +86,34 @@ async fn host(store: &Arc<dyn Store>, user: &User, hostname: &str) -> Host {
     support::store_host(store.as_ref(), user, hostname).await
 }
 
+fn new_terminal(host: &Host) -> NewTerminal {
+    NewTerminal {
+        user_id: host.user_id,
+        host_id: host.id,
+        title: Some("t".into()),
+        dir: None,
+        argv: vec!["sh".into(), "-c".into(), "echo hi".into()],
+        cols: 80,
+        rows: 24,
+        run_id: None,
+    }
+}
+
 async fn terminal(store: &Arc<dyn Store>, host: &Host) -> Terminal {
-    store
-        .insert_terminal(&NewTerminal {
-            user_id: host.user_id,
-            host_id: host.id,
-            title: Some("t".into()),
-            dir: None,
-            argv: vec!["sh".into(), "-c".into(), "echo hi".into()],
-            cols: 80,
-            rows: 24,
-            run_id: None,
-        })
-        .await
-        .expect("terminal")
+    store.insert_terminal(&new_terminal(host)).await.expect("terminal")
+}
+
+/// A daemon's hello for `host_id` by connection `holder`, reporting `running`.
+async fn hello(
+    store: &Arc<dyn Store>,
+    host_id: Uuid,
+    holder: &LeaseHolder,
+    capabilities: &Capabilities,
+    dirs: &[String],
+    running: &[Uuid],
+) -> Vec<HelloTerminal> {
+    let record = HostHello { host_id, holder, lease_ttl: TTL, capabilities, dirs, running };
+    store.host_hello(&record).await.expect("hello")
 }
 
 async fn state_of(store: &Arc<dyn Store>, id: Uuid) -> TerminalState {
@@ -215,7 +230,7 @@ async fn hosts_upsert_and_scope(store: &Arc<dyn Store>) {
     assert_eq!(store.list_hosts(ann.id).await.expect("list").len(), 1);
     let caps =
         Capabilities { manage_dirs: true, refresh_limits: true, credentials: false, usage: true, flow_control: true };
-    store.host_connected(h1.id, &caps, &["/home/ann".into()]).await.expect("connected");
+    hello(store, h1.id, &h("a", 1), &caps, &["/home/ann".into()], &[]).await;
     let h = store.host_by_id(h1.id).await.expect("get").expect("exists");
     assert_eq!(h.capabilities, caps);
     assert_eq!(h.dirs, vec!["/home/ann".to_string()]);
@@ -301,22 +316,69 @@ async fn terminal_delete_refuses_live(store: &Arc<dyn Store>) {
     assert_eq!(store.delete_terminal(ann.id, pending.id).await.expect("delete"), DeleteOutcome::Deleted);
 }
 
+/// One call seizes the lease, marks the host online, reconciles its
+/// terminals (and the runs of those that are gone) and answers the live and
+/// pending ones as they are after it.
 async fn hello_reconciliation(store: &Arc<dyn Store>) {
     let ann = user(store, "ann").await;
-    let h = host(store, &ann, "box").await;
-    let kept = terminal(store, &h).await;
-    let gone = terminal(store, &h).await;
-    let launching = terminal(store, &h).await;
-    let parked = terminal(store, &h).await;
-    store.mark_started(h.id, kept.id).await.expect("started");
-    store.mark_started(h.id, gone.id).await.expect("started");
-    store.claim_launch(h.id, launching.id).await.expect("claim");
-    let exited = store.reconcile_terminals(h.id, &[kept.id, launching.id]).await.expect("reconcile");
-    assert_eq!(exited, vec![gone.id]);
+    let bx = host(store, &ann, "box").await;
+    let run_of = |argv: &str| NewRun { user_id: ann.id, host_id: bx.id, argv: vec![argv.into()], dir: None };
+    let kept_run = store.insert_run(&run_of("kept")).await.expect("run");
+    let gone_run = store.insert_run(&run_of("gone")).await.expect("run");
+    let with_run = |run_id| NewTerminal { run_id: Some(run_id), ..new_terminal(&bx) };
+    let kept = store.insert_terminal(&with_run(kept_run.id)).await.expect("terminal");
+    let gone = store.insert_terminal(&with_run(gone_run.id)).await.expect("terminal");
+    let launching = terminal(store, &bx).await;
+    let parked = terminal(store, &bx).await;
+    let ended = terminal(store, &bx).await;
+    assert_eq!(store.claim_queued_runs(&[bx.id], 10).await.expect("dispatch").len(), 2);
+    for (run, t) in [(&kept_run, &kept), (&gone_run, &gone)] {
+        store.set_run_terminal(run.id, t.id).await.expect("link");
+        assert!(store.mark_run_running(run.id).await.expect("running"));
+        assert!(store.mark_started(bx.id, t.id).await.expect("started"));
+    }
+    store.append_run_log(kept_run.id, 0, b"so far", 1024).await.expect("log");
+    store.claim_launch(bx.id, launching.id).await.expect("claim");
+    assert!(store.mark_exited(bx.id, ended.id, ExitStatus::default()).await.expect("exit"));
+    assert!(store.claim_lease(&host_lease_key(bx.id), &h("old", 1), TTL).await.expect("lease"));
+
+    let caps = Capabilities { flow_control: true, ..Capabilities::default() };
+    let answer = hello(store, bx.id, &h("new", 2), &caps, &["/srv".into()], &[kept.id, launching.id]).await;
+
+    let got: Vec<(Uuid, TerminalState, Option<i64>)> =
+        answer.iter().map(|t| (t.terminal.id, t.terminal.state, t.unfinished_run_log_end)).collect();
+    assert_eq!(
+        got,
+        vec![
+            (kept.id, TerminalState::Running, Some(6)),
+            (launching.id, TerminalState::Running, None),
+            (parked.id, TerminalState::Pending, None),
+        ],
+        "live and pending terminals, oldest first, as they are after the hello"
+    );
+    assert!(answer[1].terminal.started_at.is_some(), "a reported launch is started");
     assert_eq!(state_of(store, kept.id).await, TerminalState::Running);
-    assert_eq!(state_of(store, gone.id).await, TerminalState::Exited);
+    assert_eq!(state_of(store, gone.id).await, TerminalState::Exited, "not reported: exited");
     assert_eq!(state_of(store, launching.id).await, TerminalState::Running, "reported launching becomes running");
     assert_eq!(state_of(store, parked.id).await, TerminalState::Pending, "parked rows are untouched");
+    let run_state = |id| async move { store.get_run(ann.id, id).await.expect("get").expect("run").state };
+    assert_eq!(run_state(gone_run.id).await, RunState::Failed, "the run of a gone terminal failed");
+    assert_eq!(run_state(kept_run.id).await, RunState::Running);
+    assert_eq!(store.lease_holder(&host_lease_key(bx.id)).await.expect("holder"), Some(h("new", 2)), "seized");
+    let host = store.host_by_id(bx.id).await.expect("read").expect("host");
+    assert_eq!((host.state, host.capabilities, host.dirs), (HostState::Online, caps, vec!["/srv".to_string()]));
+}
+
+/// The hello's database check reads the owner and the assignment in one query.
+async fn hello_admission_reads_the_owner_and_the_assignment(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let bx = host(store, &ann, "box").await;
+    assert_eq!(store.host_admission(Uuid::new_v4()).await.expect("read"), None, "unknown host");
+    let unassigned = HostAdmission { user_id: ann.id, assignment: None };
+    assert_eq!(store.host_admission(bx.id).await.expect("read"), Some(unassigned));
+    let epoch = store.assign_host(bx.id, "cell-a").await.expect("assign");
+    let assigned = HostAdmission { user_id: ann.id, assignment: Some(("cell-a".to_string(), epoch)) };
+    assert_eq!(store.host_admission(bx.id).await.expect("read"), Some(assigned));
 }
 
 async fn parked_terminals_and_stuck_launches(store: &Arc<dyn Store>) {
@@ -440,8 +502,7 @@ async fn renewing_a_host_lease_marks_the_host_seen(store: &Arc<dyn Store>) {
     let mine = host(store, &ann, "mine").await;
     let theirs = host(store, &ann, "theirs").await;
     for one in [&mine, &theirs] {
-        store.host_connected(one.id, &Capabilities::default(), &[]).await.expect("connected");
-        store.claim_lease(&host_lease_key(one.id), &h("a", 1), TTL).await.expect("lease");
+        hello(store, one.id, &h("a", 1), &Capabilities::default(), &[], &[]).await;
     }
     let seen = |h: Host| h.last_seen_at.expect("seen");
     let read = |id: Uuid| async move { store.host_by_id(id).await.expect("read").expect("host") };
@@ -652,10 +713,10 @@ async fn stale_hosts_go_offline(store: &Arc<dyn Store>) {
     let ann = user(store, "ann").await;
     let leased = host(store, &ann, "leased").await;
     let lapsed = host(store, &ann, "lapsed").await;
-    for h in [&leased, &lapsed] {
-        store.host_connected(h.id, &Capabilities::default(), &[]).await.expect("connected");
+    for one in [&leased, &lapsed] {
+        hello(store, one.id, &h("a", 1), &Capabilities::default(), &[], &[]).await;
     }
-    store.claim_lease(&host_lease_key(leased.id), &h("a", 1), TTL).await.expect("lease");
+    assert!(store.release_lease(&host_lease_key(lapsed.id), &h("a", 1)).await.expect("release"));
     let offline = store.mark_stale_hosts_offline(Duration::from_secs(90)).await.expect("sweep");
     assert_eq!(offline, vec![lapsed.id], "only the host without a live lease");
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -134,14 +134,13 @@ async fn check_database(
     host_id: Uuid,
     booking_epoch: Option<i64>,
 ) -> Result<Verdict, StoreError> {
-    let host = store.host_by_id(host_id).await?;
-    if host.is_none_or(|h| h.user_id != principal.user_id()) {
+    let Some(host) = store.host_admission(host_id).await?.filter(|h| h.user_id == principal.user_id()) else {
         return Ok(Verdict::Refuse { code: close::FORBIDDEN, reason: "unknown or foreign host" });
-    }
+    };
     if !crate::auth::speaks_for(store, principal, host_id).await? {
         return Ok(Verdict::Refuse { code: close::FORBIDDEN, reason: "this daemon token is bound to another host" });
     }
-    match store.assignment(host_id).await? {
+    match host.assignment {
         Some((assigned, _)) if assigned != cell.cell_id => {
             let url = store.list_cells().await?.into_iter().find(|c| c.cell.cell_id == assigned).map(|c| c.cell.url);
             Ok(Verdict::WrongCell { cell_id: assigned, url })

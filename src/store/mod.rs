@@ -113,8 +113,14 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes a host of this user with its terminals and runs; false when
     /// there was no such host.
     async fn delete_host(&self, user_id: Uuid, host_id: Uuid) -> StoreResult<bool>;
-    /// Records a daemon hello: state online, capabilities, dirs, last seen.
-    async fn host_connected(&self, host_id: Uuid, capabilities: &Capabilities, dirs: &[String]) -> StoreResult<()>;
+    /// Records a daemon's hello in one database round trip (docs/CLUSTER.md,
+    /// "Ownership: the host lease"): seizes the host lease for the
+    /// connection; marks the host online with its capabilities and dirs;
+    /// reconciles its terminals with those the daemon still runs (live rows
+    /// it does not report become `exited` and their unfinished runs
+    /// `failed`; reported `launching` rows become `running`); and returns
+    /// the host's live and pending terminals as they are then.
+    async fn host_hello(&self, hello: &HostHello<'_>) -> StoreResult<Vec<HelloTerminal>>;
     /// Updates the allowed dirs the daemon reported.
     async fn set_host_dirs(&self, host_id: Uuid, dirs: &[String]) -> StoreResult<()>;
     /// Records the last-known state (for alerts; liveness comes from the lease).
@@ -137,10 +143,6 @@ pub trait Store: Send + Sync + 'static {
     async fn mark_spawn_failed(&self, host_id: Uuid, id: Uuid, message: &str) -> StoreResult<bool>;
     /// Any live state -> `exited` with the real exit status.
     async fn mark_exited(&self, host_id: Uuid, id: Uuid, exit: ExitStatus) -> StoreResult<bool>;
-    /// Hello reconciliation: live rows the daemon did not report become
-    /// `exited`; reported `launching` rows become `running`. Returns the ids
-    /// marked exited.
-    async fn reconcile_terminals(&self, host_id: Uuid, reported_running: &[Uuid]) -> StoreResult<Vec<Uuid>>;
     /// Pending terminals of a host, oldest first.
     async fn parked_terminals(&self, host_id: Uuid) -> StoreResult<Vec<Terminal>>;
     /// Pending terminals of hosts recorded online (connected to any
@@ -206,6 +208,10 @@ pub trait Store: Send + Sync + 'static {
     // ---- cells (docs/CELLS.md, "Tables")
     /// The cell a host is assigned to and the assignment's epoch.
     async fn assignment(&self, host_id: Uuid) -> StoreResult<Option<(String, i64)>>;
+    /// What the database check of a hello reads, in one query: the host's
+    /// user and its assignment (docs/CELLS.md, "Admission"); `None` for an
+    /// unknown host.
+    async fn host_admission(&self, host_id: Uuid) -> StoreResult<Option<HostAdmission>>;
     /// Registers a cell, or updates its url, region and pool sizes (a cell
     /// registers itself at start).
     async fn register_cell(&self, cell: &CellRow) -> StoreResult<()>;

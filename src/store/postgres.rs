@@ -482,15 +482,6 @@ impl Store for PgStore {
         Ok(exists)
     }
 
-    async fn host_connected(&self, host_id: Uuid, capabilities: &Capabilities, dirs: &[String]) -> StoreResult<()> {
-        self.execute(
-            "UPDATE hosts SET state = 'online', capabilities = $2, dirs = $3, last_seen_at = now() WHERE id = $1",
-            &[&host_id, &to_json(capabilities), &to_json(&dirs)],
-        )
-        .await?;
-        Ok(())
-    }
-
     async fn set_host_dirs(&self, host_id: Uuid, dirs: &[String]) -> StoreResult<()> {
         self.execute("UPDATE hosts SET dirs = $2 WHERE id = $1", &[&host_id, &to_json(&dirs)]).await?;
         Ok(())
@@ -635,27 +626,60 @@ impl Store for PgStore {
             == 1)
     }
 
-    async fn reconcile_terminals(&self, host_id: Uuid, reported_running: &[Uuid]) -> StoreResult<Vec<Uuid>> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        let gone = tx
-            .query(
-                "UPDATE terminals SET state = 'exited', ended_at = now() WHERE host_id = $1 \
-                 AND state IN ('launching', 'running') AND NOT (id = ANY($2)) RETURNING id",
-                &[&host_id, &reported_running],
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        tx.execute(
-            "UPDATE terminals SET state = 'running', started_at = COALESCE(started_at, now()) \
-             WHERE host_id = $1 AND state = 'launching' AND id = ANY($2)",
-            &[&host_id, &reported_running],
+    async fn host_hello(&self, hello: &HostHello<'_>) -> StoreResult<Vec<HelloTerminal>> {
+        let key = host_lease_key(hello.host_id);
+        // One statement. PostgreSQL runs every data-modifying part once,
+        // whether or not it is read, and all parts see the rows as they
+        // were before it: `current` applies the reconciliation itself.
+        let sql = format!(
+            "WITH seized AS ( \
+               INSERT INTO leases (key, holder, expires_at) \
+               VALUES ($1, $2, now() + make_interval(secs => $3::float8)) \
+               ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at \
+               RETURNING key), \
+             online AS ( \
+               UPDATE hosts SET state = 'online', capabilities = $5, dirs = $6, last_seen_at = now() \
+               WHERE id = $4 RETURNING id), \
+             gone AS ( \
+               UPDATE terminals SET state = 'exited', ended_at = now() WHERE host_id = $4 \
+               AND state IN ('launching', 'running') AND NOT (id = ANY($7)) RETURNING id, run_id), \
+             failed AS ( \
+               UPDATE runs SET state = 'failed', exit_code = NULL, finished_at = now() \
+               WHERE id IN (SELECT run_id FROM gone) AND state IN ('queued', 'dispatched', 'running') \
+               RETURNING id), \
+             started AS ( \
+               UPDATE terminals SET state = 'running', started_at = COALESCE(started_at, now()) \
+               WHERE host_id = $4 AND state = 'launching' AND id = ANY($7) RETURNING id, started_at), \
+             current AS ( \
+               SELECT t.id, t.user_id, t.host_id, t.title, t.dir, t.argv, \
+                      CASE WHEN s.id IS NULL THEN t.state ELSE 'running' END AS state, \
+                      t.pending_reason, t.exit_code, t.exit_signal, t.error, t.cols, t.rows, t.run_id, \
+                      t.created_at, COALESCE(t.started_at, s.started_at) AS started_at, t.ended_at, \
+                      t.last_interacted_at \
+               FROM terminals t LEFT JOIN started s ON s.id = t.id \
+               WHERE t.host_id = $4 AND t.state IN ('pending', 'launching', 'running') \
+               AND t.id NOT IN (SELECT id FROM gone)) \
+             SELECT {TERMINAL_COLS}, \
+               (SELECT r.log_end FROM runs r WHERE r.id = current.run_id \
+                AND r.state IN ('queued', 'dispatched', 'running')) \
+             FROM current ORDER BY created_at, id"
+        );
+        self.query(
+            &sql,
+            &[
+                &key,
+                &hello.holder.encode(),
+                &secs(hello.lease_ttl),
+                &hello.host_id,
+                &to_json(hello.capabilities),
+                &to_json(&hello.dirs),
+                &hello.running,
+            ],
         )
-        .await?;
-        tx.commit().await?;
-        Ok(gone)
+        .await?
+        .iter()
+        .map(|row| Ok(HelloTerminal { terminal: terminal_row(row)?, unfinished_run_log_end: row.get(18) }))
+        .collect()
     }
 
     async fn parked_terminals(&self, host_id: Uuid) -> StoreResult<Vec<Terminal>> {
@@ -983,6 +1007,20 @@ impl Store for PgStore {
             .query_opt("SELECT cell_id, epoch FROM relay_assignments WHERE host_id = $1", &[&host_id])
             .await?
             .map(|r| (r.get(0), r.get(1))))
+    }
+
+    async fn host_admission(&self, host_id: Uuid) -> StoreResult<Option<HostAdmission>> {
+        let row = self
+            .query_opt(
+                "SELECT h.user_id, a.cell_id, a.epoch FROM hosts h \
+                 LEFT JOIN relay_assignments a ON a.host_id = h.id WHERE h.id = $1",
+                &[&host_id],
+            )
+            .await?;
+        Ok(row.map(|r| {
+            let assignment = r.get::<_, Option<String>>(1).zip(r.get::<_, Option<i64>>(2));
+            HostAdmission { user_id: r.get(0), assignment }
+        }))
     }
 
     async fn register_cell(&self, cell: &CellRow) -> StoreResult<()> {

@@ -659,19 +659,6 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn host_connected(&self, host_id: Uuid, capabilities: &Capabilities, dirs: &[String]) -> StoreResult<()> {
-        let caps = to_json(capabilities);
-        let dirs = to_json(&dirs);
-        self.call(move |c| {
-            c.execute(
-                "UPDATE hosts SET state = 'online', capabilities = ?2, dirs = ?3, last_seen_at = ?4 WHERE id = ?1",
-                params![host_id.to_string(), caps, dirs, now_ms()],
-            )?;
-            Ok(())
-        })
-        .await
-    }
-
     async fn set_host_dirs(&self, host_id: Uuid, dirs: &[String]) -> StoreResult<()> {
         let dirs = to_json(&dirs);
         self.call(move |c| {
@@ -830,27 +817,62 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn reconcile_terminals(&self, host_id: Uuid, reported_running: &[Uuid]) -> StoreResult<Vec<Uuid>> {
-        let reported = to_json(&reported_running.iter().map(Uuid::to_string).collect::<Vec<_>>());
+    async fn host_hello(&self, hello: &HostHello<'_>) -> StoreResult<Vec<HelloTerminal>> {
+        let host_id = hello.host_id.to_string();
+        let key = host_lease_key(hello.host_id);
+        let holder = hello.holder.encode();
+        let ttl = ttl_ms(hello.lease_ttl);
+        let caps = to_json(hello.capabilities);
+        let dirs = to_json(&hello.dirs);
+        let running = to_json(&hello.running.iter().map(Uuid::to_string).collect::<Vec<_>>());
+        // One call, one transaction: the embedded database has no round
+        // trips to save, only the lock to take once.
         self.call(move |c| {
-            let tx = c.transaction()?;
-            let gone: Vec<String> = {
-                let mut stmt = tx.prepare(
-                    "UPDATE terminals SET state = 'exited', ended_at = ?3 WHERE host_id = ?1 \
-                     AND state IN ('launching', 'running') AND id NOT IN (SELECT value FROM json_each(?2)) \
-                     RETURNING id",
-                )?;
-                let rows = stmt.query_map(params![host_id.to_string(), reported, now_ms()], |r| r.get(0))?;
-                rows.collect::<Result<_, _>>()?
-            };
+            let now = now_ms();
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute(
+                "INSERT INTO leases (key, holder, expires_at) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at",
+                params![key, holder, now + ttl],
+            )?;
+            tx.execute(
+                "UPDATE hosts SET state = 'online', capabilities = ?2, dirs = ?3, last_seen_at = ?4 WHERE id = ?1",
+                params![host_id, caps, dirs, now],
+            )?;
+            tx.execute(
+                "UPDATE runs SET state = 'failed', exit_code = NULL, finished_at = ?3 \
+                 WHERE state IN ('queued', 'dispatched', 'running') AND id IN ( \
+                   SELECT run_id FROM terminals WHERE host_id = ?1 AND state IN ('launching', 'running') \
+                   AND id NOT IN (SELECT value FROM json_each(?2)))",
+                params![host_id, running, now],
+            )?;
+            tx.execute(
+                "UPDATE terminals SET state = 'exited', ended_at = ?3 WHERE host_id = ?1 \
+                 AND state IN ('launching', 'running') AND id NOT IN (SELECT value FROM json_each(?2))",
+                params![host_id, running, now],
+            )?;
             tx.execute(
                 "UPDATE terminals SET state = 'running', started_at = COALESCE(started_at, ?3) WHERE host_id = ?1 \
                  AND state = 'launching' AND id IN (SELECT value FROM json_each(?2))",
-                params![host_id.to_string(), reported, now_ms()],
+                params![host_id, running, now],
             )?;
+            let rows = {
+                let mut stmt = tx.prepare_cached(&format!(
+                    "SELECT {TERMINAL_COLS}, \
+                       (SELECT r.log_end FROM runs r WHERE r.id = terminals.run_id \
+                        AND r.state IN ('queued', 'dispatched', 'running')) \
+                     FROM terminals WHERE host_id = ?1 AND state IN ('pending', 'launching', 'running') \
+                     ORDER BY created_at, rowid"
+                ))?;
+                let rows =
+                    stmt.query_map([&host_id], |row| Ok((terminal_raw(row)?, row.get::<_, Option<i64>>(18)?)))?;
+                rows.collect::<Result<Vec<_>, _>>()?
+            };
             tx.commit()?;
-            gone.iter()
-                .map(|s| Uuid::parse_str(s).map_err(|e| StoreError::Corrupt(format!("terminal id: {e}"))))
+            rows.into_iter()
+                .map(|(raw, log_end)| {
+                    Ok(HelloTerminal { terminal: terminal_from_raw(raw)?, unfinished_run_log_end: log_end })
+                })
                 .collect()
         })
         .await
@@ -1257,6 +1279,21 @@ impl Store for SqliteStore {
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?)
+        })
+        .await
+    }
+
+    async fn host_admission(&self, host_id: Uuid) -> StoreResult<Option<HostAdmission>> {
+        self.call(move |c| {
+            let row = c
+                .query_row(
+                    "SELECT h.user_id, a.cell_id, a.epoch FROM hosts h \
+                     LEFT JOIN relay_assignments a ON a.host_id = h.id WHERE h.id = ?1",
+                    [host_id.to_string()],
+                    |r| Ok((uuid_col(r, 0)?, r.get::<_, Option<String>>(1)?, r.get::<_, Option<i64>>(2)?)),
+                )
+                .optional()?;
+            Ok(row.map(|(user_id, cell, epoch)| HostAdmission { user_id, assignment: cell.zip(epoch) }))
         })
         .await
     }

@@ -442,3 +442,33 @@ pub struct AuditEvent {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }
+
+/// A daemon's hello, as [`super::Store::host_hello`] records it.
+#[derive(Debug, Clone, Copy)]
+pub struct HostHello<'a> {
+    pub host_id: Uuid,
+    /// The connection that takes the host lease.
+    pub holder: &'a LeaseHolder,
+    pub lease_ttl: std::time::Duration,
+    pub capabilities: &'a Capabilities,
+    pub dirs: &'a [String],
+    /// The terminals the daemon says it still runs.
+    pub running: &'a [Uuid],
+}
+
+/// A live or pending terminal of a host after its hello, oldest first.
+#[derive(Debug, Clone)]
+pub struct HelloTerminal {
+    pub terminal: Terminal,
+    /// Where the stored log of its run ends, when it belongs to a run that
+    /// has not finished: the run's capture resumes there.
+    pub unfinished_run_log_end: Option<i64>,
+}
+
+/// A host as a hello's database check sees it ([`super::Store::host_admission`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostAdmission {
+    pub user_id: Uuid,
+    /// The cell the host is assigned to and the assignment's epoch.
+    pub assignment: Option<(String, i64)>,
+}

@@ -6,6 +6,7 @@
 use super::*;
 use crate::cell::admission::{self, Verdict};
 use crate::cell::bookings::AdmittedBy;
+use crate::store::{HelloTerminal, HostHello};
 
 /// What the hello established, applied back on the actor.
 struct Accepted {
@@ -51,24 +52,15 @@ struct Taken {
     captures: Vec<(Uuid, Uuid, u64)>,
 }
 
-/// Seizes the lease (newest daemon wins), tells the previous owner, records
-/// the hello and reconciles the host's terminal rows.
+/// Records the hello in one store call (seizes the lease, newest daemon
+/// wins; the host online; its terminal rows reconciled), then tells the
+/// previous owner.
 async fn take_host(
     relay: &RelayContext,
     host_id: Uuid,
-    user_id: Uuid,
     holder: &LeaseHolder,
     hello: crate::proto::v1::Hello,
 ) -> Result<Taken, (u16, &'static str)> {
-    let ttl = Duration::from_millis(relay.settings.lease.ttl_ms);
-    let db = database_error;
-    relay.store.seize_lease(&host_lease_key(host_id), holder, ttl).await.map_err(db)?;
-    // The previous owner, if any, re-reads the lease and lets its connection go.
-    let taken = crate::proto::bus::HostTaken { host_id: host_id.to_string() };
-    let channel = relay.bus.host_channel(host_id);
-    if let Err(e) = relay.bus.publish(&channel, crate::proto::bus::envelope::Body::HostTaken(taken)).await {
-        tracing::warn!(error = %e, %host_id, "tether_host_taken_publish_failed");
-    }
     let caps = hello.capabilities.unwrap_or_default();
     let capabilities = Capabilities {
         manage_dirs: caps.manage_dirs,
@@ -77,28 +69,37 @@ async fn take_host(
         usage: caps.usage,
         flow_control: caps.flow_control,
     };
-    relay.store.host_connected(host_id, &capabilities, &hello.dirs).await.map_err(db)?;
-    let reported: Vec<Uuid> = hello.terminals.iter().filter_map(|t| Uuid::parse_str(&t.terminal_id).ok()).collect();
-    let gone = relay.store.reconcile_terminals(host_id, &reported).await.map_err(db)?;
-    for id in &gone {
-        if let Some(run_id) = relay.store.terminal_by_id(*id).await.map_err(db)?.and_then(|t| t.run_id) {
-            relay.store.finish_run(run_id, RunState::Failed, None).await.map_err(db)?;
-        }
+    let running: Vec<Uuid> = hello.terminals.iter().filter_map(|t| Uuid::parse_str(&t.terminal_id).ok()).collect();
+    let record = HostHello {
+        host_id,
+        holder,
+        lease_ttl: Duration::from_millis(relay.settings.lease.ttl_ms),
+        capabilities: &capabilities,
+        dirs: &hello.dirs,
+        running: &running,
+    };
+    let terminals = relay.store.host_hello(&record).await.map_err(database_error)?;
+    // The previous owner, if any, re-reads the lease and lets its connection go.
+    let taken = crate::proto::bus::HostTaken { host_id: host_id.to_string() };
+    let channel = relay.bus.host_channel(host_id);
+    if let Err(e) = relay.bus.publish(&channel, crate::proto::bus::envelope::Body::HostTaken(taken)).await {
+        tracing::warn!(error = %e, %host_id, "tether_host_taken_publish_failed");
     }
-    let filter = crate::store::TerminalFilter { host_id: Some(host_id), state: None };
-    let all = relay.store.list_terminals(user_id, &filter).await.map_err(db)?;
-    let live: Vec<_> = all.iter().filter(|t| t.state.is_live()).cloned().collect();
-    let parked: Vec<_> = all.into_iter().filter(|t| t.state == TerminalState::Pending).collect();
-    let mut captures = Vec::new();
-    for t in live.iter().filter(|t| t.state == TerminalState::Running) {
-        let Some(run_id) = t.run_id else { continue };
-        let run = relay.store.get_run(user_id, run_id).await.map_err(db)?;
-        if let Some(run) = run.filter(|r| !r.state.is_final()) {
+    let mut taken = Taken { capabilities, live: Vec::new(), parked: Vec::new(), captures: Vec::new() };
+    for HelloTerminal { terminal, unfinished_run_log_end } in terminals {
+        if let (TerminalState::Running, Some(run_id), Some(log_end)) =
+            (terminal.state, terminal.run_id, unfinished_run_log_end)
+        {
             // The capture resumes at the stream offset the log reached.
-            captures.push((t.id, run_id, u64::try_from(run.log_end).unwrap_or(0)));
+            taken.captures.push((terminal.id, run_id, u64::try_from(log_end).unwrap_or(0)));
+        }
+        if terminal.state == TerminalState::Pending {
+            taken.parked.push(terminal);
+        } else {
+            taken.live.push(terminal);
         }
     }
-    Ok(Taken { capabilities, live, parked, captures })
+    Ok(taken)
 }
 
 /// Tells the homes of viewers that joined through a previous owner that
@@ -122,7 +123,6 @@ impl Handler<Hello> for DaemonConn {
         self.last_heard = Instant::now();
         let hello = msg.0;
         let relay = self.relay.clone();
-        let user_id = self.user_id;
         let principal = self.principal.clone();
         let conn = DaemonHandle::of(&ctx.address());
         let queue = self.outbox.queued_counter();
@@ -164,7 +164,7 @@ impl Handler<Hello> for DaemonConn {
                 }
             };
             let claim = Claim { conn_no, holder, subscribed };
-            match take_host(&relay, host_id, user_id, &claim.holder, hello).await {
+            match take_host(&relay, host_id, &claim.holder, hello).await {
                 Ok(t) => Ok(Accepted {
                     admitted,
                     capabilities: t.capabilities,

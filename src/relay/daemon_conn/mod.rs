@@ -77,7 +77,6 @@ pub struct DaemonConn {
     /// The token that opened the socket: its user owns the host, a daemon
     /// token is bound to one host (docs/PROTOCOL.md, "What the server enforces").
     principal: Principal,
-    user_id: Uuid,
     watched: Option<Watched>,
     outbox: Outbox,
     stream: Option<AggregatedMessageStream>,
@@ -105,7 +104,6 @@ impl DaemonConn {
     ) -> Self {
         Self {
             relay,
-            user_id: principal.user_id(),
             principal,
             watched: None,
             outbox,
