@@ -12,7 +12,7 @@
 //! is one indexed query per instance per tick, over the distinct tokens of
 //! its open sockets (none when it has no socket).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -70,6 +70,9 @@ impl TokenWatch {
     /// Tells every socket of a token that is not in `usable` to close;
     /// returns how many were told.
     pub fn close_unusable(&self, checked: &[Uuid], usable: &[Uuid]) -> usize {
+        // A set: an instance with thousands of daemons watches thousands of
+        // tokens (one per machine), and this runs every tick.
+        let usable: HashSet<&Uuid> = usable.iter().collect();
         let sockets = self.sockets.lock().unwrap_or_else(|p| p.into_inner());
         let mut told = 0;
         for id in checked.iter().filter(|id| !usable.contains(id)) {
