@@ -14,17 +14,22 @@ enum Read {
 
 /// A binary message from a daemon as a frame; `None` when it is not a
 /// `DaemonFrame` or carries no frame kind (the socket is closed 1008).
-pub fn decode_frame(bytes: &[u8]) -> Option<DaemonFrame> {
+/// Given the message's `Bytes`, Output data comes out as a slice of them,
+/// not a copy (prost's `Buf` for `Bytes`).
+pub fn decode_frame(bytes: impl bytes::Buf) -> Option<DaemonFrame> {
     DaemonFrame::decode(bytes).ok().filter(|frame| frame.frame.is_some())
 }
 
 fn decode(msg: Option<Result<AggregatedMessage, ProtocolError>>, outbox: &Outbox) -> Read {
     match msg {
         None | Some(Ok(AggregatedMessage::Close(_))) => Read::Closed,
-        Some(Ok(AggregatedMessage::Binary(bytes))) => match decode_frame(bytes.as_ref()) {
-            Some(frame) => Read::Frame(frame, bytes.len()),
-            None => Read::Fail(close::POLICY, "malformed frame"),
-        },
+        Some(Ok(AggregatedMessage::Binary(bytes))) => {
+            let len = bytes.len();
+            match decode_frame(bytes) {
+                Some(frame) => Read::Frame(frame, len),
+                None => Read::Fail(close::POLICY, "malformed frame"),
+            }
+        }
         Some(Ok(AggregatedMessage::Text(_))) => {
             Read::Fail(close::POLICY, "text frames are not part of the daemon protocol")
         }
