@@ -245,6 +245,11 @@ impl TerminalArbiter {
         if !matches!(self.state, Some(TerminalState::Running | TerminalState::Launching)) {
             return;
         }
+        // This runs after every Output chunk; the handles below cost two
+        // allocations, so only make them when someone is waiting.
+        if !self.members.values().any(|member| member.phase == Phase::Waiting) {
+            return;
+        }
         let daemon = stream.link.daemon.clone();
         let arbiter = ArbiterLink::of(self.id, &ctx.address());
         let window = stream.link.flow_control.then_some(self.config.window_bytes);
