@@ -260,7 +260,7 @@ impl Systems {
     }
 
     async fn open(&self, system: System) -> Session {
-        let session = match system {
+        let mut session = match system {
             System::Baseline => {
                 Session { framed: websocket(&self.baseline.url, None).await.expect("baseline socket"), terminal: None }
             }
@@ -273,7 +273,6 @@ impl Systems {
                 Session { framed, terminal: Some(id) }
             }
         };
-        let mut session = session;
         // The shell is up once it echoes a key.
         let _ = echo_once(&mut session.framed).await;
         clear_line(&mut session.framed).await;
@@ -639,7 +638,7 @@ async fn main() {
         for (n, system) in [System::Baseline, System::Tether, System::Tether, System::Baseline].into_iter().enumerate()
         {
             let load = load_average();
-            let (sockets, pids, terminal) = match system {
+            let (mut sockets, pids, terminal) = match system {
                 System::Baseline => {
                     let mut sockets = Vec::new();
                     for _ in 0..viewers {
@@ -659,7 +658,6 @@ async fn main() {
                     (sockets, systems.pids(system), Some(id))
                 }
             };
-            let mut sockets = sockets;
             let _ = echo_once(&mut sockets[0]).await;
             clear_line(&mut sockets[0]).await;
             let run = fan_out(sockets, &pids, &small, &small_expected).await;
