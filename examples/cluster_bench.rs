@@ -37,12 +37,12 @@
 //! scripts/cluster-bench [--daemons 1000,10000] [--mib 100] [--echo 200] [--window 31]
 //! ```
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::net::{IpAddr, Ipv4Addr};
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -51,6 +51,10 @@ use actix_http::ws;
 use futures_util::{SinkExt, StreamExt};
 use prost::Message as _;
 use serde_json::{json, Value};
+use support::{
+    api, arg, cpu_ticks, create_token, drain, drain_now, ms, new_terminal, online_host, percentile, start_daemon,
+    start_instance, ticks_per_second, tie_to_parent, until_live, viewer, Framed, Guard, Instance, Start,
+};
 use tether::proto::v1::{daemon_frame, server_frame, Capabilities, DaemonFrame, Hello, Ping, ServerFrame};
 
 /// Sockets per fake-daemon process and per source address.
@@ -58,90 +62,6 @@ const PER_PROCESS: usize = 2_500;
 const PER_ADDRESS: usize = 200;
 
 // ------------------------------------------------------------------ processes
-
-/// A child killed (SIGKILL) and reaped when dropped; it also dies with us.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The child gets SIGKILL when this process dies, however it dies.
-fn tie_to_parent(cmd: &mut Command) {
-    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-}
-
-fn target_dir_binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/examples/cluster_bench -> target/<profile>/<name>
-    exe.parent().and_then(|p| p.parent()).map(|p| p.join(name)).expect("target dir")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port")
-}
-
-fn tether_command(env: &[(String, String)], dir: &Path) -> Command {
-    let mut cmd = Command::new(target_dir_binary("tether"));
-    for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("TETHER_")) {
-        cmd.env_remove(key);
-    }
-    cmd.envs(env.iter().map(|(k, v)| (k, v))).env("RUST_LOG", "warn").current_dir(dir);
-    tie_to_parent(&mut cmd);
-    cmd
-}
-
-struct Instance {
-    name: &'static str,
-    listen: String,
-    child: Option<Guard>,
-}
-
-impl Instance {
-    fn base(&self) -> String {
-        format!("http://{}", self.listen)
-    }
-    fn ws(&self) -> String {
-        format!("ws://{}", self.listen)
-    }
-    fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, |g| g.0.id())
-    }
-}
-
-async fn start_instance(name: &'static str, env: &[(String, String)], dir: &Path) -> Instance {
-    let listen = format!("127.0.0.1:{}", free_port());
-    let log = std::fs::File::create(dir.join(format!("serve-{name}.log"))).expect("log file");
-    let mut env = env.to_vec();
-    env.push(("TETHER_HTTP__LISTEN".into(), listen.clone()));
-    let mut cmd = tether_command(&env, dir);
-    cmd.arg("serve").stdin(Stdio::null()).stdout(log.try_clone().expect("log")).stderr(log);
-    let mut child = Guard(cmd.spawn().expect("spawn tether serve"));
-    let began = Instant::now();
-    let client = awc::Client::default();
-    loop {
-        if let Ok(Some(status)) = child.0.try_wait() {
-            panic!("tether serve {name} exited with {status}; see {}/serve-{name}.log", dir.display());
-        }
-        if let Ok(res) = client.get(format!("http://{listen}/readyz")).send().await {
-            if res.status() == 200 {
-                break;
-            }
-        }
-        assert!(began.elapsed() < Duration::from_secs(60), "instance {name} not ready after 60 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Instance { name, listen, child: Some(child) }
-}
 
 /// When the balancer forwarded a connection to a backend other than the
 /// first (the daemon's redial after A died).
@@ -175,84 +95,6 @@ async fn start_balancer(backends: Vec<String>, redials: Redials) -> String {
 }
 
 // ------------------------------------------------------------------ REST and viewers
-
-async fn api(method: &str, url: &str, token: &str, body: Option<Value>) -> Value {
-    let client = awc::Client::builder().timeout(Duration::from_secs(30)).finish();
-    let req = match method {
-        "POST" => client.post(url),
-        _ => client.get(url),
-    }
-    .insert_header(("Authorization", format!("Bearer {token}")));
-    let mut res = match body {
-        Some(body) => req.send_json(&body).await,
-        None => req.send().await,
-    }
-    .expect("request");
-    res.json::<Value>().limit(64 * 1024 * 1024).await.unwrap_or(Value::Null)
-}
-
-async fn new_terminal(base: &str, token: &str, host: &str, argv: Value) -> String {
-    let body = json!({"hostId": host, "argv": argv, "dir": "/tmp"});
-    let t = api("POST", &format!("{base}/api/v1/terminals"), token, Some(body)).await;
-    let id = t["terminal"]["id"].as_str().unwrap_or_else(|| panic!("create terminal: {t}")).to_string();
-    let began = Instant::now();
-    loop {
-        let t = api("GET", &format!("{base}/api/v1/terminals/{id}"), token, None).await;
-        if t["terminal"]["state"] == "running" {
-            return id;
-        }
-        assert!(began.elapsed() < Duration::from_secs(30), "terminal {id} not running: {t}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-type Framed = actix_codec::Framed<awc::BoxedSocket, ws::Codec>;
-
-async fn viewer(ws_base: &str, token: &str, id: &str, query: &str) -> Result<Framed, String> {
-    let url = format!("{ws_base}/ws/v1/terminals/{id}{query}");
-    let (_, framed) = awc::Client::default()
-        .ws(url.as_str())
-        .header("Authorization", format!("Bearer {token}"))
-        .protocols(["tether.v1"])
-        .max_frame_size(8 << 20)
-        .connect()
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(framed)
-}
-
-enum Start {
-    /// Live (after a replay) or resumed, at this stream offset.
-    At(u64),
-    Closed(Option<u16>),
-}
-
-/// Reads until `live` or `resume`; binary frames before `live` are the
-/// replay snapshot and are dropped.
-async fn until_live(framed: &mut Framed) -> Start {
-    loop {
-        match tokio::time::timeout(Duration::from_secs(30), framed.next()).await {
-            Ok(Some(Ok(ws::Frame::Text(t)))) => {
-                let v: Value = serde_json::from_slice(&t).unwrap_or(Value::Null);
-                if v["type"] == "live" || v["type"] == "resume" {
-                    return Start::At(v["offset"].as_u64().unwrap_or(0));
-                }
-            }
-            Ok(Some(Ok(ws::Frame::Close(reason)))) => return Start::Closed(reason.map(|r| u16::from(r.code))),
-            Ok(Some(Ok(_))) => {}
-            Ok(Some(Err(_))) | Ok(None) => return Start::Closed(None),
-            Err(_) => panic!("no live/resume within 30 s"),
-        }
-    }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
 
 async fn echo_block(framed: &mut Framed, rounds: usize) -> Vec<Duration> {
     let mut echoes = Vec::with_capacity(rounds);
@@ -315,17 +157,6 @@ async fn echo_paced(inst: &Instance, token: &str, id: &str, label: &str) {
         ms(percentile(&echoes, 0.99)),
         ms(percentile(&echoes, 1.0))
     );
-}
-
-/// Drops what is already buffered, without waiting.
-fn drain_now(framed: &mut Framed) {
-    use futures_util::FutureExt;
-    while let Some(Some(Ok(_))) = framed.next().now_or_never() {}
-}
-
-/// Drops whatever arrives within 20 ms.
-async fn drain(framed: &mut Framed) {
-    while let Ok(Some(Ok(_))) = tokio::time::timeout(Duration::from_millis(20), framed.next()).await {}
 }
 
 /// One flood of `mib` MiB through a fresh viewer; MiB/s, or why it failed.
@@ -410,15 +241,6 @@ async fn metric(base: &str, name: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
-/// utime + stime of a process, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let get = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
-    get(11) + get(12)
-}
-
 async fn sample(instances: &[&Instance], admin: &tokio_postgres::Client, db: &str) -> Sample {
     let mut renews = BTreeMap::new();
     let mut cpu = BTreeMap::new();
@@ -495,7 +317,7 @@ async fn count_statements(
         total as f64 / ticks.max(1) as f64,
         after.xact_commit - before.xact_commit
     );
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let hz = ticks_per_second();
     let cpu: Vec<String> = instances
         .iter()
         .map(|i| {
@@ -731,10 +553,6 @@ impl FakeFleet {
 
 // ------------------------------------------------------------------ main
 
-fn arg<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> T {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
 fn now_ms() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)
 }
@@ -788,31 +606,12 @@ async fn main() {
     let mut a = start_instance("A", &env, dir.as_path()).await;
     let b = start_instance("B", &env, dir.as_path()).await;
     let c = start_instance("C", &env, dir.as_path()).await;
-    let mut token_cmd = tether_command(&env, dir.as_path());
-    token_cmd.args(["token", "create", "--user", "bench"]);
-    let out = token_cmd.output().expect("token create");
-    assert!(out.status.success(), "token create: {}", String::from_utf8_lossy(&out.stderr));
-    let token = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let token = create_token(&env, dir.as_path());
 
     let redials: Redials = Rc::default();
     let balancer = start_balancer(vec![a.listen.clone(), b.listen.clone()], redials.clone()).await;
-    let mut daemon_cmd = tether_command(&[], dir.as_path());
-    daemon_cmd
-        .args(["daemon", "--server", &format!("http://{balancer}"), "--token", &token, "--allow-dir", "/tmp"])
-        .arg("--state-dir")
-        .arg(dir.as_path().join("state"))
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.as_path().join("daemon.log")).expect("daemon log"));
-    let _daemon = Guard(daemon_cmd.spawn().expect("spawn daemon"));
-    let host = loop {
-        let hosts = api("GET", &format!("{}/api/v1/hosts", a.base()), &token, None).await;
-        if let Some(h) = hosts["hosts"].as_array().and_then(|h| h.iter().find(|h| h["state"] == "online")) {
-            break h["id"].as_str().expect("id").to_string();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let _daemon = start_daemon(&format!("http://{balancer}"), &token, dir.as_path(), "info");
+    let host = online_host(&a.base(), &token).await;
 
     // Keystroke echo: viewer on A (the owner) and on B, alternating blocks.
     let cat = new_terminal(&a.base(), &token, &host, json!(["cat"])).await;

@@ -13,141 +13,49 @@
 //! target/release/examples/relay_bench [MEGABYTES] [ROUNDS]
 //! ```
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod support;
+
 use std::time::{Duration, Instant};
 
 use actix_http::ws;
 use futures_util::{SinkExt, StreamExt};
-use serde_json::{json, Value};
-
-/// Kills a child process when dropped.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn tether_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/examples/relay_bench -> target/<profile>/tether
-    exe.parent().and_then(|p| p.parent()).map(|p| p.join("tether")).expect("target dir")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port")
-}
-
-async fn api(method: &str, url: &str, token: &str, body: Option<Value>) -> Value {
-    let client = awc::Client::default();
-    let req = match method {
-        "POST" => client.post(url),
-        _ => client.get(url),
-    }
-    .insert_header(("Authorization", format!("Bearer {token}")));
-    let mut res = match body {
-        Some(body) => req.send_json(&body).await,
-        None => req.send().await,
-    }
-    .expect("request");
-    res.json::<Value>().limit(16 * 1024 * 1024).await.unwrap_or(Value::Null)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
+use serde_json::json;
+use support::{api, kill_terminal, percentile, websocket, Single};
 
 #[actix_rt::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let megabytes: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(200);
     let rounds: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(20);
-    let tether = tether_binary();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let env_clean = |c: &mut Command| {
-        for (key, _) in std::env::vars().filter(|(k, _)| k.starts_with("TETHER_")) {
-            c.env_remove(key);
-        }
-        c.env("RUST_LOG", "warn").current_dir(dir.path());
-    };
-
-    let mut serve = Command::new(&tether);
-    serve.args(["serve", "--listen", &format!("127.0.0.1:{port}")]).stdout(Stdio::null());
-    env_clean(&mut serve);
-    let _serve = Guard(serve.spawn().expect("spawn serve"));
-    let mut token_cmd = Command::new(&tether);
-    token_cmd.args(["token", "create", "--user", "bench"]);
-    env_clean(&mut token_cmd);
-    let token = loop {
-        let out = token_cmd.output().expect("token create");
-        if out.status.success() {
-            break String::from_utf8_lossy(&out.stdout).trim().to_string();
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    // `token create` works on the database file directly, so the server
-    // may not be listening yet: wait until it is ready.
-    let client = awc::Client::default();
-    let began = Instant::now();
-    while !client.get(format!("{base}/readyz")).send().await.is_ok_and(|r| r.status().is_success()) {
-        assert!(began.elapsed() < Duration::from_secs(60), "the server was not ready after 60 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let mut daemon = Command::new(&tether);
-    daemon
-        .args(["daemon", "--server", &base, "--token", &token, "--allow-dir", "/tmp", "--state-dir"])
-        .arg(dir.path().join("state"));
-    env_clean(&mut daemon);
-    let _daemon = Guard(daemon.spawn().expect("spawn daemon"));
-    let host = loop {
-        let hosts = api("GET", &format!("{base}/api/v1/hosts"), &token, None).await;
-        if let Some(h) = hosts["hosts"].as_array().and_then(|h| h.iter().find(|h| h["state"] == "online")) {
-            break h["id"].as_str().expect("id").to_string();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let single = Single::start().await;
+    let (base, token, host) = (single.instance.base(), single.token.as_str(), single.host.as_str());
 
     // Terminal start latency.
     let mut starts = Vec::new();
     for _ in 0..rounds {
         let began = Instant::now();
         let body = json!({"hostId": host, "argv": ["sleep", "1000"], "dir": "/tmp"});
-        let t = api("POST", &format!("{base}/api/v1/terminals"), &token, Some(body)).await;
+        let t = api("POST", &format!("{base}/api/v1/terminals"), token, Some(body)).await;
         let id = t["terminal"]["id"].as_str().expect("id").to_string();
         loop {
-            let t = api("GET", &format!("{base}/api/v1/terminals/{id}"), &token, None).await;
+            let t = api("GET", &format!("{base}/api/v1/terminals/{id}"), token, None).await;
             if t["terminal"]["state"] == "running" {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         starts.push(began.elapsed());
-        api("POST", &format!("{base}/api/v1/terminals/{id}/kill"), &token, Some(json!({"signal": 9}))).await;
+        kill_terminal(&base, token, &id).await;
     }
 
     // Attach latency and throughput on one terminal.
     let script =
         format!("read go; head -c {} /dev/zero | tr '\\0' x; echo; echo bench-done; exec sleep 1000", megabytes << 20);
     let body = json!({"hostId": host, "argv": ["sh", "-c", script], "dir": "/tmp"});
-    let t = api("POST", &format!("{base}/api/v1/terminals"), &token, Some(body)).await;
+    let t = api("POST", &format!("{base}/api/v1/terminals"), token, Some(body)).await;
     let id = t["terminal"]["id"].as_str().expect("id").to_string();
-    let ws_url = format!("ws://127.0.0.1:{port}/ws/v1/terminals/{id}");
-    let connect = || async {
-        let (_, framed) = awc::Client::default()
-            .ws(ws_url.as_str())
-            .header("Authorization", format!("Bearer {token}"))
-            .protocols(["tether.v1"])
-            .max_frame_size(8 << 20)
-            .connect()
-            .await
-            .expect("ws connect");
-        framed
-    };
+    let ws_url = format!("{}/ws/v1/terminals/{id}", single.instance.ws());
+    let connect = || async { websocket(&ws_url, Some(token)).await.expect("ws connect") };
     let mut attaches = Vec::new();
     for _ in 0..rounds {
         let began = Instant::now();
