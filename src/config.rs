@@ -44,6 +44,7 @@ pub struct Settings {
     pub viewer: ViewerSettings,
     pub shutdown: ShutdownSettings,
     pub runs: RunsSettings,
+    pub terminals: TerminalsSettings,
     pub director: DirectorSettings,
     pub audit: AuditSettings,
     pub metrics: MetricsSettings,
@@ -355,6 +356,23 @@ impl Default for RunsSettings {
     }
 }
 
+/// Caps on live terminals (docs/REST.md, "Terminals"): a terminal or run
+/// created past one is refused 429 `too_many_terminals`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TerminalsSettings {
+    /// Live terminals (pending, launching, running, and queued runs) one host may have.
+    pub max_per_host: u64,
+    /// Live terminals one user may have over all their hosts.
+    pub max_per_user: u64,
+}
+
+impl Default for TerminalsSettings {
+    fn default() -> Self {
+        Self { max_per_host: 256, max_per_user: 1024 }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DirectorSettings {
@@ -527,7 +545,9 @@ impl Settings {
                 return Err(invalid("cluster.secret", "must be at least 16 characters"));
             }
         }
-        let positive: [(&'static str, u64); 30] = [
+        let positive: [(&'static str, u64); 32] = [
+            ("terminals.max_per_host", self.terminals.max_per_host),
+            ("terminals.max_per_user", self.terminals.max_per_user),
             ("viewer.max_per_terminal", self.viewer.max_per_terminal as u64),
             ("daemon.max_pending_requests", self.daemon.max_pending_requests as u64),
             ("credentials.refresh_before_ms", self.credentials.refresh_before_ms),

@@ -20,6 +20,7 @@ pub mod demo;
 pub mod director;
 pub mod http;
 pub mod jobs;
+pub mod json_input;
 pub mod metrics;
 pub mod proto;
 pub mod relay;

@@ -115,16 +115,19 @@ async fn exited_terminal(store: &dyn Store) -> Uuid {
     let user = store.ensure_user("ann").await.expect("user");
     let host = support::store_host(store, &user, "box").await;
     let terminal = store
-        .insert_terminal(&NewTerminal {
-            user_id: user.id,
-            host_id: host.id,
-            title: None,
-            dir: None,
-            argv: vec!["sh".into(), "-c".into(), "echo hi; exit 7".into()],
-            cols: 80,
-            rows: 24,
-            run_id: None,
-        })
+        .insert_terminal(
+            &NewTerminal {
+                user_id: user.id,
+                host_id: host.id,
+                title: None,
+                dir: None,
+                argv: vec!["sh".into(), "-c".into(), "echo hi; exit 7".into()],
+                cols: 80,
+                rows: 24,
+                run_id: None,
+            },
+            None,
+        )
         .await
         .expect("terminal");
     assert!(store.claim_launch(host.id, terminal.id).await.expect("launch"));

@@ -212,6 +212,46 @@ async fn spawn_start_and_exit_through_a_scripted_daemon() {
     assert_eq!(body["terminal"]["state"], "exited");
 }
 
+/// A terminal over a limit (an argv past its entries or bytes, a host past
+/// `terminals.max_per_host`) is refused before anything is written or sent:
+/// the next frame the daemon gets is the one asked for after the refusals.
+#[actix_rt::test]
+async fn terminals_over_a_limit_are_refused_and_never_spawned() {
+    let server = TetherServer::start(&[("TETHER_TERMINALS__MAX_PER_HOST", "1")], &[]).await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let mut daemon = connected_daemon(&server, &api, &host).await;
+    let long_entry = "x".repeat(tether::http::rest::MAX_ARG_BYTES + 1);
+    let full_entry = "x".repeat(tether::http::rest::MAX_ARG_BYTES);
+    let too_many = vec!["x"; tether::http::rest::MAX_ARGS + 1];
+    let too_long = vec![full_entry.as_str(); tether::http::rest::MAX_ARGV_BYTES / full_entry.len() + 1];
+    for (argv, says) in [(too_many, "entries"), (vec![long_entry.as_str()], "bytes"), (too_long, "bytes in all")] {
+        for route in ["/api/v1/terminals", "/api/v1/runs"] {
+            let (status, body) = api.post(route, json!({"hostId": host, "argv": argv})).await;
+            assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_argv")), "{route}");
+            assert!(body["error"]["message"].as_str().unwrap_or_default().contains(says), "{body}");
+        }
+    }
+    let (status, body) = api.post("/api/v1/terminals", json!({"hostId": host, "argv": ["sh"]})).await;
+    assert_eq!(status, 201, "{body}");
+    let first = body["terminal"]["id"].as_str().expect("id").to_string();
+    match daemon.next_server_frame().await {
+        server_frame::Frame::Spawn(spawn) => assert_eq!(spawn.terminal_id, first, "only the accepted terminal"),
+        other => panic!("expected Spawn, got {other:?}"),
+    }
+    let (status, body) = api.post("/api/v1/terminals", json!({"hostId": host, "argv": ["sh"]})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (429, Some("too_many_terminals")), "{body}");
+    let (status, body) = api.post(&format!("/api/v1/terminals/{first}/input"), json!({"data": "next"})).await;
+    assert_eq!(status, 202, "{body}");
+    match daemon.next_server_frame().await {
+        server_frame::Frame::Input(input) => assert_eq!(input.terminal_id, first),
+        other => panic!("the refused terminal reached the daemon: {other:?}"),
+    }
+    let (_, body) = api.get("/api/v1/terminals").await;
+    assert_eq!(body["terminals"].as_array().map(Vec::len), Some(1), "{body}");
+    let (_, body) = api.get("/api/v1/runs").await;
+    assert_eq!(body["runs"], json!([]), "{body}");
+}
+
 #[actix_rt::test]
 async fn requests_to_an_offline_host_are_409_and_a_silent_daemon_is_504() {
     let server = server().await;

@@ -1,7 +1,8 @@
 //! Hardening (docs/SECURITY.md) against real processes: response headers
 //! and the separate metrics listener, private state files, WebSocket caps
 //! per user behind one address and `http.trusted_proxies`, a daemon whose
-//! allowlist is locked, and the audit record of a real terminal session.
+//! allowlist is locked, the caps on a daemon's dirs, JSON nested too deep,
+//! and the audit record of a real terminal session.
 
 mod support;
 
@@ -169,6 +170,86 @@ async fn a_locked_daemon_refuses_remote_dir_changes() {
     assert_eq!((status, body["error"]["code"].as_str()), (502, Some("daemon_refused")), "{body}");
     let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
     assert_eq!(body["host"]["dirs"], json!(["/tmp"]), "nothing changed: {body}");
+}
+
+/// A daemon takes dirs from the server up to its cap, each path up to its
+/// length: past either the add is refused with a clear error and the
+/// allowlist stays as it was.
+#[actix_rt::test]
+async fn dirs_past_the_daemons_caps_are_refused_and_the_list_is_unchanged() {
+    let server = TetherServer::start(&[], &[]).await;
+    let api = Api::new(server.url(), create_token(&server, "ann"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let _daemon = DaemonProcess::start(&server, &api.token, &dir.path().join("state"));
+    let host = wait_online(&api).await;
+    let add = format!("/api/v1/hosts/{host}/dirs");
+    let many = std::fs::canonicalize(dir.path()).expect("canonical").join("many");
+    for n in 1..tether::daemon::MAX_DIRS {
+        let path = many.join(n.to_string());
+        std::fs::create_dir_all(&path).expect("dir");
+        let (status, body) = api.post(&add, json!({"path": path})).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
+    let full = body["host"]["dirs"].clone();
+    assert_eq!(full.as_array().map(Vec::len), Some(tether::daemon::MAX_DIRS), "{body}");
+    let one_more = many.join("one-more");
+    std::fs::create_dir_all(&one_more).expect("dir");
+    let (status, body) = api.post(&add, json!({"path": one_more})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("daemon_refused")), "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(&format!("already allows {} dirs", tether::daemon::MAX_DIRS)), "{body}");
+    let long = format!("/{}", "x".repeat(tether::daemon::MAX_DIR_PATH_BYTES));
+    let (status, body) = api.post(&add, json!({"path": long})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (400, Some("field_too_long")), "{body}");
+    let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
+    assert_eq!(body["host"]["dirs"], full, "nothing changed");
+    let stored = std::fs::read_to_string(dir.path().join("state/dirs.json")).expect("dirs.json");
+    assert!(!stored.contains("one-more"), "the daemon's own list did not change: {stored}");
+}
+
+/// JSON nested deeper than the limit is malformed input: a REST body is
+/// `400 bad_json` that says so (at once, however deep), a viewer's control
+/// message is answered `bad message` and closed 1008.
+#[actix_rt::test]
+async fn json_nested_too_deep_is_refused_clearly() {
+    let server = TetherServer::start(&[], &[]).await;
+    let (ann, terminal) = user_with_terminal(&server, "ann").await;
+    let depth = 100_000;
+    let deep = format!(r#"{{"hostname": "deep", "extra": {}{}}}"#, "[".repeat(depth), "]".repeat(depth));
+    let res = awc::Client::default()
+        .post(format!("{}/api/v1/hosts", server.url()))
+        .insert_header(("Authorization", format!("Bearer {}", ann.token)))
+        .insert_header(("Content-Type", "application/json"))
+        .send_body(deep)
+        .await;
+    let mut res = res.expect("an answer");
+    let body: serde_json::Value = res.json().await.expect("a JSON error");
+    assert_eq!((res.status().as_u16(), body["error"]["code"].as_str()), (400, Some("bad_json")), "{body}");
+    let limit = format!("nested deeper than {} levels", tether::json_input::MAX_JSON_DEPTH);
+    assert!(body["error"]["message"].as_str().unwrap_or_default().contains(&limit), "{body}");
+    let (_, hosts) = ann.get("/api/v1/hosts").await;
+    assert_eq!(hosts["hosts"].as_array().map(Vec::len), Some(1), "nothing registered: {hosts}");
+
+    let mut viewer = Socket::connect(&viewer_url(&server, &terminal), Some(&ann.token), VIEWER).await;
+    let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    // Within the limit an unknown field is ignored, as ever...
+    let inside = format!(r#"{{"type":"view","cols":80,"rows":24,"extra":{}}}"#, nested(100));
+    viewer.send_text(inside).await;
+    assert!(still_open(&mut viewer).await, "a message within the limit was refused");
+    // ...past it the message is refused.
+    let past = format!(r#"{{"type":"view","cols":80,"rows":24,"extra":{}}}"#, nested(1000));
+    viewer.send_text(past).await;
+    let mut said = None;
+    let code = loop {
+        match viewer.next().await {
+            Event::Text(text) if text.contains("bad message") => said = Some(text),
+            Event::Close(code) => break code,
+            _ => {}
+        }
+    };
+    assert_eq!(code, Some(1008));
+    assert!(said.is_some_and(|text| text.contains(&limit)), "the error names the limit");
 }
 
 /// Polls the audit log until `done` accepts it.

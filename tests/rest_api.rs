@@ -22,8 +22,14 @@ struct Fixture {
 }
 
 async fn fixture(postgres: bool) -> Fixture {
+    fixture_with(postgres, |_| {}).await
+}
+
+/// A fixture whose settings `tweak` changes first.
+async fn fixture_with(postgres: bool, tweak: impl FnOnce(&mut Settings)) -> Fixture {
     let mut settings = Settings::default();
     settings.http.max_body_bytes = 4096;
+    tweak(&mut settings);
     let dir = if postgres {
         settings.database.url = Some(support::pg_database().await);
         None
@@ -96,6 +102,35 @@ both_backends!(
     bad_optional_bodies_are_refused,
     audit_lists_the_callers_own_events,
 );
+
+/// At most 2 live terminals per host and 3 per user.
+async fn capped_fixture(postgres: bool) -> Fixture {
+    fixture_with(postgres, |s| {
+        s.terminals.max_per_host = 2;
+        s.terminals.max_per_user = 3;
+    })
+    .await
+}
+
+#[actix_rt::test]
+async fn terminal_caps_sqlite() {
+    terminals_and_runs_past_the_caps_are_429(capped_fixture(false).await).await
+}
+
+#[actix_rt::test]
+async fn terminal_caps_postgres() {
+    terminals_and_runs_past_the_caps_are_429(capped_fixture(true).await).await
+}
+
+#[actix_rt::test]
+async fn terminal_caps_hold_under_concurrent_creates_sqlite() {
+    concurrent_creates_never_pass_the_cap(capped_fixture(false).await).await
+}
+
+#[actix_rt::test]
+async fn terminal_caps_hold_under_concurrent_creates_postgres() {
+    concurrent_creates_never_pass_the_cap(capped_fixture(true).await).await
+}
 
 async fn register_host<S>(app: &S, token: &str, hostname: &str) -> Value
 where
@@ -541,4 +576,75 @@ async fn audit_lists_the_callers_own_events(fx: Fixture) {
     expect_error(get("/api/v1/audit?limit=5001".into()).await, StatusCode::BAD_REQUEST, "invalid_limit").await;
     let res = call_service(&app, TestRequest::get().uri("/api/v1/audit").to_request()).await;
     expect_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
+}
+
+/// POSTs `body` to `uri`; returns the status and the JSON answer.
+async fn post<S>(app: &S, token: &str, uri: &str, body: Value) -> (StatusCode, Value)
+where
+    S: actix_web::dev::Service<actix_http::Request, Response = ServiceResponse, Error = actix_web::Error>,
+{
+    let res = call_service(app, auth(TestRequest::post().uri(uri), token).set_json(&body).to_request()).await;
+    (res.status(), json_body(res).await)
+}
+
+/// Live terminals count against `terminals.max_per_host` and
+/// `terminals.max_per_user`, queued runs with them; one more is 429
+/// `too_many_terminals` and creates nothing; an exited terminal frees its
+/// place.
+async fn terminals_and_runs_past_the_caps_are_429(fx: Fixture) {
+    let app = app!(fx);
+    let t = token(&fx.state, "ann").await;
+    let a = register_host(&app, &t, "a").await["id"].clone();
+    let b = register_host(&app, &t, "b").await["id"].clone();
+    let (status, first) = post(&app, &t, "/api/v1/terminals", json!({"hostId": a})).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    let (status, body) = post(&app, &t, "/api/v1/runs", json!({"hostId": a, "argv": ["true"]})).await;
+    assert_eq!(status, StatusCode::CREATED, "a queued run takes the host's second place: {body}");
+    for (uri, body) in
+        [("/api/v1/terminals", json!({"hostId": a})), ("/api/v1/runs", json!({"hostId": a, "argv": ["true"]}))]
+    {
+        let (status, got) = post(&app, &t, uri, body).await;
+        assert_eq!(
+            (status, got["error"]["code"].as_str()),
+            (StatusCode::TOO_MANY_REQUESTS, Some("too_many_terminals"))
+        );
+        let message = got["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("terminals.max_per_host"), "{got}");
+    }
+    let (status, body) = post(&app, &t, "/api/v1/terminals", json!({"hostId": b})).await;
+    assert_eq!(status, StatusCode::CREATED, "another host has room: {body}");
+    let (status, got) = post(&app, &t, "/api/v1/terminals", json!({"hostId": b})).await;
+    assert_eq!((status, got["error"]["code"].as_str()), (StatusCode::TOO_MANY_REQUESTS, Some("too_many_terminals")));
+    assert!(got["error"]["message"].as_str().unwrap_or_default().contains("terminals.max_per_user"), "{got}");
+    // The refusals created nothing.
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/terminals"), &t).to_request()).await;
+    assert_eq!(json_body(res).await["terminals"].as_array().map(Vec::len), Some(2));
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/runs"), &t).to_request()).await;
+    assert_eq!(json_body(res).await["runs"].as_array().map(Vec::len), Some(1));
+    // Another user is not counted with ann.
+    let bob = token(&fx.state, "bob").await;
+    let bobs = register_host(&app, &bob, "a").await["id"].clone();
+    let (status, body) = post(&app, &bob, "/api/v1/terminals", json!({"hostId": bobs})).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    // An exited terminal no longer counts.
+    let host_id = uuid::Uuid::parse_str(a.as_str().expect("id")).expect("uuid");
+    let id = uuid::Uuid::parse_str(first["terminal"]["id"].as_str().expect("id")).expect("uuid");
+    assert!(fx.state.store.claim_launch(host_id, id).await.expect("launch"));
+    assert!(fx.state.store.mark_exited(host_id, id, Default::default()).await.expect("exit"));
+    let (status, body) = post(&app, &t, "/api/v1/terminals", json!({"hostId": b})).await;
+    assert_eq!(status, StatusCode::CREATED, "the exited terminal's place is free: {body}");
+}
+
+/// Many creates at once for one host: exactly the cap's worth are made.
+async fn concurrent_creates_never_pass_the_cap(fx: Fixture) {
+    let app = app!(fx);
+    let t = token(&fx.state, "ann").await;
+    let host = register_host(&app, &t, "box").await["id"].clone();
+    let creates = (0..8).map(|_| post(&app, &t, "/api/v1/terminals", json!({"hostId": host})));
+    let statuses: Vec<StatusCode> = futures_util::future::join_all(creates).await.into_iter().map(|(s, _)| s).collect();
+    let created = statuses.iter().filter(|s| **s == StatusCode::CREATED).count();
+    let refused = statuses.iter().filter(|s| **s == StatusCode::TOO_MANY_REQUESTS).count();
+    assert_eq!((created, refused), (2, 6), "{statuses:?}");
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/terminals"), &t).to_request()).await;
+    assert_eq!(json_body(res).await["terminals"].as_array().map(Vec::len), Some(2));
 }

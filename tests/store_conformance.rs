@@ -100,7 +100,7 @@ fn new_terminal(host: &Host) -> NewTerminal {
 }
 
 async fn terminal(store: &Arc<dyn Store>, host: &Host) -> Terminal {
-    store.insert_terminal(&new_terminal(host)).await.expect("terminal")
+    store.insert_terminal(&new_terminal(host), None).await.expect("terminal")
 }
 
 /// A daemon's hello for `host_id` by connection `holder`, reporting `running`.
@@ -243,7 +243,8 @@ async fn host_delete_removes_dependents(store: &Arc<dyn Store>) {
     let bob = user(store, "bob").await;
     let h = host(store, &ann, "box").await;
     let t = terminal(store, &h).await;
-    let run = store.insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["true".into()], dir: None }).await;
+    let run =
+        store.insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["true".into()], dir: None }, None).await;
     let run = run.expect("run");
     assert!(!store.delete_host(bob.id, h.id).await.expect("delete"), "bob cannot delete ann's host");
     assert!(store.delete_host(ann.id, h.id).await.expect("delete"));
@@ -323,11 +324,11 @@ async fn hello_reconciliation(store: &Arc<dyn Store>) {
     let ann = user(store, "ann").await;
     let bx = host(store, &ann, "box").await;
     let run_of = |argv: &str| NewRun { user_id: ann.id, host_id: bx.id, argv: vec![argv.into()], dir: None };
-    let kept_run = store.insert_run(&run_of("kept")).await.expect("run");
-    let gone_run = store.insert_run(&run_of("gone")).await.expect("run");
+    let kept_run = store.insert_run(&run_of("kept"), None).await.expect("run");
+    let gone_run = store.insert_run(&run_of("gone"), None).await.expect("run");
     let with_run = |run_id| NewTerminal { run_id: Some(run_id), ..new_terminal(&bx) };
-    let kept = store.insert_terminal(&with_run(kept_run.id)).await.expect("terminal");
-    let gone = store.insert_terminal(&with_run(gone_run.id)).await.expect("terminal");
+    let kept = store.insert_terminal(&with_run(kept_run.id), None).await.expect("terminal");
+    let gone = store.insert_terminal(&with_run(gone_run.id), None).await.expect("terminal");
     let launching = terminal(store, &bx).await;
     let parked = terminal(store, &bx).await;
     let ended = terminal(store, &bx).await;
@@ -537,12 +538,15 @@ async fn runs_queue_and_finish(store: &Arc<dyn Store>) {
     let bob = user(store, "bob").await;
     let h = host(store, &ann, "box").await;
     let run = store
-        .insert_run(&NewRun {
-            user_id: ann.id,
-            host_id: h.id,
-            argv: vec!["sh".into(), "-c".into(), "exit 7".into()],
-            dir: None,
-        })
+        .insert_run(
+            &NewRun {
+                user_id: ann.id,
+                host_id: h.id,
+                argv: vec!["sh".into(), "-c".into(), "exit 7".into()],
+                dir: None,
+            },
+            None,
+        )
         .await
         .expect("run");
     assert_eq!(run.state, RunState::Queued);
@@ -574,7 +578,7 @@ async fn run_claims_never_overlap(store: &Arc<dyn Store>) {
     let h = host(store, &ann, "box").await;
     for _ in 0..40 {
         store
-            .insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["true".into()], dir: None })
+            .insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["true".into()], dir: None }, None)
             .await
             .expect("run");
     }
@@ -607,7 +611,8 @@ async fn run_claims_never_overlap(store: &Arc<dyn Store>) {
 async fn run_log_is_capped(store: &Arc<dyn Store>) {
     let ann = user(store, "ann").await;
     let h = host(store, &ann, "box").await;
-    let run = store.insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["x".into()], dir: None }).await;
+    let run =
+        store.insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["x".into()], dir: None }, None).await;
     let run = run.expect("run");
     store.append_run_log(run.id, 0, b"out\x00\xff\n", 10).await.expect("append");
     store.append_run_log(run.id, 6, b"more-bytes", 10).await.expect("append");
@@ -625,7 +630,8 @@ async fn run_log_is_capped(store: &Arc<dyn Store>) {
 async fn run_log_is_idempotent_by_offset_and_counts_gaps(store: &Arc<dyn Store>) {
     let ann = user(store, "ann").await;
     let h = host(store, &ann, "box").await;
-    let run = store.insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["x".into()], dir: None }).await;
+    let run =
+        store.insert_run(&NewRun { user_id: ann.id, host_id: h.id, argv: vec!["x".into()], dir: None }, None).await;
     let run = run.expect("run");
     let max = 1 << 20;
     store.append_run_log(run.id, 0, b"hello", max).await.expect("append");
@@ -731,9 +737,9 @@ async fn runs_of_long_gone_hosts_are_lost(store: &Arc<dyn Store>) {
     let here = host(store, &ann, "here").await;
     store.claim_lease(&host_lease_key(here.id), &h("a", 1), TTL).await.expect("lease");
     let new_run = |h: &Host| NewRun { user_id: ann.id, host_id: h.id, argv: vec!["true".into()], dir: None };
-    let lost = store.insert_run(&new_run(&gone)).await.expect("run");
-    let kept = store.insert_run(&new_run(&here)).await.expect("run");
-    let done = store.insert_run(&new_run(&gone)).await.expect("run");
+    let lost = store.insert_run(&new_run(&gone), None).await.expect("run");
+    let kept = store.insert_run(&new_run(&here), None).await.expect("run");
+    let done = store.insert_run(&new_run(&gone), None).await.expect("run");
     store.finish_run(done.id, RunState::Succeeded, Some(0)).await.expect("finish");
     assert!(store.mark_lost_runs(Duration::from_secs(60)).await.expect("sweep").is_empty(), "not gone long enough");
     tokio::time::sleep(Duration::from_millis(50)).await;

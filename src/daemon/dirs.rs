@@ -6,8 +6,18 @@
 //! terminal out of the allowlist. The list is never empty: a terminal without
 //! a `dir` starts in the first entry, so removing the last one is refused.
 //! Persistence lives in `state.rs`; this module is pure path logic.
+//!
+//! What the server may add is capped ([`MAX_DIRS`] dirs, each path at most
+//! [`MAX_DIR_PATH_BYTES`]): the list is sent in every Hello, stored with
+//! the host and checked on every Spawn, so a server cannot grow it without
+//! bound.
 
 use std::path::{Path, PathBuf};
+
+/// The most dirs the list takes through the server's dirs add.
+pub const MAX_DIRS: usize = 64;
+/// The longest path the server may add, in bytes (Linux's `PATH_MAX`).
+pub const MAX_DIR_PATH_BYTES: usize = 4096;
 
 /// Why a dir operation or a spawn dir was refused; the text goes back to the
 /// server in `DirsResult.error` / `SpawnError.message`.
@@ -23,6 +33,10 @@ pub enum DirError {
     NotListed(String),
     #[error("refusing to remove the last allowed dir")]
     LastDir,
+    #[error("this host already allows {MAX_DIRS} dirs, its most; remove one first")]
+    TooMany,
+    #[error("a dir path of {0} bytes is longer than {MAX_DIR_PATH_BYTES}")]
+    PathTooLong(usize),
     #[error("cannot find the home directory to allow by default")]
     NoHome,
     #[error(
@@ -66,11 +80,24 @@ impl DirAllowlist {
     }
 
     /// Adds an existing directory; adding one already listed is a no-op.
+    /// A path over [`MAX_DIR_PATH_BYTES`] (as given or resolved), or a new
+    /// dir past [`MAX_DIRS`], is refused with the list unchanged.
     pub fn add(&mut self, path: &str) -> Result<(), DirError> {
-        let dir = canonical_dir(absolute(path)?)?;
-        if !self.dirs.contains(&dir) {
-            self.dirs.push(dir);
+        if path.len() > MAX_DIR_PATH_BYTES {
+            return Err(DirError::PathTooLong(path.len()));
         }
+        let dir = canonical_dir(absolute(path)?)?;
+        if self.dirs.contains(&dir) {
+            return Ok(());
+        }
+        let resolved_len = dir.as_os_str().len();
+        if resolved_len > MAX_DIR_PATH_BYTES {
+            return Err(DirError::PathTooLong(resolved_len));
+        }
+        if self.dirs.len() >= MAX_DIRS {
+            return Err(DirError::TooMany);
+        }
+        self.dirs.push(dir);
         Ok(())
     }
 
@@ -219,6 +246,26 @@ mod tests {
         list.add(&s(&t.b)).unwrap();
         list.add(&s(&t.b.join("."))).unwrap();
         assert_eq!(list.dirs(), [t.a.clone(), t.b.clone()]);
+    }
+
+    #[test]
+    fn add_is_capped_in_dirs_and_path_length() {
+        let t = tree();
+        let mut list = DirAllowlist::seed(std::slice::from_ref(&t.a)).unwrap();
+        let long = format!("/{}", "x/".repeat(MAX_DIR_PATH_BYTES / 2));
+        assert_eq!(list.add(&long), Err(DirError::PathTooLong(long.len())));
+        let base = t.a.parent().unwrap().join("many");
+        for n in 1..MAX_DIRS {
+            let dir = base.join(n.to_string());
+            std::fs::create_dir_all(&dir).unwrap();
+            list.add(&s(&dir)).unwrap();
+        }
+        assert_eq!(list.dirs().len(), MAX_DIRS);
+        let before = list.clone();
+        assert_eq!(list.add(&s(&t.b)), Err(DirError::TooMany));
+        assert_eq!(list, before, "a refused add changes nothing");
+        list.add(&s(&t.a)).unwrap();
+        assert_eq!(list, before, "adding a listed dir is still a no-op when full");
     }
 
     #[test]

@@ -39,6 +39,7 @@ mod token_file;
 use std::path::PathBuf;
 
 pub use self::connection::decode_server_frame;
+pub use self::dirs::{MAX_DIRS, MAX_DIR_PATH_BYTES};
 pub use self::screen::GridSize;
 pub use self::server_url::BadServerUrl;
 pub use self::state::{default_state_dir, StateError};

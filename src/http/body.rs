@@ -1,15 +1,22 @@
-//! `OptionalJson<T>`: a JSON body a route may go without (docs/REST.md,
-//! "Errors"). An empty body is "no body"; anything else must parse and
-//! fit `http.max_body_bytes`, or the request is refused with its error
-//! (400 `bad_json`, 413 `payload_too_large`) before the handler runs.
-//! actix's `Option<Json<T>>` would swallow those errors as "no body".
+//! JSON request bodies (docs/REST.md, "Conventions"): `Json<T>`, a body a
+//! route needs, and `OptionalJson<T>`, one it may go without.
+//!
+//! Both read the whole body (decompressed as its `Content-Encoding` says,
+//! at most `http.max_body_bytes`, else 413 `payload_too_large`), refuse
+//! JSON nested deeper than `json_input::MAX_JSON_DEPTH` before parsing,
+//! and answer every failure in the API's error shape before the handler
+//! runs. `Json<T>` stands in for actix's `web::Json`, whose parser skips
+//! unknown fields however deep they nest. For `OptionalJson<T>` an empty
+//! body is "no body"; anything else must parse (400 `bad_json`). actix's
+//! `Option<Json<T>>` would swallow those errors as "no body".
 
 use std::future::Future;
+use std::ops::Deref;
 use std::pin::Pin;
 
-use actix_web::dev::Payload;
+use actix_web::dev::{Decompress, Payload};
 use actix_web::http::header;
-use actix_web::{FromRequest, HttpRequest};
+use actix_web::{mime, FromRequest, HttpMessage, HttpRequest};
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
@@ -19,11 +26,36 @@ use super::error::ApiError;
 #[derive(Debug, Clone, Copy)]
 pub struct BodyLimit(pub usize);
 
+/// A JSON body a route needs.
+pub struct Json<T>(pub T);
+
+impl<T> Json<T> {
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+}
+
+impl<T> Deref for Json<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
 /// A JSON body that may be absent (empty).
 pub struct OptionalJson<T>(pub Option<T>);
 
 fn too_large(limit: usize) -> ApiError {
     ApiError::payload_too_large(format!("request body over {limit} bytes"))
+}
+
+fn bad_json(err: crate::json_input::JsonError) -> ApiError {
+    ApiError::bad_request("bad_json", err.to_string())
+}
+
+/// A whole body as a JSON value (400 `bad_json` when it is not one).
+pub fn parse_required<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    crate::json_input::parse(body).map_err(bad_json)
 }
 
 /// A whole body as an optional JSON value: blank is `None`, anything else
@@ -32,7 +64,58 @@ pub fn parse_optional<T: DeserializeOwned>(body: &[u8]) -> Result<Option<T>, Api
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
     }
-    serde_json::from_slice(body).map(Some).map_err(|e| ApiError::bad_request("bad_json", e.to_string()))
+    parse_required(body).map(Some)
+}
+
+/// A body may say it is JSON or say nothing; anything else is refused (as
+/// `web::Json` with `content_type_required(false)`: an unreadable header
+/// counts as none).
+fn json_content_type(req: &HttpRequest) -> Result<(), ApiError> {
+    match req.mime_type() {
+        Ok(Some(mime)) if mime.subtype() != mime::JSON && mime.suffix() != Some(mime::JSON) => {
+            Err(ApiError::bad_request("bad_content_type", "the body must be JSON (Content-Type: application/json)"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The whole body, decompressed, of at most the app's [`BodyLimit`].
+fn read_body(req: &HttpRequest, payload: &mut Payload) -> impl Future<Output = Result<Vec<u8>, ApiError>> {
+    let limit = req.app_data::<BodyLimit>().map_or(256 * 1024, |l| l.0);
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let mut payload = Decompress::from_headers(payload.take(), req.headers());
+    async move {
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(too_large(limit));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = payload.next().await {
+            let chunk = chunk.map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
+            if body.len() + chunk.len() > limit {
+                return Err(too_large(limit));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    }
+}
+
+impl<T: DeserializeOwned + 'static> FromRequest for Json<T> {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let content_type = json_content_type(req);
+        let body = read_body(req, payload);
+        Box::pin(async move {
+            content_type?;
+            parse_required(&body.await?).map(Json)
+        })
+    }
 }
 
 impl<T: DeserializeOwned + 'static> FromRequest for OptionalJson<T> {
@@ -40,26 +123,7 @@ impl<T: DeserializeOwned + 'static> FromRequest for OptionalJson<T> {
     type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let limit = req.app_data::<BodyLimit>().map_or(256 * 1024, |l| l.0);
-        let declared = req
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        let mut payload = payload.take();
-        Box::pin(async move {
-            if declared.is_some_and(|n| n > limit as u64) {
-                return Err(too_large(limit));
-            }
-            let mut body = Vec::new();
-            while let Some(chunk) = payload.next().await {
-                let chunk = chunk.map_err(|e| ApiError::bad_request("bad_body", e.to_string()))?;
-                if body.len() + chunk.len() > limit {
-                    return Err(too_large(limit));
-                }
-                body.extend_from_slice(&chunk);
-            }
-            parse_optional(&body).map(OptionalJson)
-        })
+        let body = read_body(req, payload);
+        Box::pin(async move { parse_optional(&body.await?).map(OptionalJson) })
     }
 }

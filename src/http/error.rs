@@ -1,8 +1,8 @@
 //! The JSON error body of docs/REST.md ("Errors"): `{"error":{"code":"snake_case","message":"..."}}`
-//! with a fitting status, and the extractor error handlers that map bad
-//! JSON, bad query strings and oversized bodies onto it.
+//! with a fitting status, and the handler that maps bad query strings onto
+//! it (JSON bodies are read by `super::body`).
 
-use actix_web::error::{JsonPayloadError, QueryPayloadError};
+use actix_web::error::QueryPayloadError;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, ResponseError};
 use serde_json::json;
@@ -64,8 +64,12 @@ impl ResponseError for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
-        if let StoreError::Invalid(message) = err {
-            return Self::bad_request("invalid_field", message);
+        match err {
+            StoreError::Invalid(message) => return Self::bad_request("invalid_field", message),
+            StoreError::CapReached(cap) => {
+                return Self::new(StatusCode::TOO_MANY_REQUESTS, "too_many_terminals", cap.to_string())
+            }
+            _ => {}
         }
         tracing::error!(error = %err, "tether_store_error");
         match err {
@@ -75,20 +79,6 @@ impl From<StoreError> for ApiError {
             _ => Self::internal(),
         }
     }
-}
-
-/// Maps JSON body errors: oversized -> 413, anything else -> 400.
-pub fn json_error(err: JsonPayloadError, _req: &HttpRequest) -> actix_web::Error {
-    let api = match &err {
-        JsonPayloadError::Overflow { limit } | JsonPayloadError::OverflowKnownLength { limit, .. } => {
-            ApiError::payload_too_large(format!("request body over {limit} bytes"))
-        }
-        JsonPayloadError::ContentType => {
-            ApiError::bad_request("bad_content_type", "the body must be JSON (Content-Type: application/json)")
-        }
-        other => ApiError::bad_request("bad_json", other.to_string()),
-    };
-    api.into()
 }
 
 /// Maps query-string errors to 400.

@@ -21,18 +21,15 @@ use actix_web::web;
 /// Registers the routes this instance serves: its rows of the route table
 /// (`routes::ROUTES`), then, on a relay, the web page.
 pub fn configure(cfg: &mut web::ServiceConfig, max_body_bytes: usize, serving: routes::Serving) {
-    cfg.app_data(
-        web::JsonConfig::default().limit(max_body_bytes).content_type_required(false).error_handler(error::json_error),
-    )
-    .app_data(web::QueryConfig::default().error_handler(error::query_error))
-    .app_data(body::BodyLimit(max_body_bytes))
-    .configure(|cfg| routes::configure(cfg, serving))
-    .configure(|cfg| {
-        if serving.relay {
-            page::configure(cfg);
-        }
-    })
-    .default_service(web::to(|| async { Err::<actix_web::HttpResponse, _>(error::ApiError::not_found("route")) }));
+    cfg.app_data(web::QueryConfig::default().error_handler(error::query_error))
+        .app_data(body::BodyLimit(max_body_bytes))
+        .configure(|cfg| routes::configure(cfg, serving))
+        .configure(|cfg| {
+            if serving.relay {
+                page::configure(cfg);
+            }
+        })
+        .default_service(web::to(|| async { Err::<actix_web::HttpResponse, _>(error::ApiError::not_found("route")) }));
 }
 
 /// Headers every response carries (docs/SECURITY.md, "What tether

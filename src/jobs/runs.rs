@@ -68,18 +68,22 @@ impl RunDispatcher {
 
 /// Creates the run's terminal, starts its capture and asks the daemon to spawn it.
 async fn dispatch(relay: &RelayContext, run: Run) -> Result<(), crate::store::StoreError> {
+    // Not counted against the terminal caps again: the queued run held its place.
     let terminal = relay
         .store
-        .insert_terminal(&NewTerminal {
-            user_id: run.user_id,
-            host_id: run.host_id,
-            title: Some(format!("run {}", run.id)),
-            dir: run.dir.clone(),
-            argv: run.argv.clone(),
-            cols: 80,
-            rows: 24,
-            run_id: Some(run.id),
-        })
+        .insert_terminal(
+            &NewTerminal {
+                user_id: run.user_id,
+                host_id: run.host_id,
+                title: Some(format!("run {}", run.id)),
+                dir: run.dir.clone(),
+                argv: run.argv.clone(),
+                cols: 80,
+                rows: 24,
+                run_id: Some(run.id),
+            },
+            None,
+        )
         .await?;
     relay.store.set_run_terminal(run.id, terminal.id).await?;
     tracing::info!(run_id = %run.id, terminal_id = %terminal.id, "tether_run_dispatched");

@@ -225,7 +225,7 @@ impl Viewer {
     }
 
     fn on_text(&mut self, text: &str, ctx: &mut Context<Self>) {
-        match serde_json::from_str::<ClientMessage>(text) {
+        match crate::json_input::parse::<ClientMessage>(text.as_bytes()) {
             Ok(ClientMessage::Input { .. }) if !self.may_control("send input", ctx) => {}
             Ok(ClientMessage::Resize { .. }) if !self.may_control("resize it", ctx) => {}
             Ok(ClientMessage::View { .. }) if !self.may_control("claim its grid", ctx) => {}

@@ -21,6 +21,11 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
         name: "run_log_offsets_credentials_expiry",
         sql: include_str!("../../migrations/postgres/0004_run_log_offsets_credentials_expiry.sql"),
     },
+    Migration {
+        version: 5,
+        name: "live_terminal_indexes",
+        sql: include_str!("../../migrations/postgres/0005_live_terminal_indexes.sql"),
+    },
 ];
 
 pub const MIGRATIONS_SQLITE: &[Migration] = &[
@@ -36,6 +41,11 @@ pub const MIGRATIONS_SQLITE: &[Migration] = &[
         version: 5,
         name: "renew_touches_hosts",
         sql: include_str!("../../migrations/sqlite/0005_renew_touches_hosts.sql"),
+    },
+    Migration {
+        version: 6,
+        name: "live_terminal_indexes",
+        sql: include_str!("../../migrations/sqlite/0006_live_terminal_indexes.sql"),
     },
 ];
 

@@ -6,6 +6,7 @@
 //! daemon drives is scoped by host id and compares the current state, so a
 //! late or duplicated frame can never overwrite a newer fact.
 
+mod caps;
 mod cells;
 mod migrate;
 pub mod postgres;
@@ -22,6 +23,7 @@ use uuid::Uuid;
 
 use crate::cell::AdmitMode;
 use crate::config::Settings;
+pub use caps::{CapReached, TerminalCaps};
 pub use cells::*;
 pub use migrate::{Migration, MIGRATIONS_POSTGRES, MIGRATIONS_SQLITE};
 pub use tokens::*;
@@ -43,6 +45,9 @@ pub enum StoreError {
     /// A caller's value the store refuses before writing anything.
     #[error("{0}")]
     Invalid(String),
+    /// A new terminal or run over a cap on live terminals.
+    #[error(transparent)]
+    CapReached(#[from] CapReached),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -127,7 +132,10 @@ pub trait Store: Send + Sync + 'static {
     async fn set_host_state(&self, host_id: Uuid, state: HostState) -> StoreResult<()>;
 
     // ---- terminals
-    async fn insert_terminal(&self, new: &NewTerminal) -> StoreResult<Terminal>;
+    /// Inserts a `pending` terminal. With `caps`, only when its host and its
+    /// user are below them ([`StoreError::CapReached`] otherwise, nothing
+    /// written), counted and inserted in one transaction (`caps` module).
+    async fn insert_terminal(&self, new: &NewTerminal, caps: Option<TerminalCaps>) -> StoreResult<Terminal>;
     async fn get_terminal(&self, user_id: Uuid, id: Uuid) -> StoreResult<Option<Terminal>>;
     async fn terminal_by_id(&self, id: Uuid) -> StoreResult<Option<Terminal>>;
     async fn list_terminals(&self, user_id: Uuid, filter: &TerminalFilter) -> StoreResult<Vec<Terminal>>;
@@ -166,7 +174,9 @@ pub trait Store: Send + Sync + 'static {
     /// is at least a minute older (or missing); answers the stored stamp
     /// after the call, written or not (None: no such terminal or never).
     async fn stamp_interaction(&self, id: Uuid, now: DateTime<Utc>) -> StoreResult<Option<DateTime<Utc>>>;
-    async fn insert_run(&self, new: &NewRun) -> StoreResult<Run>;
+    /// Queues a run; with `caps`, as [`Store::insert_terminal`] (a queued
+    /// run counts as the terminal it becomes).
+    async fn insert_run(&self, new: &NewRun, caps: Option<TerminalCaps>) -> StoreResult<Run>;
     async fn get_run(&self, user_id: Uuid, id: Uuid) -> StoreResult<Option<Run>>;
     async fn list_runs(&self, user_id: Uuid, host_id: Option<Uuid>) -> StoreResult<Vec<Run>>;
     /// Claims up to `limit` queued runs whose host is in `online_hosts`

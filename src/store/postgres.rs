@@ -228,6 +228,29 @@ impl PgStore {
         Ok(client.query(&stmt, params).await?)
     }
 
+    /// Runs the insert `sql` (a terminal or a run, `RETURNING` its row) in
+    /// one transaction after the caps check of `(user, host, caps)`: the
+    /// user's row is locked first (`FOR NO KEY UPDATE`, which does not
+    /// block the key-share locks of foreign keys), so two inserts of one
+    /// user count one after the other and cannot both take the last place.
+    async fn insert_admitted(
+        &self,
+        (user_id, host_id, caps): (Uuid, Uuid, Option<TerminalCaps>),
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> StoreResult<Row> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        if let Some(caps) = caps {
+            tx.execute("SELECT 1 FROM users WHERE id = $1 FOR NO KEY UPDATE", &[&user_id]).await?;
+            let row = tx.query_one(super::caps::LIVE_TERMINALS_SQL, &[&host_id, &user_id]).await?;
+            caps.admit(row.get(0), row.get(1))?;
+        }
+        let row = tx.query_one(sql, params).await?;
+        tx.commit().await?;
+        Ok(row)
+    }
+
     async fn query_opt(
         &self,
         sql: &str,
@@ -493,13 +516,15 @@ impl Store for PgStore {
         Ok(())
     }
 
-    async fn insert_terminal(&self, new: &NewTerminal) -> StoreResult<Terminal> {
+    async fn insert_terminal(&self, new: &NewTerminal, caps: Option<TerminalCaps>) -> StoreResult<Terminal> {
+        let sql = format!(
+            "INSERT INTO terminals (id, user_id, host_id, title, dir, argv, state, pending_reason, cols, rows, run_id) \
+             VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, $9, $10) RETURNING {TERMINAL_COLS}"
+        );
         let row = self
-            .query_opt(
-                &format!(
-                    "INSERT INTO terminals (id, user_id, host_id, title, dir, argv, state, pending_reason, cols, rows, \
-                     run_id) VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, $9, $10) RETURNING {TERMINAL_COLS}"
-                ),
+            .insert_admitted(
+                (new.user_id, new.host_id, caps),
+                &sql,
                 &[
                     &Uuid::new_v4(),
                     &new.user_id,
@@ -513,8 +538,7 @@ impl Store for PgStore {
                     &new.run_id,
                 ],
             )
-            .await?
-            .ok_or_else(|| StoreError::Corrupt("terminal insert returned nothing".into()))?;
+            .await?;
         terminal_row(&row)
     }
 
@@ -800,17 +824,18 @@ impl Store for PgStore {
         Ok(row.and_then(|r| r.get(0)))
     }
 
-    async fn insert_run(&self, new: &NewRun) -> StoreResult<Run> {
+    async fn insert_run(&self, new: &NewRun, caps: Option<TerminalCaps>) -> StoreResult<Run> {
+        let sql = format!(
+            "INSERT INTO runs (id, user_id, host_id, argv, dir, state) VALUES ($1, $2, $3, $4, $5, 'queued') \
+             RETURNING {RUN_COLS}"
+        );
         let row = self
-            .query_opt(
-                &format!(
-                    "INSERT INTO runs (id, user_id, host_id, argv, dir, state) VALUES ($1, $2, $3, $4, $5, 'queued') \
-                     RETURNING {RUN_COLS}"
-                ),
+            .insert_admitted(
+                (new.user_id, new.host_id, caps),
+                &sql,
                 &[&Uuid::new_v4(), &new.user_id, &new.host_id, &to_json(&new.argv), &new.dir],
             )
-            .await?
-            .ok_or_else(|| StoreError::Corrupt("run insert returned nothing".into()))?;
+            .await?;
         run_row(&row)
     }
 

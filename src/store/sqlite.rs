@@ -263,6 +263,18 @@ impl SqliteStore {
     }
 }
 
+/// Within `tx` (an IMMEDIATE transaction: SQLite's write lock is held
+/// from the count to the insert), refuses one more terminal (or run) of
+/// `user_id` on `host_id` past `caps`.
+fn admit(tx: &rusqlite::Transaction<'_>, user_id: Uuid, host_id: Uuid, caps: Option<TerminalCaps>) -> StoreResult<()> {
+    let Some(caps) = caps else { return Ok(()) };
+    let (host_live, user_live) =
+        tx.query_row(super::caps::LIVE_TERMINALS_SQL, params![host_id.to_string(), user_id.to_string()], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
+    Ok(caps.admit(host_live, user_live)?)
+}
+
 /// `relay_cells` joined with its switch and effective row (read by [`cell_view`]).
 const CELL_VIEW_SQL: &str = "SELECT c.cell_id, c.url, c.region, c.pool_size, c.reserve_pool_size, \
        m.admit_mode, m.dead_man_trip_slots, m.generation, m.updated_at, \
@@ -680,11 +692,13 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn insert_terminal(&self, new: &NewTerminal) -> StoreResult<Terminal> {
+    async fn insert_terminal(&self, new: &NewTerminal, caps: Option<TerminalCaps>) -> StoreResult<Terminal> {
         let new = new.clone();
         self.call(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            admit(&tx, new.user_id, new.host_id, caps)?;
             let id = Uuid::new_v4();
-            c.execute(
+            tx.execute(
                 "INSERT INTO terminals (id, user_id, host_id, title, dir, argv, state, pending_reason, cols, rows, \
                  run_id, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?8, ?9, ?10, ?11)",
                 params![
@@ -701,8 +715,10 @@ impl Store for SqliteStore {
                     now_ms()
                 ],
             )?;
-            terminal_by(c, "id = ?1", &[&id.to_string()])?
-                .ok_or_else(|| StoreError::Corrupt("inserted terminal vanished".into()))
+            let terminal = terminal_by(&tx, "id = ?1", &[&id.to_string()])?
+                .ok_or_else(|| StoreError::Corrupt("inserted terminal vanished".into()))?;
+            tx.commit()?;
+            Ok(terminal)
         })
         .await
     }
@@ -1012,11 +1028,13 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn insert_run(&self, new: &NewRun) -> StoreResult<Run> {
+    async fn insert_run(&self, new: &NewRun, caps: Option<TerminalCaps>) -> StoreResult<Run> {
         let new = new.clone();
         self.call(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            admit(&tx, new.user_id, new.host_id, caps)?;
             let id = Uuid::new_v4();
-            c.execute(
+            tx.execute(
                 "INSERT INTO runs (id, user_id, host_id, argv, dir, state, created_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6)",
                 params![
@@ -1028,7 +1046,10 @@ impl Store for SqliteStore {
                     now_ms()
                 ],
             )?;
-            run_by(c, "id = ?1", &[&id.to_string()])?.ok_or_else(|| StoreError::Corrupt("inserted run vanished".into()))
+            let run = run_by(&tx, "id = ?1", &[&id.to_string()])?
+                .ok_or_else(|| StoreError::Corrupt("inserted run vanished".into()))?;
+            tx.commit()?;
+            Ok(run)
         })
         .await
     }

@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use crate::auth;
 use crate::director::{AssignError, Director};
+use crate::http::body::Json;
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 
@@ -23,7 +24,7 @@ pub async fn assign(
     state: web::Data<AppState>,
     director: Option<web::Data<Director>>,
     user: AuthUser,
-    body: web::Json<AssignRequest>,
+    body: Json<AssignRequest>,
 ) -> Result<HttpResponse, ApiError> {
     // The route is registered only where the director runs.
     let director = director.ok_or_else(ApiError::internal)?;

@@ -11,6 +11,7 @@ use std::time::Instant;
 use actix_web::{web, HttpResponse};
 
 use crate::cell::feed::{ReserveRequest, ReserveResponse};
+use crate::http::body::Json;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
 
@@ -24,7 +25,7 @@ pub async fn seats(state: web::Data<AppState>) -> HttpResponse {
 }
 
 /// `POST /internal/v1/reserve`: one answer per item, in order.
-pub async fn reserve(state: web::Data<AppState>, body: web::Json<ReserveRequest>) -> Result<HttpResponse, ApiError> {
+pub async fn reserve(state: web::Data<AppState>, body: Json<ReserveRequest>) -> Result<HttpResponse, ApiError> {
     let request = body.into_inner();
     if request.items.len() > MAX_RESERVE_ITEMS {
         return Err(ApiError::bad_request(

@@ -9,6 +9,7 @@ use serde_json::json;
 
 use super::check_text;
 use crate::cell::AdmitMode;
+use crate::http::body::Json;
 use crate::http::error::ApiError;
 use crate::http::state::AppState;
 use crate::store::MAX_TRIP_SLOTS;
@@ -39,7 +40,7 @@ pub async fn list(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> 
 pub async fn set_admit_mode(
     state: web::Data<AppState>,
     path: web::Path<String>,
-    body: web::Json<SwitchBody>,
+    body: Json<SwitchBody>,
 ) -> Result<HttpResponse, ApiError> {
     let cell_id = path.into_inner();
     check_text("cellId", &cell_id, 128, true)?;

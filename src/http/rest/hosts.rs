@@ -10,6 +10,8 @@ use super::page::{PageQuery, Position};
 use super::{check_text, on_host, online_hosts, path_id};
 use crate::audit::Subject;
 use crate::auth;
+use crate::daemon::MAX_DIR_PATH_BYTES;
+use crate::http::body::Json;
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::http::views::HostView;
@@ -44,7 +46,7 @@ impl RegisterHost {
 pub async fn register(
     state: web::Data<AppState>,
     user: AuthUser,
-    body: web::Json<RegisterHost>,
+    body: Json<RegisterHost>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
     let name = body.check()?;
@@ -155,9 +157,17 @@ impl DirBody {
     }
 }
 
+/// An absolute path without NUL, at most as long as a daemon takes
+/// (docs/PROTOCOL.md, "DirsResult").
 fn check_path(path: &str) -> Result<(), ApiError> {
-    if !path.starts_with('/') || path.contains('\0') || path.len() > 4096 {
-        return Err(ApiError::bad_request("invalid_dir", "`path` must be an absolute path"));
+    if path.len() > MAX_DIR_PATH_BYTES {
+        return Err(ApiError::bad_request(
+            "field_too_long",
+            format!("`path` has {} bytes, more than {MAX_DIR_PATH_BYTES}", path.len()),
+        ));
+    }
+    if !path.starts_with('/') || path.contains('\0') {
+        return Err(ApiError::bad_request("invalid_dir", "`path` must be an absolute path without NUL"));
     }
     Ok(())
 }
@@ -180,7 +190,7 @@ pub async fn add_dir(
     state: web::Data<AppState>,
     user: AuthUser,
     id: web::Path<String>,
-    body: web::Json<DirBody>,
+    body: Json<DirBody>,
 ) -> Result<HttpResponse, ApiError> {
     let id = own_host(&state, &user, &id).await?;
     body.check()?;

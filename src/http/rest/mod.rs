@@ -91,19 +91,28 @@ fn check_text(field: &str, value: &str, max: usize, required: bool) -> Result<()
     Ok(())
 }
 
-/// Limits on a command line given to a terminal or run.
-const MAX_ARGS: usize = 256;
-const MAX_ARG_BYTES: usize = 8192;
+/// Limits on a command line given to a terminal or run (docs/REST.md,
+/// "Terminals"): entries, bytes of one entry, and bytes in all. Linux takes
+/// far more, but a command line this long is not typed by a person, and
+/// each Spawn frame and terminal row carries it.
+pub const MAX_ARGS: usize = 256;
+pub const MAX_ARG_BYTES: usize = 8192;
+pub const MAX_ARGV_BYTES: usize = 65536;
 
 fn check_argv(argv: &[String]) -> Result<(), ApiError> {
+    let refuse = |message: String| Err(ApiError::bad_request("invalid_argv", message));
     if argv.len() > MAX_ARGS {
-        return Err(ApiError::bad_request("invalid_argv", format!("`argv` has more than {MAX_ARGS} entries")));
+        return refuse(format!("`argv` has {} entries, more than {MAX_ARGS}", argv.len()));
     }
-    if argv.iter().any(|a| a.len() > MAX_ARG_BYTES || a.contains('\0')) {
-        return Err(ApiError::bad_request(
-            "invalid_argv",
-            format!("`argv` entries must be under {MAX_ARG_BYTES} bytes without NUL"),
-        ));
+    if argv.iter().any(|a| a.contains('\0')) {
+        return refuse("`argv` entries must not contain NUL".into());
+    }
+    if let Some(long) = argv.iter().find(|a| a.len() > MAX_ARG_BYTES) {
+        return refuse(format!("an `argv` entry has {} bytes, more than {MAX_ARG_BYTES}", long.len()));
+    }
+    let total: usize = argv.iter().map(String::len).sum();
+    if total > MAX_ARGV_BYTES {
+        return refuse(format!("`argv` has {total} bytes in all, more than {MAX_ARGV_BYTES}"));
     }
     Ok(())
 }
@@ -148,5 +157,23 @@ mod tests {
         assert_eq!(check_dir("/home/ann/../bob", &allowed).unwrap_err().code, "invalid_dir");
         assert_eq!(check_dir("relative", &allowed).unwrap_err().code, "invalid_dir");
         assert!(check_dir("/anything", &[]).is_ok());
+    }
+
+    #[test]
+    fn argv_is_capped_in_entries_entry_bytes_and_bytes_in_all() {
+        let entries = |n: usize, len: usize| vec!["x".repeat(len); n];
+        assert!(check_argv(&entries(MAX_ARGS, 1)).is_ok());
+        assert!(check_argv(&entries(1, MAX_ARG_BYTES)).is_ok());
+        assert!(check_argv(&entries(MAX_ARGV_BYTES / MAX_ARG_BYTES, MAX_ARG_BYTES)).is_ok());
+        for (argv, says) in [
+            (entries(MAX_ARGS + 1, 1), "257 entries"),
+            (entries(1, MAX_ARG_BYTES + 1), "8193 bytes"),
+            (entries(MAX_ARGV_BYTES / MAX_ARG_BYTES + 1, MAX_ARG_BYTES), "73728 bytes in all"),
+            (vec!["a\0b".to_string()], "NUL"),
+        ] {
+            let refused = check_argv(&argv).unwrap_err();
+            assert_eq!((refused.status.as_u16(), refused.code), (400, "invalid_argv"));
+            assert!(refused.message.contains(says), "{}", refused.message);
+        }
     }
 }

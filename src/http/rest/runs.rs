@@ -7,9 +7,10 @@ use serde_json::json;
 
 use super::page::{PageQuery, Position};
 use super::{check_argv, check_dir, field_id, path_id};
+use crate::http::body::Json;
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
-use crate::store::NewRun;
+use crate::store::{NewRun, TerminalCaps};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -41,7 +42,7 @@ impl CreateRun {
 pub async fn create(
     state: web::Data<AppState>,
     user: AuthUser,
-    body: web::Json<CreateRun>,
+    body: Json<CreateRun>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
     let host_id = body.check()?;
@@ -49,7 +50,8 @@ pub async fn create(
     if let Some(dir) = &body.dir {
         check_dir(dir, &host.dirs)?;
     }
-    let run = state.store.insert_run(&NewRun { user_id: user.id(), host_id, argv: body.argv, dir: body.dir }).await?;
+    let new = NewRun { user_id: user.id(), host_id, argv: body.argv, dir: body.dir };
+    let run = state.store.insert_run(&new, Some(TerminalCaps::of(&state.settings))).await?;
     Ok(HttpResponse::Created().json(json!({ "run": run })))
 }
 

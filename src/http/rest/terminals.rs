@@ -11,12 +11,12 @@ use serde_json::json;
 use super::page::{PageQuery, Position};
 use super::{check_argv, check_dir, check_text, field_id, on_host, path_id};
 use crate::audit::Subject;
-use crate::http::body::OptionalJson;
+use crate::http::body::{Json, OptionalJson};
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::relay::requests::{deliver, HostOp, OpAnswer};
 use crate::relay::RequestError;
-use crate::store::{AuditAction, DeleteOutcome, NewTerminal, Terminal, TerminalFilter, TerminalState};
+use crate::store::{AuditAction, DeleteOutcome, NewTerminal, Terminal, TerminalCaps, TerminalFilter, TerminalState};
 
 /// Grids are clamped to 1..=1000 everywhere (docs/PROTOCOL.md, "Client ->
 /// server"); the API refuses
@@ -71,7 +71,7 @@ impl CreateTerminal {
 pub async fn create(
     state: web::Data<AppState>,
     user: AuthUser,
-    body: web::Json<CreateTerminal>,
+    body: Json<CreateTerminal>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
     let (host_id, cols, rows) = body.check()?;
@@ -81,16 +81,19 @@ pub async fn create(
     }
     let terminal = state
         .store
-        .insert_terminal(&NewTerminal {
-            user_id: user.id(),
-            host_id,
-            title: body.title,
-            dir: body.dir,
-            argv: body.argv,
-            cols,
-            rows,
-            run_id: None,
-        })
+        .insert_terminal(
+            &NewTerminal {
+                user_id: user.id(),
+                host_id,
+                title: body.title,
+                dir: body.dir,
+                argv: body.argv,
+                cols,
+                rows,
+                run_id: None,
+            },
+            Some(TerminalCaps::of(&state.settings)),
+        )
         .await?;
     state.relay.audit.record(
         user.id(),
@@ -194,7 +197,7 @@ pub async fn input(
     state: web::Data<AppState>,
     user: AuthUser,
     id: web::Path<String>,
-    body: web::Json<InputBody>,
+    body: Json<InputBody>,
 ) -> Result<HttpResponse, ApiError> {
     body.check()?;
     let terminal = running_terminal(&state, &user, &id).await?;
@@ -221,7 +224,7 @@ pub async fn resize(
     state: web::Data<AppState>,
     user: AuthUser,
     id: web::Path<String>,
-    body: web::Json<ResizeBody>,
+    body: Json<ResizeBody>,
 ) -> Result<HttpResponse, ApiError> {
     let (cols, rows) = body.grid()?;
     let terminal = running_terminal(&state, &user, &id).await?;

@@ -12,6 +12,7 @@ use serde_json::json;
 use super::{check_text, field_id, path_id};
 use crate::audit::Subject;
 use crate::auth;
+use crate::http::body::Json;
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::store::{AuditAction, NewToken, TokenScope};
@@ -81,7 +82,7 @@ pub async fn list(state: web::Data<AppState>, user: AuthUser) -> Result<HttpResp
 pub async fn create(
     state: web::Data<AppState>,
     user: AuthUser,
-    body: web::Json<CreateToken>,
+    body: Json<CreateToken>,
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
     let (scope, expires_at, terminal_id) = body.check()?;
