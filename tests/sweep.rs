@@ -1,6 +1,7 @@
 //! The sweep (docs/ARCHITECTURE.md, "The sweep") with short configured intervals, against a real
 //! `tether serve` and a scripted daemon: unacknowledged launches fail, runs
-//! of hosts gone too long are lost, hosts whose owner died go offline.
+//! of hosts gone too long are lost, hosts whose owner died go offline, and
+//! audit events past their retention are deleted.
 
 mod support;
 
@@ -92,4 +93,47 @@ async fn a_host_whose_owner_died_is_marked_offline() {
         assert!(tokio::time::Instant::now() < deadline, "the sweep never marked the host offline");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The sweep deletes audit events older than `audit.retention_ms` and
+/// keeps the younger ones.
+#[actix_rt::test]
+async fn the_sweep_ages_out_audit_events_past_their_retention() {
+    let url = pg_database().await;
+    let mut env: Vec<(&str, &str)> = FAST.to_vec();
+    env.extend([("TETHER_DATABASE__URL", url.as_str()), ("TETHER_AUDIT__RETENTION_MS", "3600000")]);
+    let server = TetherServer::start(&env, &[]).await;
+    let api = Api::new(server.url(), create_token(&server, "ann"));
+    let mut settings = tether::config::Settings::default();
+    settings.database.url = Some(url.clone());
+    let store = tether::store::open(&settings).await.expect("the server's store");
+    let ann = store.ensure_user("ann").await.expect("ann");
+    let now = chrono::Utc::now();
+    let event = |detail: &str, age: chrono::Duration| tether::store::NewAuditEvent {
+        at: now - age,
+        user_id: ann.id,
+        token_id: None,
+        action: tether::store::AuditAction::Kill,
+        host_id: None,
+        terminal_id: None,
+        instance_id: "elsewhere#000001".into(),
+        detail: Some(detail.into()),
+    };
+    let batch =
+        [event("two hours old", chrono::Duration::hours(2)), event("half an hour old", chrono::Duration::minutes(30))];
+    store.insert_audit_events(&batch).await.expect("insert");
+    let details = |body: &serde_json::Value| -> Vec<String> {
+        body["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e["detail"].as_str().map(str::to_string))
+            .collect()
+    };
+    // One pass of the sweep deletes everything past the retention at once:
+    // once the old event is gone, the younger one has been judged too.
+    let body = api
+        .wait_for("/api/v1/audit", "the old event aged out", |b| !details(b).contains(&"two hours old".into()))
+        .await;
+    assert!(details(&body).contains(&"half an hour old".into()), "the younger event was kept: {body}");
 }
