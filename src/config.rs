@@ -63,6 +63,11 @@ pub struct HttpSettings {
     pub ws_per_address: usize,
     /// Concurrent WebSockets one user may hold in all (per instance).
     pub ws_per_user: usize,
+    /// A client must finish its TLS handshake, and send its first request's
+    /// whole head (a WebSocket upgrade included), within this after
+    /// connecting; else the connection is closed (408 for a partial head).
+    /// A connection not yet past this holds no WebSocket slot.
+    pub handshake_timeout_ms: u64,
     /// Proxies (CIDRs, or single addresses) whose `X-Forwarded-For` names
     /// the client; empty = the TCP peer is the client. A TOML list or a
     /// comma-separated string.
@@ -104,6 +109,7 @@ impl Default for HttpSettings {
             max_body_bytes: 256 * 1024,
             ws_per_address: 256,
             ws_per_user: 1024,
+            handshake_timeout_ms: 5000,
             trusted_proxies: Vec::new(),
             tls_cert_path: None,
             tls_key_path: None,
@@ -545,7 +551,8 @@ impl Settings {
                 return Err(invalid("cluster.secret", "must be at least 16 characters"));
             }
         }
-        let positive: [(&'static str, u64); 32] = [
+        let positive: [(&'static str, u64); 33] = [
+            ("http.handshake_timeout_ms", self.http.handshake_timeout_ms),
             ("terminals.max_per_host", self.terminals.max_per_host),
             ("terminals.max_per_user", self.terminals.max_per_user),
             ("viewer.max_per_terminal", self.viewer.max_per_terminal as u64),

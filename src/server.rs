@@ -167,6 +167,11 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     // The on_connect hook above sees only plain TCP streams; TLS listeners
     // get TCP_NODELAY through the server's own option.
     .tcp_nodelay(true)
+    // A slow-loris client (a connection that never finishes its request
+    // head or TLS handshake) is cut at this deadline; WebSocket caps are
+    // counted only after the upgrade, so it never held a slot.
+    .client_request_timeout(ms(settings.http.handshake_timeout_ms))
+    .tls_handshake_timeout(ms(settings.http.handshake_timeout_ms))
     .disable_signals()
     .shutdown_timeout(ms(settings.shutdown.grace_ms).as_secs().max(1));
     let server = match tls {

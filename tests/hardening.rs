@@ -1,6 +1,7 @@
 //! Hardening (docs/SECURITY.md) against real processes: response headers
 //! and the separate metrics listener, private state files, WebSocket caps
-//! per user behind one address and `http.trusted_proxies`, a daemon whose
+//! per user behind one address and `http.trusted_proxies`, half-open
+//! handshakes (slow loris) cut at their deadline without a slot, a daemon whose
 //! allowlist is locked, the caps on a daemon's dirs, JSON nested too deep,
 //! and the audit record of a real terminal session.
 
@@ -8,7 +9,7 @@ mod support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::client::{create_token, daemon_url, viewer_url, Api, Event, Socket, WAIT};
@@ -152,6 +153,58 @@ async fn trusted_proxies_name_the_client_and_the_user_cap_spans_addresses() {
     assert!(still_open(&mut other).await, "another client address behind the proxy has its own slot");
     let mut third = Socket::connect_with_headers(&url, Some(&ann.token), VIEWER, &from("198.51.100.3")).await;
     assert_eq!(third.expect_close().await, Some(4429), "two sockets per user in all");
+}
+
+/// A WebSocket handshake that never finishes (a slow-loris client: the
+/// upgrade's head sent in part, then nothing) holds no socket slot, and is
+/// cut with 408 at `http.handshake_timeout_ms`.
+#[actix_rt::test]
+async fn half_open_handshakes_hold_no_slot_and_are_cut_at_their_deadline() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = Duration::from_millis(3000);
+    let server = TetherServer::start(
+        &[("TETHER_HTTP__WS_PER_ADDRESS", "2"), ("TETHER_HTTP__HANDSHAKE_TIMEOUT_MS", "3000")],
+        &[],
+    )
+    .await;
+    let (ann, terminal) = user_with_terminal(&server, "ann").await;
+    let head = format!(
+        "GET /ws/v1/terminals/{terminal} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\
+         Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n",
+        server.listen_addr(),
+        ann.token
+    );
+    let opened = Instant::now();
+    let mut half_open = Vec::new();
+    for _ in 0..5 {
+        let mut tcp = tokio::net::TcpStream::connect(server.listen_addr()).await.expect("connect");
+        tcp.write_all(head.as_bytes()).await.expect("a partial upgrade");
+        half_open.push(tcp);
+    }
+    // Ann's real sockets from the same address are served up to her cap,
+    // which the half-open ones did not take; one more is refused as ever.
+    let url = viewer_url(&server, &terminal);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut sock = Socket::connect(&url, Some(&ann.token), VIEWER).await;
+        assert!(still_open(&mut sock).await, "a real socket was refused while half-open handshakes were pending");
+        held.push(sock);
+    }
+    let mut third = Socket::connect(&url, Some(&ann.token), VIEWER).await;
+    assert_eq!(third.expect_close().await, Some(4429));
+    assert!(opened.elapsed() < deadline, "the real sockets came while the half-open ones were pending");
+    // Each half-open connection is answered 408 and closed at its deadline.
+    for mut tcp in half_open {
+        let mut answer = Vec::new();
+        tokio::time::timeout(WAIT, tcp.read_to_end(&mut answer))
+            .await
+            .expect("a half-open handshake was never cut")
+            .expect("read");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        // actix times the head against a clock it refreshes every 500 ms.
+        assert!(opened.elapsed() >= deadline - Duration::from_millis(500), "cut {:?} after", opened.elapsed());
+    }
 }
 
 #[actix_rt::test]
