@@ -23,6 +23,13 @@ pub fn clamp_grid(cols: u16, rows: u16) -> (u16, u16) {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
 pub enum ServerMessage {
+    /// What this connection may do, sent first on every connection:
+    /// `readOnly` when the token may watch but not type, resize or claim
+    /// the grid (docs/PROTOCOL.md, "Read-only viewers").
+    Access {
+        #[serde(rename = "readOnly")]
+        read_only: bool,
+    },
     /// The terminal's state and whether its host is online.
     Status { state: String, host: String },
     /// A screen snapshot taken at stream offset `offset` follows as binary

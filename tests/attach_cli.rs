@@ -196,6 +196,11 @@ async fn send_control(session: &mut Session, message: ServerMessage) {
     session.text(message.to_json()).await.expect("send control");
 }
 
+/// The first message of every connection, as a real server sends it.
+async fn say_access(session: &mut Session, read_only: bool) {
+    send_control(session, ServerMessage::Access { read_only }).await;
+}
+
 /// What a server says when the terminal's host has no daemon connected.
 async fn say_host_offline(session: &mut Session) {
     send_control(session, ServerMessage::Status { state: "running".into(), host: "offline".into() }).await;
@@ -214,6 +219,7 @@ async fn close_with(session: Session, code: u16, description: &str) {
 /// status, a ping, replay + snapshot + live, live bytes, exit 3.
 fn exits_with_3(_: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
+        say_access(&mut session, false).await;
         send_control(&mut session, ServerMessage::Status { state: "running".into(), host: "online".into() }).await;
         session.ping(b"hb").await.expect("ping");
         send_control(&mut session, ServerMessage::Replay { cols: 80, rows: 24, offset: 100 }).await;
@@ -231,6 +237,7 @@ fn exits_with_3(_: ScriptContext, mut session: Session) -> LocalBoxFuture<'stati
 /// and an exit code that make the mistake visible in the assertions.
 fn moves_once(context: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
+        say_access(&mut session, false).await;
         if context.index == 0 {
             send_control(&mut session, ServerMessage::Replay { cols: 80, rows: 24, offset: 1000 }).await;
             send_bytes(&mut session, b"SNAP").await;
@@ -257,6 +264,7 @@ fn moves_once(context: ScriptContext, mut session: Session) -> LocalBoxFuture<'s
 /// offline (its daemon has not redialled yet); the second resumes.
 fn moves_and_is_briefly_offline(context: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
+        say_access(&mut session, false).await;
         match context.index {
             0 => {
                 send_control(&mut session, ServerMessage::Replay { cols: 80, rows: 24, offset: 0 }).await;
@@ -283,6 +291,7 @@ fn moves_and_is_briefly_offline(context: ScriptContext, mut session: Session) ->
 /// Replay, live, then silence: the client decides when it ends.
 fn stays_open(_: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
+        say_access(&mut session, false).await;
         send_control(&mut session, ServerMessage::Replay { cols: 80, rows: 24, offset: 0 }).await;
         send_bytes(&mut session, SNAPSHOT).await;
         send_control(&mut session, ServerMessage::Live { offset: 0 }).await;
@@ -292,6 +301,8 @@ fn stays_open(_: ScriptContext, mut session: Session) -> LocalBoxFuture<'static,
 
 fn not_found(context: ScriptContext, session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
+        let mut session = session;
+        say_access(&mut session, false).await;
         context.heard(2).await; // view, resize
         close_with(session, 4404, "terminal not found").await;
     }
@@ -300,7 +311,22 @@ fn not_found(context: ScriptContext, session: Session) -> LocalBoxFuture<'static
 
 fn host_offline(_: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
     async move {
+        say_access(&mut session, false).await;
         say_host_offline(&mut session).await;
+    }
+    .boxed_local()
+}
+
+/// A read-only connection: access says so, then the usual stream; then
+/// silence, the client decides when it ends.
+fn read_only(_: ScriptContext, mut session: Session) -> LocalBoxFuture<'static, ()> {
+    async move {
+        say_access(&mut session, true).await;
+        send_control(&mut session, ServerMessage::Status { state: "running".into(), host: "online".into() }).await;
+        send_control(&mut session, ServerMessage::Replay { cols: 80, rows: 24, offset: 0 }).await;
+        send_bytes(&mut session, SNAPSHOT).await;
+        send_control(&mut session, ServerMessage::Live { offset: 0 }).await;
+        send_bytes(&mut session, b"watched").await;
     }
     .boxed_local()
 }
@@ -465,4 +491,56 @@ async fn host_offline_error_ends_the_session_with_its_message() {
     let connections = server.wait_ended(1).await;
     assert_eq!(connections[0].received.last(), Some(&Received::Close(Some(1000))));
     server.stop().await;
+}
+
+/// A read-only connection is shown as such before the snapshot (a line and
+/// the window title), and nothing goes to the server: no view, no grid
+/// claim, no keystrokes (they ring the bell); the detach key still works and
+/// the title is put back.
+#[actix_rt::test]
+async fn a_read_only_connection_says_so_and_sends_nothing() {
+    let server = FakeServer::start(read_only).await;
+    let (keys, input) = channel_stream::<Bytes>();
+    let (sizes, resizes) = channel_stream::<(u16, u16)>();
+    let output = Arc::new(Mutex::new(Vec::new()));
+    let shown = SharedOutput(output.clone());
+    let io = LocalIo { input, size: (100, 30), resizes, output: shown };
+    let session = tokio::time::timeout(TEST_TIMEOUT, attach::run_with_io(options(&server), io));
+    let user = async {
+        let deadline = tokio::time::Instant::now() + TEST_TIMEOUT;
+        while !String::from_utf8_lossy(&output.lock().unwrap()).contains("watched") {
+            assert!(tokio::time::Instant::now() < deadline, "the stream never came");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        sizes.send((120, 40)).expect("resize");
+        keys.send(Bytes::from_static(b"rm -rf /\r")).expect("type");
+        keys.send(Bytes::from_static(b"\x1d")).expect("detach");
+    };
+    let (outcome, ()) = tokio::join!(session, user);
+    assert_eq!(outcome.expect("attach session timed out").expect("attach session failed"), AttachOutcome::Detached);
+    let output = output.lock().unwrap().clone();
+    let banner = format!("\r\n{}\r\n", attach::READ_ONLY_BANNER);
+    assert!(output.starts_with(banner.as_bytes()), "{:?}", String::from_utf8_lossy(&output));
+    let text = String::from_utf8_lossy(&output);
+    let (before, after) = text.split_once("\x1b[H\x1b[J").expect("the snapshot");
+    assert!(before.contains("\x1b]2;tether: read-only\x07"), "the title says it before the snapshot: {before:?}");
+    assert!(after.contains("watched\x07"), "typing rang the bell: {after:?}");
+    assert!(after.ends_with("\x1b[23;2t"), "the title is put back: {after:?}");
+    let connections = server.wait_ended(1).await;
+    assert_eq!(connections[0].received, [Received::Close(Some(1000))], "nothing but the close was sent");
+    server.stop().await;
+}
+
+/// Output shared with the test while the session writes it.
+struct SharedOutput(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for SharedOutput {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

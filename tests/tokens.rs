@@ -3,7 +3,9 @@
 //! real daemons. A read viewer watches but never types; revoking a token
 //! closes its sockets 4401 on every instance and refuses it at once; a
 //! daemon token speaks for one host; the CLI creates, lists, expires and
-//! revokes tokens and the daemon reads its token from a private file.
+//! revokes tokens and the daemon reads its token from a private file;
+//! `tether share` makes a share token that `tether attach` shows as
+//! read-only before anyone types.
 
 mod support;
 
@@ -13,9 +15,10 @@ use std::time::{Duration, Instant};
 use prost::Message as _;
 
 use serde_json::json;
+use support::cli::Person;
 use support::client::{create_token, daemon_url, hello, Api, Event, Socket};
 use support::daemon::DaemonProcess;
-use support::e2e::{wait_online, wait_state, Viewer};
+use support::e2e::{self, wait_online, wait_state, Viewer};
 use support::{pg_database, redis_url, unique_prefix, TetherServer};
 use tether::client::{Client, ClientError, CreatedToken, NewTerminal, NewToken};
 use tether::proto::v1::server_frame;
@@ -329,4 +332,55 @@ async fn the_daemon_refuses_a_token_file_others_can_read() {
     let out = support::tether_cmd(&["daemon", "--server", "http://127.0.0.1:9"], &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("TETHER_TOKEN"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `tether share` makes a share token of one terminal: listed as such and
+/// expiring as asked; it reads that terminal and nothing else; `tether
+/// attach` with it (a real PTY) says "read-only" before the screen comes,
+/// and what is typed there never reaches the shell.
+#[actix_rt::test]
+async fn tether_share_makes_a_read_only_token_for_one_terminal() {
+    let e = e2e::start(false, &[]).await;
+    let terminal = e2e::terminal(&e, &["sh"]).await;
+    let other = e2e::terminal(&e, &["sh"]).await;
+    let mut ann = Person::new();
+    ann.set_env("TETHER_SERVER", &e.server.url());
+    ann.set_env("TETHER_TOKEN", &e.api.token);
+    let out = ann.run(&["share", &terminal[..8], "--ttl", "30m", "--name", "for bob"]);
+    let secret = out.ok().trim().to_string();
+    assert!(secret.starts_with("tth_") && !secret.contains('\n'), "the token alone on stdout: {out:#?}");
+    assert!(out.stderr.contains("read-only"), "{out:#?}");
+
+    let tokens = e.api.client().tokens().await.expect("tokens");
+    let shared = tokens.iter().find(|t| t.name.as_deref() == Some("for bob")).expect("the share token is listed");
+    assert_eq!((shared.scope.as_str(), shared.terminal_id.map(|t| t.to_string())), ("read", Some(terminal.clone())));
+    let lives = shared.expires_at.expect("it expires") - shared.created_at;
+    assert_eq!(lives.num_minutes(), 30, "{shared:?}");
+
+    let bob = Api::new(e.server.url(), secret.clone()).client();
+    bob.terminal(terminal.parse().expect("id")).await.expect("the share token reads its terminal");
+    match bob.terminal(other.parse().expect("id")).await {
+        Err(ClientError::Api { status, code, .. }) => assert_eq!((status, code.as_str()), (403, "insufficient_scope")),
+        answer => panic!("the share token read another terminal: {answer:?}"),
+    }
+    assert_eq!(hosts_refused(&bob).await, (403, "insufficient_scope".into()));
+
+    let mut writer = Viewer::attach(&e, &terminal, "").await;
+    let mut person = Person::new();
+    person.set_env("TETHER_SERVER", &e.server.url());
+    person.set_env("TETHER_TOKEN", &secret);
+    let mut pty = person.pty(&["attach", &terminal], (80, 24));
+    pty.wait_for(tether::attach::READ_ONLY_BANNER);
+    writer.type_line("echo shown-$((6*7))").await;
+    pty.wait_for("shown-42");
+    let screen = pty.screen();
+    let banner = screen.find(tether::attach::READ_ONLY_BANNER).expect("the banner");
+    assert!(banner < screen.find("shown-42").expect("the output"), "read-only is said before the screen comes");
+    pty.type_keys(b"echo typed-by-bob\r");
+    writer.type_line("echo after-$((2*3))").await;
+    writer.until("after-6").await;
+    pty.wait_for("after-6");
+    assert!(!writer.text().contains("typed-by-bob"), "the share token's keys reached the shell: {}", writer.text());
+    pty.type_keys(b"\x1d");
+    assert_eq!(pty.wait_exit(), 0, "{}", pty.screen());
 }

@@ -114,6 +114,20 @@ async fn runs_list_and_log() {
     run_case("runs_list_and_log", env, &[]).await;
 }
 
+/// A share token (`POST /tokens {terminalId}`, what `tether share` makes)
+/// opens its terminal's address read-only, and says so before anyone types.
+#[actix_rt::test]
+async fn share_token_watches_read_only() {
+    let e = start(false, &[]).await;
+    let id = terminal(&e, &["sh"]).await;
+    let (status, body) = e.api.post("/api/v1/tokens", json!({"terminalId": id})).await;
+    assert_eq!(status, 201, "{body}");
+    let mut env = case_env(&e);
+    env["terminalId"] = json!(id);
+    env["shareToken"] = body["secret"].clone();
+    run_case("share_token_watches_read_only", env, &[]).await;
+}
+
 #[test]
 fn page_logic_unit_tests() {
     run_unit_tests();

@@ -45,6 +45,8 @@ mod local;
 mod position;
 mod session;
 
+pub use session::READ_ONLY_BANNER;
+
 use std::fmt;
 use std::io::{self, Write};
 use std::path::PathBuf;

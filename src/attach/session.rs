@@ -6,6 +6,13 @@
 //! reattaches with `?from=<offset>` after a short backoff, and gives up after
 //! [`MAX_REATTACH_ATTEMPTS`] consecutive connections that never went live.
 //! The detach key works at every moment, including while reconnecting.
+//!
+//! A connection starts with the server's `access` message. A full viewer
+//! then sends its `view` (and, on a fresh attach, its `resize` claim) and
+//! whatever was typed meanwhile. A read-only viewer (a `read` or share
+//! token, docs/PROTOCOL.md "Read-only viewers") says so at once, in the
+//! screen and the window title, and sends nothing: keystrokes other than
+//! the detach key ring the bell instead.
 
 use std::future::Future;
 use std::io::Write;
@@ -45,6 +52,15 @@ const CLOSE_WAIT: Duration = Duration::from_secs(1);
 /// this much; beyond it they are dropped rather than buffered without bound.
 const MAX_HELD_INPUT: usize = 64 * 1024;
 
+/// Shown when the server says the connection is read-only, before the
+/// screen's snapshot (which then repaints over it).
+pub const READ_ONLY_BANNER: &str = "[read-only: you can watch this terminal but not type into it]";
+/// The window title for the rest of a read-only session: xterm's "save the
+/// title" first, then the title, so [`RESTORE_TITLE`] can put the user's
+/// back (terminals without the save ignore both).
+const READ_ONLY_TITLE: &[u8] = b"\x1b[22;2t\x1b]2;tether: read-only\x07";
+const RESTORE_TITLE: &[u8] = b"\x1b[23;2t";
+
 /// How a connection ended.
 enum Ended {
     /// The session is over.
@@ -68,6 +84,12 @@ pub(super) struct Session<I, R, W> {
     last_keystroke: Instant,
     position: StreamPosition,
     held_input: BytesMut,
+    /// Whether this connection's `access` came (or another message, from a
+    /// server that sends none, which counts as full access).
+    access_known: bool,
+    read_only: bool,
+    /// The read-only title is set (restored when the session ends).
+    titled: bool,
 }
 
 impl<I, R, W> Session<I, R, W>
@@ -86,10 +108,21 @@ where
             last_keystroke: Instant::now(),
             position: StreamPosition::new(),
             held_input: BytesMut::new(),
+            access_known: false,
+            read_only: false,
+            titled: false,
         }
     }
 
     pub(super) async fn run(mut self) -> Result<AttachOutcome, AttachError> {
+        let result = self.connections().await;
+        if self.titled {
+            self.notify(RESTORE_TITLE);
+        }
+        result
+    }
+
+    async fn connections(&mut self) -> Result<AttachOutcome, AttachError> {
         let mut reattaching = false;
         // Reattach attempts since a connection last went live: bounded, so a
         // host that is gone for good ends the session instead of a retry loop.
@@ -169,18 +202,7 @@ where
         S: Stream<Item = Result<Frame, WsProtocolError>> + Sink<Message, Error = WsProtocolError> + Unpin,
     {
         self.position.on_connect();
-        self.send_control(socket, &self.view()).await;
-        // Only a fresh attach claims the grid: the user just chose this
-        // terminal. A reattach is an arrival like any other, so a viewer that
-        // took the grid while we were away keeps it.
-        if !reattaching {
-            let claim = ClientMessage::resize(self.io.size.0, self.io.size.1);
-            self.send_control(socket, &claim).await;
-        }
-        if !self.held_input.is_empty() {
-            let held = self.held_input.split().freeze();
-            send(socket, Message::Binary(held)).await;
-        }
+        self.access_known = false;
 
         let mut heartbeat = tokio::time::interval_at(Instant::now() + HEARTBEAT, HEARTBEAT);
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -228,7 +250,13 @@ where
                     None => self.input_open = false,
                     Some(chunk) => {
                         let (keys, detach) = self.take_keystrokes(chunk);
-                        if !keys.is_empty() {
+                        if keys.is_empty() {
+                            // Only the detach key, or nothing.
+                        } else if !self.access_known {
+                            self.hold_input(&keys);
+                        } else if self.read_only {
+                            self.notify(b"\x07");
+                        } else {
                             send(socket, Message::Binary(keys)).await;
                         }
                         if detach {
@@ -241,10 +269,12 @@ where
                     None => self.resizes_open = false,
                     Some(size) => {
                         self.io.size = size;
-                        self.send_control(socket, &self.view()).await;
+                        if self.may_control() {
+                            self.send_control(socket, &self.view()).await;
+                        }
                     }
                 },
-                _ = heartbeat.tick() => self.send_control(socket, &self.view()).await,
+                _ = heartbeat.tick(), if self.may_control() => self.send_control(socket, &self.view()).await,
             }
         }
     }
@@ -261,7 +291,11 @@ where
                 return None;
             }
         };
+        if !self.access_known && !matches!(control, ServerMessage::Access { .. }) {
+            self.on_access(socket, false, reattaching).await;
+        }
         match control {
+            ServerMessage::Access { read_only } => self.on_access(socket, read_only, reattaching).await,
             ServerMessage::Status { state, host } => {
                 tracing::debug!(%state, %host, "tether_attach_status");
             }
@@ -281,6 +315,11 @@ where
             ServerMessage::Exit { exit_code } => {
                 close_gracefully(socket).await;
                 return Some(Ended::Finished(AttachOutcome::Exited { code: exit_code }));
+            }
+            // A read-only refusal leaves the socket open (a server that
+            // heard from us before `access` came may send one).
+            ServerMessage::Error { message } if message.starts_with("read-only:") => {
+                tracing::debug!(%message, "tether_attach_read_only_refusal");
             }
             ServerMessage::Error { message } => {
                 close_gracefully(socket).await;
@@ -312,6 +351,52 @@ where
             return self.lost(code, description.as_deref());
         }
         Ended::Finished(AttachOutcome::Closed { code, reason: describe_close(code, description.as_deref()) })
+    }
+
+    /// What this connection may do, once per connection. A full viewer
+    /// sends its `view`, on a fresh attach its `resize` claim (the user just
+    /// chose this terminal; a reattach is an arrival like any other, so a
+    /// viewer that took the grid while we were away keeps it), and the keys
+    /// typed meanwhile. A read-only one says so and sends nothing.
+    async fn on_access<S>(&mut self, socket: &mut S, read_only: bool, reattaching: bool)
+    where
+        S: Sink<Message, Error = WsProtocolError> + Unpin,
+    {
+        if self.access_known {
+            return;
+        }
+        self.access_known = true;
+        self.read_only = read_only;
+        if read_only {
+            self.held_input.clear();
+            if !self.titled {
+                self.titled = true;
+                self.notify(format!("\r\n{READ_ONLY_BANNER}\r\n").as_bytes());
+                self.notify(READ_ONLY_TITLE);
+            }
+            return;
+        }
+        self.send_control(socket, &self.view()).await;
+        if !reattaching {
+            let claim = ClientMessage::resize(self.io.size.0, self.io.size.1);
+            self.send_control(socket, &claim).await;
+        }
+        if !self.held_input.is_empty() {
+            let held = self.held_input.split().freeze();
+            send(socket, Message::Binary(held)).await;
+        }
+    }
+
+    /// Whether `view` messages may go out on this connection now.
+    fn may_control(&self) -> bool {
+        self.access_known && !self.read_only
+    }
+
+    /// Writes a note of our own to the user's screen: not terminal output,
+    /// so the stream position does not move. A failed write shows up on the
+    /// next output anyway.
+    fn notify(&mut self, bytes: &[u8]) {
+        let _ = self.io.output.write_all(bytes).and_then(|()| self.io.output.flush());
     }
 
     fn lost(&self, code: u16, description: Option<&str>) -> Ended {

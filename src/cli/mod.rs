@@ -1,5 +1,5 @@
 //! The everyday command line (docs/CLI.md): `tether login`, `hosts`, `ls`,
-//! `open`, `attach`, `kill`, `rm`, `run`, `runs`, `logs`. Each command is a
+//! `open`, `attach`, `share`, `kill`, `rm`, `run`, `runs`, `logs`. Each command is a
 //! thin layer over [`crate::client`]: resolve what the person typed, make
 //! the calls, print a table (or `--json`, or `--quiet` ids), and turn
 //! failures into messages that say what to do.
@@ -151,6 +151,34 @@ pub enum ClientCommand {
         #[command(flatten)]
         connection: Connection,
     },
+    /// Share a terminal read-only: print a token that can watch it and nothing else.
+    ///
+    /// The token (a share token: read-only, this one terminal) is printed
+    /// alone on stdout, its id and expiry on stderr. Whoever has it can
+    /// watch the terminal with `tether attach` or on the web page, but not
+    /// type into it, resize it, or see anything else of yours. It expires
+    /// after --ttl (default 24h) and dies with the terminal; revoke it
+    /// sooner with `DELETE /api/v1/tokens/ID`. --json prints the token
+    /// resource and its secret (`{"token":{...},"secret":"tth_..."}`).
+    #[command(after_long_help = "Examples:
+  tether share 3fa9
+  tether share 3fa9 --ttl 30m --name \"for bob\"")]
+    Share {
+        /// The terminal's id or a unique prefix of it.
+        #[arg(value_name = "ID")]
+        terminal: String,
+        /// How long the token lives: a number and s, m, h or d (at most 3650d) [default: 24h].
+        #[arg(long, value_name = "TTL", value_parser = crate::auth::parse_ttl)]
+        ttl: Option<std::time::Duration>,
+        /// A label for the token, shown in token lists.
+        #[arg(long, value_name = "LABEL")]
+        name: Option<String>,
+        #[command(flatten)]
+        connection: Connection,
+        /// Print the token resource and its secret as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Send a signal to a terminal's process (TERM by default).
     ///
     /// The terminal stays running until its process really exits. --json
@@ -267,6 +295,9 @@ pub async fn run(command: ClientCommand) -> Result<(), CliError> {
         }
         ClientCommand::Attach { terminal_id, connection } => {
             terminals::attach(&connect(&connection)?, &connection, &terminal_id).await
+        }
+        ClientCommand::Share { terminal, ttl, name, connection, json } => {
+            terminals::share(&connect(&connection)?, &terminal, ttl, name, json).await
         }
         ClientCommand::Kill { terminal, signal, connection, format } => {
             terminals::kill(&connect(&connection)?, &terminal, signal.as_deref(), format).await

@@ -1,13 +1,13 @@
-//! `tether open`, `attach`, `kill` and `rm`: terminals by host name and id prefix.
+//! `tether open`, `attach`, `share`, `kill` and `rm`: terminals by host name and id prefix.
 
 use uuid::Uuid;
 
 use super::errors::{explain, host_offline, start_refused};
-use super::output::print_one;
+use super::output::{print_json, print_one, print_stdout};
 use super::{CliError, Connection, Format};
 use crate::attach::{self, AttachError, AttachOptions, AttachOutcome};
 use crate::client::resolve::{self, short_id};
-use crate::client::{Client, Host, NewTerminal, Terminal, TerminalFilter};
+use crate::client::{Client, Host, NewTerminal, NewToken, Terminal, TerminalFilter};
 
 /// Used when the local window size cannot be read.
 const FALLBACK_SIZE: (u16, u16) = (80, 24);
@@ -92,6 +92,37 @@ async fn attach_to(client: &Client, connection: &Connection, terminal_id: &str) 
         }
         Err(e) => Err(CliError::failed(e.to_string())),
     }
+}
+
+/// `tether share`: a share token for one terminal (docs/REST.md, "Scopes"):
+/// the secret alone on stdout, what it is on stderr.
+pub async fn share(
+    client: &Client,
+    query: &str,
+    ttl: Option<std::time::Duration>,
+    name: Option<String>,
+    json: bool,
+) -> Result<(), CliError> {
+    let terminal = find_terminal(client, query).await?;
+    let new = NewToken { name, terminal_id: Some(terminal.id), ttl_seconds: ttl.map(|t| t.as_secs()), scope: None };
+    let created = client.create_token(&new).await.map_err(|e| explain(e, client.server()))?;
+    if json {
+        print_json(&serde_json::json!({ "token": created.token, "secret": created.secret }));
+        return Ok(());
+    }
+    print_stdout(&format!("{}\n", created.secret));
+    let until = created.token.expires_at.map_or_else(|| "it is revoked".to_owned(), |at| at.to_rfc3339());
+    eprintln!(
+        "tether: share token {} watches terminal {} read-only until {until}; with it: \
+         TETHER_TOKEN=<token> tether attach {} --server {}, or the web page {}/#/t/{}",
+        created.token.id,
+        short_id(&terminal.id),
+        terminal.id,
+        client.server(),
+        client.server().trim_end_matches('/'),
+        terminal.id,
+    );
+    Ok(())
 }
 
 pub async fn kill(client: &Client, query: &str, signal: Option<&str>, format: Format) -> Result<(), CliError> {

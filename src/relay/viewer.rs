@@ -8,8 +8,9 @@
 //!
 //! A viewer of a token that is not `full` is read-only (docs/PROTOCOL.md,
 //! "Read-only viewers"): its input, resize and view messages never leave
-//! this actor, so it never types and never holds the grid; it is told so
-//! once per kind of message. Its socket is watched under its token's id and
+//! this actor, so it never types and never holds the grid. Every viewer is
+//! told what it may do first (`access`), and a read-only one is told again
+//! once per kind of message it sends anyway. Its socket is watched under its token's id and
 //! closed 4401 when the token is revoked or expires (`token_watch`).
 
 use std::sync::atomic::AtomicUsize;
@@ -256,6 +257,8 @@ impl Actor for Viewer {
         metrics::gauge!("tether_viewer_connections").increment(1.0);
         self.audit(AuditAction::Attach, None);
         self.watched = Some(self.relay.tokens.watch(self.principal.token_id, ctx.address().recipient()));
+        // First of all, so a client can say "read-only" before anyone types.
+        self.push(Frame::Text(ServerMessage::Access { read_only: self.read_only }.to_json()), ctx);
         if let Some(stream) = self.stream.take() {
             ctx.add_stream(stream);
         }

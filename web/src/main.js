@@ -76,8 +76,11 @@ function signIn(message) {
     const token = input.value.trim();
     button.disabled = true;
     note.textContent = "Checking…";
+    // On a terminal's address the token is checked against that terminal:
+    // a share token (`tether share`) reaches it and nothing else.
+    const [, terminalId] = location.hash.match(/^#\/t\/([0-9a-fA-F-]{36})$/) || [];
     try {
-      await api(token).hosts();
+      await (terminalId ? api(token).terminal(terminalId) : api(token).hosts());
       storeToken(token);
       route();
     } catch (err) {

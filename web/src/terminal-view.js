@@ -1,7 +1,9 @@
 // The terminal view (docs/WEB.md, "Terminal view"): an xterm.js terminal
 // fed by a ViewerSocket through a bounded OutputQueue, the grid rules of
 // the viewer protocol (who holds the PTY's size), `view` messages from the
-// Page Visibility API, and the phone's key row.
+// Page Visibility API, the phone's key row, and the read-only state the
+// server announces first (`access`): then nothing is sent, and the page
+// says so before anyone types.
 
 import { Terminal } from "@xterm/xterm";
 import { FitAddon } from "@xterm/addon-fit";
@@ -37,6 +39,7 @@ export class TerminalView {
     this.ptySize = null;
     this.exited = false;
     this.disposed = false;
+    this.readOnly = false; // the server's `access` says so; nothing is sent then
     this.stateLog = []; // the last states shown, for debugState
 
     this.term = new Terminal({
@@ -57,6 +60,12 @@ export class TerminalView {
     this.takeOver.addEventListener("click", () => this.claimGrid());
     this.heldBar = el("div", { className: "held-bar", hidden: true }, this.holderText, this.takeOver);
     this.notice = el("div", { className: "notice", hidden: true });
+    this.readOnlyBadge = el("span", { className: "read-only-badge", hidden: true }, "read-only");
+    this.readOnlyBar = el(
+      "div",
+      { className: "read-only-bar", role: "status", hidden: true },
+      "Read-only: you can watch this terminal, but not type into it or resize it.",
+    );
     this.screen = el("div", { className: "screen" });
     const back = el("button", { type: "button", className: "back", "aria-label": "Back to the list" }, "‹ Back");
     back.addEventListener("click", onBack);
@@ -69,13 +78,23 @@ export class TerminalView {
       { className: "term-header" },
       back,
       el("span", { className: "term-title" }, title),
+      this.readOnlyBadge,
       this.status,
       el("span", { className: "font-size" }, smaller, larger),
     );
     this.modifiers = new Modifiers(() => this.keys.render());
     this.keys = keyRow(this.term, this.modifiers, (data) => this.sendInput(data));
     this.keys.element.hidden = !phone;
-    this.element = el("section", { className: "terminal-view" }, header, this.heldBar, this.notice, this.screen, this.keys.element);
+    this.element = el(
+      "section",
+      { className: "terminal-view" },
+      header,
+      this.readOnlyBar,
+      this.heldBar,
+      this.notice,
+      this.screen,
+      this.keys.element,
+    );
 
     this.queue = new OutputQueue(this.term, {
       onOverflow: () => {
@@ -188,7 +207,7 @@ export class TerminalView {
    * natural grid in a `view` ("take over" is the explicit claim).
    */
   windowResized() {
-    if (this.disposed) return;
+    if (this.disposed || this.readOnly) return;
     if (this.holder === true) {
       this.fitNow();
       const { cols, rows } = this.naturalGrid();
@@ -200,12 +219,14 @@ export class TerminalView {
   }
 
   claimGrid() {
+    if (this.readOnly) return;
     const { cols, rows } = this.naturalGrid();
     this.socket.send({ type: "resize", cols, rows });
     this.term.focus();
   }
 
   sendView(extra = {}) {
+    if (this.readOnly) return;
     const { cols, rows } = this.naturalGrid();
     this.socket.send({
       type: "view",
@@ -224,7 +245,7 @@ export class TerminalView {
   }
 
   sendBytes(bytes) {
-    if (this.exited) return;
+    if (this.exited || this.readOnly) return;
     this.lastKeyAt = Date.now();
     this.socket.send(bytes);
   }
@@ -238,6 +259,9 @@ export class TerminalView {
 
   onControl(msg) {
     switch (msg.type) {
+      case "access":
+        this.setReadOnly(msg.readOnly === true);
+        break;
       case "status":
         this.hostState = msg.host;
         if (msg.host === "offline") this.showNotice("The host is offline; the terminal comes back when it reconnects.");
@@ -269,9 +293,20 @@ export class TerminalView {
         this.queue.then(() => this.onState("exited", { exitCode: msg.exitCode }));
         break;
       case "error":
-        this.showNotice(msg.message);
+        // The bar already says what a read-only refusal would.
+        if (!(this.readOnly && msg.message.startsWith("read-only:"))) this.showNotice(msg.message);
         break;
     }
+  }
+
+  /** Read-only: the badge and bar show, the keyboard and grid claims go quiet. */
+  setReadOnly(readOnly) {
+    this.readOnly = readOnly;
+    this.readOnlyBadge.hidden = !readOnly;
+    this.readOnlyBar.hidden = !readOnly;
+    this.term.options.disableStdin = readOnly;
+    this.keys.element.hidden = readOnly || !this.phone;
+    this.renderHolder();
   }
 
   /**
@@ -281,7 +316,7 @@ export class TerminalView {
    */
   renderHolder() {
     clearTimeout(this.heldBarTimer);
-    const held = this.holder === false && !this.exited;
+    const held = this.holder === false && !this.exited && !this.readOnly;
     if (!held) {
       this.heldBar.hidden = true;
       return;
@@ -343,6 +378,8 @@ export class TerminalView {
       state: this.state,
       states: this.stateLog,
       holder: this.holder,
+      readOnly: this.readOnly,
+      readOnlyShown: !this.readOnlyBar.hidden && !this.readOnlyBadge.hidden,
       pty: this.ptySize,
       offset: this.socket.offset,
       socket: this.socket.stats,

@@ -3,7 +3,7 @@
 
 import {
   askHarness, check, DESKTOP, env, expectEachOnce, newPage, noProblems, openTerminal, PHONE, report, screen, screenText,
-  signIn, signInAndSeeHost, startTerminal, typeLine, waitFor, waitForLine,
+  signIn, signInAndSeeHost, startTerminal, typeLine, waitFor, waitForLine, waitLive,
 } from "./lib.mjs";
 
 const shot = (name) => `${env.screenshots}/${name}`;
@@ -322,4 +322,46 @@ export async function host_moved_redials_at_once(browser) {
   check(after.socket.urls[1].includes(`?from=${before.offset}`), `redialed ${after.socket.urls[1]}`);
   noProblems(page);
   report({ socket: after.socket });
+}
+
+/**
+ * A share token opens its terminal's address: it signs in there, the page
+ * says "read-only" as soon as the terminal shows (before anyone types), and
+ * what is typed on it reaches nothing while the owner's typing shows up.
+ */
+export async function share_token_watches_read_only(browser) {
+  const owner = await newPage(browser, DESKTOP);
+  await signIn(owner);
+  await owner.waitForSelector(".home");
+  await openTerminal(owner, env.terminalId);
+
+  const guest = await newPage(browser, { viewport: { width: 900, height: 560 } });
+  await guest.goto(`${env.url}/#/t/${env.terminalId}`);
+  await guest.fill("#token", env.shareToken);
+  await guest.click("form.signin button[type=submit]");
+  await waitLive(guest);
+  const live = await screen(guest);
+  check(live.readOnly === true && live.readOnlyShown === true, `read-only shown once live: ${JSON.stringify({ ...live, lines: undefined })}`);
+  const bar = await guest.locator(".read-only-bar").textContent();
+  check(/read-only/i.test(bar), `the bar says ${bar}`);
+  check((await guest.locator(".read-only-badge").textContent()) === "read-only", "the header says read-only");
+
+  await typeLine(owner, "echo owner-$((6*7))");
+  await waitForLine(owner, /^owner-42/);
+  await waitForLine(guest, /^owner-42/);
+  await guest.screenshot({ path: shot("desktop-read-only.png") });
+  await guest.click(".screen");
+  await guest.keyboard.type("echo typed-by-guest");
+  await guest.keyboard.press("Enter");
+  await typeLine(owner, "echo after-$((2*3))");
+  await waitForLine(owner, /^after-6/);
+  await waitForLine(guest, /^after-6/);
+  check(!(await screenText(owner)).includes("typed-by-guest"), "the guest's keys reached the shell");
+  const after = await screen(guest);
+  check(after.holder === false, `the guest never holds the grid (${after.holder})`);
+  check(await guest.locator(".held-bar").isHidden(), "no take-over bar for a read-only viewer");
+  check(await guest.locator(".notice").isHidden(), "no refusal notices: the page sent nothing to refuse");
+  noProblems(owner);
+  noProblems(guest);
+  report({ guestGrid: `${after.cols}x${after.rows}` });
 }

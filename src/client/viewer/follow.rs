@@ -211,7 +211,10 @@ impl OutputFollower {
                 self.finish().await;
                 Some(Followed::Error { message })
             }
-            ServerMessage::Status { .. } | ServerMessage::Size { .. } | ServerMessage::Unknown => None,
+            ServerMessage::Access { .. }
+            | ServerMessage::Status { .. }
+            | ServerMessage::Size { .. }
+            | ServerMessage::Unknown => None,
         }
     }
 
