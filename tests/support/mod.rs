@@ -8,7 +8,9 @@
 //! - [`unique_prefix`]: a random prefix for keys and channels, so tests can share servers;
 //! - [`TetherServer`] / [`tether_cmd`]: real `tether` processes;
 //! - [`cell_peer::CellPeer`]: a scripted relay cell answering a director's calls;
-//! - [`cli::Person`]: the client commands as a person runs them (own config dir, pipes or a PTY).
+//! - [`cli::Person`]: the client commands as a person runs them (own config dir, pipes or a PTY);
+//! - [`OwnPostgres`] / [`OwnRedis`]: servers of one test's own, to stop and start again;
+//! - [`disk`]: a full disk under a SQLite file; [`clock_ahead_env`]: a process whose clock runs ahead.
 //!
 //! No mocks: the servers are real `postgres` and `redis-server` processes.
 //! When `TETHER_TEST_DATABASE_URL`, `TETHER_TEST_REDIS_URL` or
@@ -27,14 +29,15 @@ pub mod cell_peer;
 pub mod cli;
 pub mod client;
 pub mod daemon;
+pub mod disk;
 pub mod e2e;
 mod postgres;
 mod process;
 mod redis;
 mod tether;
 
-pub use postgres::{pg_connect, pg_database, url_with_database};
-pub use process::free_port;
+pub use postgres::{pg_connect, pg_database, url_with_database, OwnPostgres};
+pub use process::{clock_ahead_env, free_port};
 pub use redis::{redis_cluster_hosts, redis_cluster_nodes, redis_url, OwnRedis, OwnRedisCluster};
 pub use tether::{tether_cmd, tether_command, TetherServer};
 
