@@ -244,7 +244,7 @@ pub trait Store: Send + Sync + 'static {
     /// Takes `key` whoever holds it; returns the previous live holder.
     async fn seize_lease(&self, key: &str, holder: &LeaseHolder, ttl: Duration) -> StoreResult<Option<LeaseHolder>>;
     /// Extends every (key, holder) lease still held by that holder and
-    /// marks the hosts of the renewed `host:` leases seen now, in one
+    /// marks the hosts of the renewed `host:` leases seen now and online, in one
     /// statement on PostgreSQL; returns the keys renewed.
     async fn renew_leases(&self, leases: &[(String, LeaseHolder)], ttl: Duration) -> StoreResult<Vec<String>>;
     /// Releases `key` only if `holder` holds it.

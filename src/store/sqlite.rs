@@ -1195,12 +1195,13 @@ impl Store for SqliteStore {
             )?;
             let keys: Vec<String> =
                 stmt.query_map(params![pairs, now_ms() + ttl_ms(ttl)], |r| r.get(0))?.collect::<Result<_, _>>()?;
-            // The hosts of the renewed host leases were seen now (in the
-            // same call: an embedded database has no round trips to save).
+            // The hosts of the renewed host leases were seen now and are
+            // online (in the same call: an embedded database has no round
+            // trips to save).
             let hosts: Vec<&str> = keys.iter().filter_map(|k| k.strip_prefix("host:")).collect();
             if !hosts.is_empty() {
                 c.execute(
-                    "UPDATE hosts SET last_seen_at = ?2 WHERE id IN (SELECT value FROM json_each(?1))",
+                    "UPDATE hosts SET last_seen_at = ?2, state = 'online' WHERE id IN (SELECT value FROM json_each(?1))",
                     params![to_json(&hosts), now_ms()],
                 )?;
             }
