@@ -18,19 +18,18 @@ use support::daemon::DaemonProcess;
 use support::disk::{limit_file_size, SmallDisk};
 use support::e2e::{ticks_script, wait_online, wait_state, Ticks, Viewer};
 use support::{
-    clock_ahead_env, pg_connect, pg_database, redis_url, unique_prefix, OwnPostgres, OwnRedis, TetherServer,
+    clock_ahead_env, instance_pair_on, pg_connect, pg_database, redis_url, OwnPostgres, OwnRedis, TetherServer,
 };
 
 /// How long PostgreSQL stays away (the figure docs/OPERATIONS.md promises).
 const DATABASE_OUTAGE: Duration = Duration::from_secs(20);
 
-/// Settings of the cluster tests: leases renewed every second (3 s TTL),
-/// a heartbeat every second, a sweep every half second, hosts stale after
-/// 3 s and runs lost after 5 s: an outage of 20 s is many times every one
-/// of them, so whatever judges by them has had its chance to go wrong.
-const FAST: [(&str, &str); 7] = [
-    ("TETHER_LEASE__RENEW_MS", "1000"),
-    ("TETHER_LEASE__TTL_MS", "3000"),
+/// Settings of the cluster tests, on top of [`instance_pair_on`]'s leases
+/// (renewed every second, 3 s TTL): a heartbeat every second, a sweep every
+/// half second, hosts stale after 3 s and runs lost after 5 s. An outage of
+/// 20 s is many times every one of them, so whatever judges by them has
+/// had its chance to go wrong.
+const FAST: [(&str, &str); 5] = [
     ("TETHER_BUS__HEARTBEAT_MS", "1000"),
     ("TETHER_SWEEP__INTERVAL_MS", "500"),
     ("TETHER_SWEEP__STALE_HOST_MS", "3000"),
@@ -41,13 +40,7 @@ const FAST: [(&str, &str); 7] = [
 /// Instances A and B of one cluster on `database` and `redis`, with the
 /// [`FAST`] settings; B also gets `b_only`.
 async fn pair(database: &str, redis: &str, b_only: &[(&str, &str)]) -> (TetherServer, TetherServer) {
-    let prefix = unique_prefix();
-    let mut env =
-        vec![("TETHER_DATABASE__URL", database), ("TETHER_REDIS__URL", redis), ("TETHER_BUS__PREFIX", &prefix)];
-    env.extend_from_slice(&FAST);
-    let a = TetherServer::start(&env, &[]).await;
-    let b = TetherServer::start(&[env.as_slice(), b_only].concat(), &[]).await;
-    (a, b)
+    instance_pair_on(database, redis, &FAST, b_only).await
 }
 
 /// A user with a daemon connected to `home`; `away` is the other instance.
@@ -465,6 +458,7 @@ async fn clock_twenty_seconds_ahead_on_sqlite() {
     let skew = clock_ahead_env(20);
     let mut env: Vec<(&str, &str)> = skew.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     env.extend_from_slice(&FAST);
+    env.extend_from_slice(&[("TETHER_LEASE__RENEW_MS", "1000"), ("TETHER_LEASE__TTL_MS", "3000")]);
     let mut server = TetherServer::start(&env, &[]).await;
     let ann = Person::on(&server, &server, "ann").await;
     let ticking = ann.terminal(&["sh", "-c", &ticks_script("0.1")]).await;

@@ -61,17 +61,30 @@ pub async fn store_host(
 /// and the test Redis (own bus prefix), with leases renewed every second
 /// (3 s TTL), so a host that moves is settled within a test's patience.
 pub async fn instance_pair() -> (TetherServer, TetherServer) {
-    let database = pg_database().await;
-    let redis = redis_url();
+    instance_pair_on(&pg_database().await, &redis_url(), &[], &[]).await
+}
+
+/// Like [`instance_pair`], on the PostgreSQL `database` and the Redis
+/// `redis` (servers a test may stop), with `env` added to both instances
+/// and `b_only` to B.
+pub async fn instance_pair_on(
+    database: &str,
+    redis: &str,
+    env: &[(&str, &str)],
+    b_only: &[(&str, &str)],
+) -> (TetherServer, TetherServer) {
     let prefix = unique_prefix();
-    let env = [
-        ("TETHER_DATABASE__URL", database.as_str()),
-        ("TETHER_REDIS__URL", redis.as_str()),
+    let mut both = vec![
+        ("TETHER_DATABASE__URL", database),
+        ("TETHER_REDIS__URL", redis),
         ("TETHER_BUS__PREFIX", prefix.as_str()),
         ("TETHER_LEASE__RENEW_MS", "1000"),
         ("TETHER_LEASE__TTL_MS", "3000"),
     ];
-    (TetherServer::start(&env, &[]).await, TetherServer::start(&env, &[]).await)
+    both.extend_from_slice(env);
+    let a = TetherServer::start(&both, &[]).await;
+    let b = TetherServer::start(&[both.as_slice(), b_only].concat(), &[]).await;
+    (a, b)
 }
 
 /// A short random prefix for the keys and channels of one test, e.g. `t3fa90c1d`.
