@@ -76,6 +76,16 @@ impl Bound {
     }
 }
 
+/// A write past the process's file-size limit (`ulimit -f`, systemd's
+/// `LimitFSIZE=`) raises SIGXFSZ, whose default action kills the process.
+/// Ignored, the write fails with EFBIG instead, and the store reports it
+/// like a full disk: the request fails, the instance stays
+/// (docs/OPERATIONS.md, "Faults").
+fn ignore_file_size_signal() {
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler.
+    unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
+}
+
 async fn wait_for_stop_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match signal(SignalKind::terminate()) {
@@ -123,6 +133,7 @@ async fn drain(state: &AppState) {
 
 /// Opens the store and binds the listener.
 pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
+    ignore_file_size_signal();
     let settings = Arc::new(settings);
     let serving = Serving::of(role, settings.director.enabled);
     let ticket_key = match serving.placement {

@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 use support::balancer::Balancer;
 use support::client::{create_token, Api};
 use support::daemon::DaemonProcess;
-use support::e2e::{metric, Viewer};
-use support::{pg_database, redis_cluster_nodes, redis_url, unique_prefix, OwnRedis, TetherServer};
+use support::e2e::{metric, reattach, Ticks, Viewer};
+use support::{pg_database, redis_cluster_nodes, redis_url, unique_prefix, TetherServer};
 
 struct Cluster {
     a: TetherServer,
@@ -372,28 +372,6 @@ async fn a_draining_instance_sends_its_viewers_of_other_owners_away() {
     on_c.until("after-drain\r\nafter-drain").await;
 }
 
-/// Redis is SIGKILLed and started again while a viewer on B streams a
-/// terminal whose daemon is on A: no instance crashes, the bus comes back,
-/// and the viewer either keeps streaming or is closed 4503 and resumes with
-/// `?from=`, so that every line arrives exactly once.
-#[actix_rt::test]
-async fn redis_restarted() {
-    let mut redis = OwnRedis::start();
-    let mut cl = cluster_on(("TETHER_REDIS__URL", redis.url()), &[], &[]).await;
-    let id = ticking_terminal(&cl, "0.05").await;
-    let mut ticks = Ticks::follow(&cl.servers[0], &cl.api.token, &id).await;
-    redis.kill();
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    redis.start_again();
-    ticks.read_past(80).await;
-    for server in std::iter::once(&mut cl.a).chain(cl.servers.iter_mut()) {
-        assert!(server.try_exit_status().is_none(), "no instance crashed: {}", server.log());
-    }
-    for api in [&cl.api, &cl.b, &cl.c] {
-        api.wait_for("/readyz", "ready again", |b| b["ready"] == true).await;
-    }
-}
-
 /// B loses its Redis connections for a second while its viewer streams:
 /// what the owner published meanwhile never reaches B. The loss is detected
 /// (the sequence jumps once B is subscribed again), the viewer is closed
@@ -416,77 +394,13 @@ async fn lost_frames_are_repaired() {
 
 /// A running terminal on A that prints `tick-N` every `period` seconds.
 async fn ticking_terminal(cl: &Cluster, period: &str) -> String {
-    let ticks = format!("i=0; while :; do i=$((i+1)); echo tick-$i; sleep {period}; done");
+    let ticks = support::e2e::ticks_script(period);
     let (status, body) =
         cl.api.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh", "-c", ticks]})).await;
     assert_eq!(status, 201, "{body}");
     let id = body["terminal"]["id"].as_str().expect("id").to_string();
     wait_state(&cl.api, &id, "running").await;
     id
-}
-
-/// A viewer of a terminal printing `tick-N` lines, which reattaches from
-/// its last byte whenever it is closed 4503.
-struct Ticks<'a> {
-    server: &'a TetherServer,
-    token: String,
-    id: String,
-    viewer: Viewer,
-    /// Offset of the first byte of `stream`.
-    start: u64,
-    stream: Vec<u8>,
-    reattached: usize,
-}
-
-impl<'a> Ticks<'a> {
-    async fn follow(server: &'a TetherServer, token: &str, id: &str) -> Ticks<'a> {
-        let mut viewer = Viewer::attach_to(server, token, id, "").await;
-        viewer.until("tick-").await;
-        let (start, stream) = (viewer.start, std::mem::take(&mut viewer.live));
-        Ticks { server, token: token.to_string(), id: id.to_string(), viewer, start, stream, reattached: 0 }
-    }
-
-    /// Reads until `more` lines after the last one seen now have arrived,
-    /// then checks every line came exactly once.
-    async fn read_past(&mut self, more: u64) {
-        let last = tick_numbers(&String::from_utf8_lossy(&self.stream)).last().copied().expect("a tick");
-        while tick_numbers(&String::from_utf8_lossy(&self.stream)).last().is_none_or(|n| *n < last + more) {
-            match self.viewer.sock.next_within(support::client::WAIT).await {
-                Some(support::client::Event::Binary(b)) => self.stream.extend_from_slice(&b),
-                Some(support::client::Event::Close(Some(4503))) => {
-                    let from = self.start + self.stream.len() as u64;
-                    self.viewer = reattach(self.server, &self.token, &self.id, &format!("?from={from}")).await;
-                    assert_eq!(self.viewer.start, from, "resumed from the last byte, not repainted");
-                    self.reattached += 1;
-                }
-                Some(support::client::Event::Close(code)) => panic!("closed {code:?}"),
-                Some(_) => {}
-                None => panic!("the stream stalled; got {:?}", String::from_utf8_lossy(&self.stream)),
-            }
-        }
-        let numbers = tick_numbers(&String::from_utf8_lossy(&self.stream));
-        for pair in numbers.windows(2) {
-            assert_eq!(pair[1], pair[0] + 1, "every line exactly once ({} reattachments)", self.reattached);
-        }
-    }
-}
-
-/// The numbers of the complete `tick-N` lines in `text`.
-fn tick_numbers(text: &str) -> Vec<u64> {
-    text.split("tick-").skip(1).filter_map(|rest| rest.split_once("\r\n").and_then(|(n, _)| n.parse().ok())).collect()
-}
-
-/// Attaches with `query` (e.g. `?from=N`), retrying after a 4503 as a
-/// client does, while the host is between owners.
-async fn reattach(server: &TetherServer, token: &str, id: &str, query: &str) -> Viewer {
-    for _ in 0..40 {
-        match Viewer::try_attach_to(server, token, id, query).await {
-            Ok(viewer) => return viewer,
-            Err(Some(4503)) => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
-            Err(code) => panic!("closed {code:?} before live"),
-        }
-    }
-    panic!("still 4503 after 10 s");
 }
 
 /// The shell's pid in a terminal running `sh`, asked through `viewer`

@@ -71,13 +71,23 @@ impl From<StoreError> for ApiError {
             }
             _ => {}
         }
-        tracing::error!(error = %err, "tether_store_error");
-        match err {
-            StoreError::Pool(_) => {
-                Self::new(StatusCode::SERVICE_UNAVAILABLE, "database_unavailable", "the database is unreachable")
-            }
-            _ => Self::internal(),
+        if err.is_storage_full() {
+            tracing::error!(error = %err, "tether_storage_full");
+            return Self::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "storage_full",
+                "the database's disk is full (or its file reached a size limit); nothing was changed",
+            );
         }
+        tracing::error!(error = %err, "tether_store_error");
+        if err.is_transient() {
+            return Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database_unavailable",
+                "the database cannot be reached or written now; retry later",
+            );
+        }
+        Self::internal()
     }
 }
 

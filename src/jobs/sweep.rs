@@ -10,12 +10,17 @@
 //! - lease rows expired for more than a day are deleted;
 //! - runs whose host has been gone longer than `runs.lost_after` become `lost`;
 //! - audit events older than `audit.retention_ms` are deleted.
+//!
+//! After a sweep the database did not answer, the first two are skipped for
+//! one lease TTL: every lease may have lapsed while nobody could renew it
+//! ([`LapseGrace`]).
 
 use std::time::Duration;
 
 use actix::prelude::*;
 
 use crate::config::ms;
+use crate::relay::lapse_grace::LapseGrace;
 use crate::relay::registry::TerminalLifecycle;
 use crate::relay::requests::{deliver, HostOp};
 use crate::relay::{LifecycleEvent, RelayContext};
@@ -31,11 +36,15 @@ const EXPIRED_LEASE_KEEP: Duration = Duration::from_secs(24 * 3600);
 pub struct Sweeper {
     relay: RelayContext,
     running: bool,
+    /// After a sweep the database did not answer, lapsed host leases are
+    /// not acted on for one lease TTL ([`LapseGrace`]).
+    grace: LapseGrace,
 }
 
 impl Sweeper {
     pub fn new(relay: RelayContext) -> Self {
-        Self { relay, running: false }
+        let grace = LapseGrace::new(ms(relay.settings.lease.ttl_ms));
+        Self { relay, running: false, grace }
     }
 }
 
@@ -50,20 +59,30 @@ impl Actor for Sweeper {
             }
             act.running = true;
             let relay = act.relay.clone();
-            async move {
-                if let Err(e) = sweep(&relay).await {
-                    tracing::warn!(error = %e, "tether_sweep_failed");
-                }
-            }
-            .into_actor(act)
-            .map(|(), act, _| act.running = false)
-            .spawn(ctx);
+            let judge_lapses = act.grace.believe_lapses(std::time::Instant::now());
+            async move { sweep(&relay, judge_lapses).await }
+                .into_actor(act)
+                .map(|swept, act, _| {
+                    act.running = false;
+                    match swept {
+                        Ok(()) => act.grace.answered(std::time::Instant::now()),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "tether_sweep_failed");
+                            if e.is_transient() {
+                                act.grace.failed();
+                            }
+                        }
+                    }
+                })
+                .spawn(ctx);
         });
     }
 }
 
-/// One sweep, if this instance holds (or takes) the sweep lease.
-pub async fn sweep(relay: &RelayContext) -> Result<(), StoreError> {
+/// One sweep, if this instance holds (or takes) the sweep lease. Without
+/// `judge_lapses` (the database just came back) hosts and runs are not
+/// judged by their leases.
+pub async fn sweep(relay: &RelayContext, judge_lapses: bool) -> Result<(), StoreError> {
     let store = &relay.store;
     let settings = &relay.settings;
     // Held for two intervals, renewed by each sweep: a dead sweeper is
@@ -72,9 +91,11 @@ pub async fn sweep(relay: &RelayContext) -> Result<(), StoreError> {
     if !store.claim_lease(SWEEP_LEASE, &LeaseHolder::instance(&relay.instance_id), ttl).await? {
         return Ok(());
     }
-    let offline = store.mark_stale_hosts_offline(ms(settings.sweep.stale_host_ms)).await?;
-    for host_id in &offline {
-        tracing::info!(%host_id, "tether_host_marked_offline");
+    if judge_lapses {
+        let offline = store.mark_stale_hosts_offline(ms(settings.sweep.stale_host_ms)).await?;
+        for host_id in &offline {
+            tracing::info!(%host_id, "tether_host_marked_offline");
+        }
     }
     // Parked terminals of hosts online anywhere: the routing step sends
     // each Spawn to the host's owner, here or over the bus.
@@ -94,9 +115,11 @@ pub async fn sweep(relay: &RelayContext) -> Result<(), StoreError> {
     if deleted > 0 {
         tracing::info!(deleted, "tether_expired_leases_deleted");
     }
-    for run_id in store.mark_lost_runs(ms(settings.runs.lost_after)).await? {
-        tracing::info!(%run_id, "tether_run_lost");
-        metrics::counter!("tether_runs_lost_total").increment(1);
+    if judge_lapses {
+        for run_id in store.mark_lost_runs(ms(settings.runs.lost_after)).await? {
+            tracing::info!(%run_id, "tether_run_lost");
+            metrics::counter!("tether_runs_lost_total").increment(1);
+        }
     }
     let retention = chrono::Duration::milliseconds(i64::try_from(settings.audit.retention_ms).unwrap_or(i64::MAX));
     let cutoff = chrono::Utc::now().checked_sub_signed(retention).unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);

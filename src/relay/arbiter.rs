@@ -552,27 +552,49 @@ impl TerminalArbiter {
         let store = self.store.clone();
         let max = self.config.run_log_max_bytes;
         self.flushing = true;
+        // What the database could not take now is put back and written at
+        // the next flush (every 500 ms), so a run that ends while it is
+        // away still gets its log and result (docs/OPERATIONS.md, "Faults").
         async move {
-            for chunk in chunks {
-                if let Err(e) = store.append_run_log(run_id, chunk.offset, &chunk.data, max).await {
-                    tracing::error!(error = %e, %run_id, "tether_run_log_write_failed");
+            let mut chunks = chunks.into_iter();
+            while let Some(chunk) = chunks.next() {
+                match store.append_run_log(run_id, chunk.offset, &chunk.data, max).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_transient() => {
+                        tracing::warn!(error = %e, %run_id, "tether_run_log_write_kept");
+                        return Err((std::iter::once(chunk).chain(chunks).collect(), finish));
+                    }
+                    Err(e) => tracing::error!(error = %e, %run_id, "tether_run_log_write_failed"),
                 }
             }
             if let Some((state, code)) = finish {
-                if let Err(e) = store.finish_run(run_id, state, code).await {
-                    tracing::error!(error = %e, %run_id, "tether_run_finish_failed");
+                match store.finish_run(run_id, state, code).await {
+                    Ok(_) => {}
+                    Err(e) if e.is_transient() => {
+                        tracing::warn!(error = %e, %run_id, "tether_run_finish_kept");
+                        return Err((Vec::new(), finish));
+                    }
+                    Err(e) => tracing::error!(error = %e, %run_id, "tether_run_finish_failed"),
                 }
             }
-            finish.is_some()
+            Ok(finish.is_some())
         }
         .into_actor(self)
-        .map(|finished, act, ctx| {
+        .map(|flushed, act, ctx| {
             act.flushing = false;
-            if finished {
-                act.members.remove(&MemberId::Capture);
-                act.maybe_idle(ctx);
-            } else if act.finish.is_some() {
-                act.flush_capture(ctx);
+            match flushed {
+                Ok(true) => {
+                    act.members.remove(&MemberId::Capture);
+                    act.maybe_idle(ctx);
+                }
+                Ok(false) if act.finish.is_some() => act.flush_capture(ctx),
+                Ok(false) => {}
+                Err((unsent, finish)) => {
+                    if let Some(Member { kind: Kind::Capture(capture), .. }) = act.members.get_mut(&MemberId::Capture) {
+                        capture.put_back(unsent);
+                    }
+                    act.finish = act.finish.or(finish);
+                }
             }
         })
         .wait(ctx);
@@ -708,7 +730,7 @@ impl Handler<CaptureRun> for TerminalArbiter {
         self.members.insert(
             MemberId::Capture,
             Member {
-                kind: Kind::Capture(RunCapture::new(msg.run_id, msg.logged)),
+                kind: Kind::Capture(RunCapture::new(msg.run_id, msg.logged, self.config.run_log_max_bytes)),
                 phase,
                 resume_from: Some(msg.logged),
             },

@@ -11,6 +11,12 @@
 //! that restarts past the capture's end (the daemon's ring no longer held
 //! the bytes in between) leaves a chunk that starts past the previous one,
 //! which the store counts as lost (`logGapBytes`).
+//!
+//! While the database cannot take the log (docs/OPERATIONS.md, "Faults")
+//! the chunks are put back and flushed later, so pending bytes are capped
+//! at the log's own limit (`runs.log_max_bytes`): once that many wait, the
+//! log will be full when they land, so later bytes could never be stored
+//! and are not kept.
 
 use uuid::Uuid;
 
@@ -31,12 +37,21 @@ pub struct RunCapture {
     end: u64,
     /// Bytes lost to gaps since the capture started (for the log line).
     lost: u64,
+    /// The log's limit: pending bytes never exceed it.
+    limit: usize,
+    /// `limit` bytes were pending at once: the log is full when they land.
+    full: bool,
 }
 
 impl RunCapture {
-    /// A capture of `run_id` whose log already reaches stream offset `end`.
-    pub fn new(run_id: Uuid, end: u64) -> Self {
-        Self { run_id, pending: Vec::new(), end, lost: 0 }
+    /// A capture of `run_id` whose log already reaches stream offset `end`
+    /// and holds at most `limit` bytes.
+    pub fn new(run_id: Uuid, end: u64, limit: usize) -> Self {
+        Self { run_id, pending: Vec::new(), end, lost: 0, limit, full: false }
+    }
+
+    fn pending_bytes(&self) -> usize {
+        self.pending.iter().map(|c| c.data.len()).sum()
     }
 
     /// Stream bytes from `offset`: only what lies past the capture's end is
@@ -44,11 +59,18 @@ impl RunCapture {
     /// the end.
     pub fn push(&mut self, offset: u64, data: &[u8]) -> u64 {
         let chunk_end = offset + data.len() as u64;
-        if chunk_end <= self.end {
-            return 0; // already held
+        if chunk_end <= self.end || self.full {
+            return 0; // already held, or past what the log can hold
         }
         let gap = offset.saturating_sub(self.end);
         let fresh = &data[usize::try_from(self.end.saturating_sub(offset)).unwrap_or(usize::MAX).min(data.len())..];
+        let room = self.limit.saturating_sub(self.pending_bytes());
+        let (fresh, chunk_end) = if fresh.len() >= room {
+            self.full = true;
+            (&fresh[..room], offset.max(self.end) + room as u64)
+        } else {
+            (fresh, chunk_end)
+        };
         match self.pending.last_mut() {
             Some(last) if gap == 0 => last.data.extend_from_slice(fresh),
             _ => self.pending.push(Chunk { offset: offset.max(self.end), data: fresh.to_vec() }),
@@ -88,6 +110,13 @@ impl RunCapture {
     pub fn take(&mut self) -> Vec<Chunk> {
         std::mem::take(&mut self.pending)
     }
+
+    /// Taken chunks the log could not take now, back in front of the
+    /// pending ones, to be written again.
+    pub fn put_back(&mut self, mut chunks: Vec<Chunk>) {
+        chunks.append(&mut self.pending);
+        self.pending = chunks;
+    }
 }
 
 #[cfg(test)]
@@ -100,7 +129,7 @@ mod tests {
 
     #[test]
     fn taken_bytes_leave_the_end_where_it_was() {
-        let mut c = RunCapture::new(Uuid::nil(), 10);
+        let mut c = RunCapture::new(Uuid::nil(), 10, usize::MAX);
         assert_eq!(c.end(), 10);
         assert_eq!(c.push(10, b"abc"), 0);
         assert!(c.has_pending());
@@ -113,7 +142,7 @@ mod tests {
 
     #[test]
     fn contiguous_bytes_make_one_chunk() {
-        let mut c = RunCapture::new(Uuid::nil(), 0);
+        let mut c = RunCapture::new(Uuid::nil(), 0, usize::MAX);
         c.push(0, b"ab");
         c.push(2, b"cd");
         assert_eq!(c.take(), vec![chunk(0, b"abcd")]);
@@ -121,7 +150,7 @@ mod tests {
 
     #[test]
     fn bytes_already_held_are_not_taken_twice() {
-        let mut c = RunCapture::new(Uuid::nil(), 5);
+        let mut c = RunCapture::new(Uuid::nil(), 5, usize::MAX);
         assert_eq!(c.push(0, b"hello"), 0, "all below the end");
         assert!(!c.has_pending());
         assert_eq!(c.push(3, b"lo world"), 0, "overlaps the end by two bytes");
@@ -133,7 +162,7 @@ mod tests {
 
     #[test]
     fn a_resume_past_the_end_is_a_gap_of_the_bytes_between() {
-        let mut c = RunCapture::new(Uuid::nil(), 5);
+        let mut c = RunCapture::new(Uuid::nil(), 5, usize::MAX);
         c.push(5, b"ab");
         assert_eq!(c.push(10, b"xyz"), 3, "bytes 7..10 are missing");
         assert_eq!(c.take(), vec![chunk(5, b"ab"), chunk(10, b"xyz")], "the store sees the jump");
@@ -143,12 +172,37 @@ mod tests {
 
     #[test]
     fn a_snapshot_answer_restarts_the_stream_with_a_recorded_gap() {
-        let mut c = RunCapture::new(Uuid::nil(), 4);
+        let mut c = RunCapture::new(Uuid::nil(), 4, usize::MAX);
         assert_eq!(c.restart_at(4), 0, "restarting at the end loses nothing");
         assert!(!c.has_pending());
         assert_eq!(c.restart_at(9), 5);
         assert_eq!(c.take(), vec![chunk(9, b"")], "an empty chunk carries the gap to the store");
         assert_eq!(c.restart_at(2), 0, "never backwards");
         assert_eq!(c.end(), 9);
+    }
+
+    #[test]
+    fn chunks_put_back_go_before_the_newer_ones() {
+        let mut c = RunCapture::new(Uuid::nil(), 0, usize::MAX);
+        c.push(0, b"abc");
+        let taken = c.take();
+        c.push(3, b"de");
+        c.put_back(taken);
+        assert_eq!(c.take(), vec![chunk(0, b"abc"), chunk(3, b"de")]);
+        assert_eq!(c.end(), 5);
+    }
+
+    #[test]
+    fn pending_bytes_stop_at_the_logs_limit() {
+        let mut c = RunCapture::new(Uuid::nil(), 0, 6);
+        c.push(0, b"abcd");
+        let taken = c.take();
+        c.put_back(taken);
+        c.push(4, b"efgh");
+        c.push(8, b"ijkl");
+        assert_eq!(c.take(), vec![chunk(0, b"abcdef")], "six bytes fill the log; nothing after is kept");
+        c.push(12, b"mnop");
+        assert!(!c.has_pending(), "the log is full once they land");
+        assert_eq!(c.lost(), 0, "bytes past the limit are not a gap");
     }
 }

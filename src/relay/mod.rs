@@ -17,6 +17,7 @@ pub mod capture;
 pub mod daemon_conn;
 pub mod ended;
 pub mod grid;
+pub mod lapse_grace;
 pub mod limiter;
 pub mod messages;
 pub mod outbox;

@@ -5,7 +5,8 @@
 //!   this instance already had for it.
 //! - Every `lease.renew_ms` all held host leases are renewed in ONE store
 //!   statement; a connection whose lease was not renewed (another instance
-//!   seized it) is closed 4000.
+//!   seized it) is closed 4000. A renewal the database did not answer
+//!   closes nothing and is retried within a quarter second.
 //! - Arbiters are created on demand, one per terminal, and told when their
 //!   host's connection comes and goes; while their host has no connection
 //!   here, their channels are watched so they learn at once when it comes
@@ -29,6 +30,9 @@ use super::{
 };
 use crate::bus::Bus;
 use crate::store::{host_lease_key, LeaseHolder, Store};
+
+/// How soon a failed lease renewal is tried again.
+const RENEW_RETRY: Duration = Duration::from_millis(250);
 
 struct HostEntry {
     conn_no: u64,
@@ -140,7 +144,7 @@ impl HostRegistry {
             renewed.map(|keys| keys.into_iter().collect::<std::collections::HashSet<String>>())
         }
         .into_actor(self)
-        .map(move |renewed, act, _ctx| {
+        .map(move |renewed, act, ctx| {
             act.renewing = false;
             match renewed {
                 Ok(keys) => {
@@ -156,7 +160,15 @@ impl HostRegistry {
                         }
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "tether_lease_renew_failed"),
+                // The connections stay: a database that cannot be reached
+                // says nothing about them. Their leases may lapse while it
+                // is away, so the renewal is retried soon rather than at the
+                // next tick, and readers give holders a lease TTL to come
+                // back (docs/OPERATIONS.md, "Faults"; `lapse_grace`).
+                Err(e) => {
+                    tracing::warn!(error = %e, "tether_lease_renew_failed");
+                    ctx.run_later(RENEW_RETRY.min(act.renew_every), |act, ctx| act.renew(ctx));
+                }
             }
         })
         .spawn(ctx);

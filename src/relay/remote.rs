@@ -28,6 +28,7 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::ended::ended_messages;
+use super::lapse_grace::LapseGrace;
 use super::outbox::Frame;
 use super::registry::{HostsElsewhere, OpenTerminal, WaitingHosts};
 use super::requests::{ask_owner, HostOp, OpAnswer};
@@ -731,16 +732,21 @@ pub async fn heartbeat(relay: RelayContext) {
     let every = Duration::from_millis(relay.settings.bus.heartbeat_ms);
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut grace = LapseGrace::new(Duration::from_millis(relay.settings.lease.ttl_ms));
     loop {
         tick.tick().await;
-        check_homes(&relay).await;
+        check_homes(&relay, &mut grace).await;
         for remote in relay.remotes.silent(every * 3) {
             remote.do_send(LetGo("its home stopped reporting"));
         }
     }
 }
 
-async fn check_homes(relay: &RelayContext) {
+/// While the database cannot say who holds the hosts (or for a lease TTL
+/// after it could not, see [`LapseGrace`]), viewers stay with the owners
+/// they joined through and are reported there as usual: an outage of the
+/// database is no reason to drop a stream that needs none.
+async fn check_homes(relay: &RelayContext, grace: &mut LapseGrace) {
     let homes: Vec<(u64, Addr<HomeViewer>)> =
         lock(&relay.remotes.homes).iter().map(|(i, h)| (*i, h.addr.clone())).collect();
     let mut described = Vec::new();
@@ -755,25 +761,37 @@ async fn check_homes(relay: &RelayContext) {
     }
     let hosts = described.iter().map(|d| d.3).chain(waiting.iter().copied());
     let keys: Vec<String> = hosts.map(host_lease_key).collect::<HashSet<_>>().into_iter().collect();
-    let owners: HashMap<String, String> = match relay.store.lease_holders(&keys).await {
-        Ok(live) => live.into_iter().map(|(key, holder)| (key, holder.instance)).collect(),
+    let owners: Option<HashMap<String, String>> = match relay.store.lease_holders(&keys).await {
+        Ok(live) => {
+            grace.answered(Instant::now());
+            Some(live.into_iter().map(|(key, holder)| (key, holder.instance)).collect())
+        }
         Err(e) => {
             tracing::warn!(error = %e, "tether_heartbeat_lease_read_failed");
-            return;
+            grace.failed();
+            None
         }
     };
+    let believe_lapses = grace.believe_lapses(Instant::now());
     // Viewers waiting here for a host that came back on another instance
     // reattach through it.
     let elsewhere: Vec<Uuid> = waiting
         .into_iter()
-        .filter(|host_id| owners.get(&host_lease_key(*host_id)).is_some_and(|owner| *owner != relay.instance_id))
+        .filter(|host_id| {
+            owners.as_ref().and_then(|o| o.get(&host_lease_key(*host_id))).is_some_and(|o| *o != relay.instance_id)
+        })
         .collect();
     if !elsewhere.is_empty() {
         relay.registry.do_send(HostsElsewhere(elsewhere));
     }
     let mut reports: HashMap<String, Vec<bus::ReportedViewer>> = HashMap::new();
     for (id, home, terminal_id, host_id, owner) in described {
-        if owners.get(&host_lease_key(host_id)) != Some(&owner) {
+        let moved = match owners.as_ref().map(|o| o.get(&host_lease_key(host_id))) {
+            None => false,
+            Some(Some(holder)) => *holder != owner,
+            Some(None) => believe_lapses,
+        };
+        if moved {
             home.do_send(Reattach("the host moved; reattach"));
             continue;
         }

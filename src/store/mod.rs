@@ -52,6 +52,61 @@ pub enum StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+impl StoreError {
+    /// The database could not take the call now and may later: it is
+    /// unreachable, shutting down or starting up, busy, or out of disk.
+    /// The same call may be made again as it is (docs/OPERATIONS.md,
+    /// "Faults"); any other error would fail again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            StoreError::Pool(_) => true,
+            StoreError::Postgres(e) => postgres_transient(e),
+            StoreError::Sqlite(e) => {
+                use rusqlite::ErrorCode::*;
+                matches!(
+                    e.sqlite_error_code(),
+                    Some(DiskFull | SystemIoFailure | DatabaseBusy | DatabaseLocked | CannotOpen)
+                )
+            }
+            StoreError::Migration(_) | StoreError::Corrupt(_) | StoreError::Invalid(_) | StoreError::CapReached(_) => {
+                false
+            }
+        }
+    }
+
+    /// The database's disk is full: nothing was written. SQLite says
+    /// `SQLITE_FULL` for ENOSPC and `SQLITE_IOERR_WRITE` when a write fails
+    /// otherwise, as past a file-size limit (EFBIG) or a quota (EDQUOT);
+    /// PostgreSQL says `53100 disk_full`.
+    pub fn is_storage_full(&self) -> bool {
+        match self {
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(failure, _)) => {
+                failure.code == rusqlite::ErrorCode::DiskFull
+                    || failure.extended_code == rusqlite::ffi::SQLITE_IOERR_WRITE
+            }
+            StoreError::Postgres(e) => e.code() == Some(&tokio_postgres::error::SqlState::DISK_FULL),
+            _ => false,
+        }
+    }
+}
+
+/// A PostgreSQL error that says nothing about the statement: the connection
+/// broke (I/O error, closed), or the server refused it for now (class 08
+/// connection exception, class 53 insufficient resources, 57P01..57P03
+/// shutting down or starting up).
+fn postgres_transient(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.code() {
+        Some(code) => {
+            let code = code.code();
+            code.starts_with("08") || code.starts_with("53") || matches!(code, "57P01" | "57P02" | "57P03")
+        }
+        None => std::error::Error::source(e).is_some_and(|source| source.is::<std::io::Error>()),
+    }
+}
+
 /// Pool figures for `/metrics`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PoolStatus {
@@ -203,7 +258,7 @@ pub trait Store: Send + Sync + 'static {
     /// Takes `key` whoever holds it; returns the previous live holder.
     async fn seize_lease(&self, key: &str, holder: &LeaseHolder, ttl: Duration) -> StoreResult<Option<LeaseHolder>>;
     /// Extends every (key, holder) lease still held by that holder and
-    /// marks the hosts of the renewed `host:` leases seen now, in one
+    /// marks the hosts of the renewed `host:` leases seen now and online, in one
     /// statement on PostgreSQL; returns the keys renewed.
     async fn renew_leases(&self, leases: &[(String, LeaseHolder)], ttl: Duration) -> StoreResult<Vec<String>>;
     /// Releases `key` only if `holder` holds it.

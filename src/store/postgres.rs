@@ -984,7 +984,7 @@ impl Store for PgStore {
                    FROM unnest($1::text[], $2::text[]) AS mine(key, holder) \
                    WHERE l.key = mine.key AND l.holder = mine.holder RETURNING l.key), \
                  touched AS ( \
-                   UPDATE hosts SET last_seen_at = now() \
+                   UPDATE hosts SET last_seen_at = now(), state = 'online' \
                    WHERE id IN (SELECT substr(key, 6)::uuid FROM renewed \
                                 WHERE key ~ '^host:[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$')) \
                  SELECT key FROM renewed",

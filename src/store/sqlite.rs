@@ -1232,7 +1232,7 @@ impl Store for SqliteStore {
         self.call(move |c| {
             // One statement, linear in the leases: each (key, holder) pair is
             // looked up by the primary key, and the trigger of migration 0005
-            // marks the hosts of renewed host leases seen.
+            // marks the hosts of renewed host leases seen and online.
             let mut stmt = c.prepare_cached(
                 "UPDATE leases SET expires_at = ?2 \
                  FROM (SELECT json_extract(value, '$[0]') AS key, json_extract(value, '$[1]') AS holder \

@@ -209,3 +209,97 @@ pub async fn metric(api: &Api, name: &str) -> Option<f64> {
     let line = text.lines().find(|l| l.split(' ').next() == Some(name))?;
     line.rsplit(' ').next()?.parse().ok()
 }
+
+/// A shell script that prints `tick-1`, `tick-2`, ... every `period` seconds.
+pub fn ticks_script(period: &str) -> String {
+    format!("i=0; while :; do i=$((i+1)); echo tick-$i; sleep {period}; done")
+}
+
+/// A viewer of a terminal printing `tick-N` lines ([`ticks_script`]).
+/// Made with [`Ticks::follow`] it reattaches from its last byte whenever
+/// it is closed 4503; made with [`Ticks::follow_unbroken`] any close fails
+/// the test.
+pub struct Ticks<'a> {
+    server: &'a TetherServer,
+    token: String,
+    id: String,
+    viewer: Viewer,
+    /// Offset of the first byte of `stream`.
+    start: u64,
+    stream: Vec<u8>,
+    may_reattach: bool,
+    pub reattached: usize,
+}
+
+impl<'a> Ticks<'a> {
+    pub async fn follow(server: &'a TetherServer, token: &str, id: &str) -> Ticks<'a> {
+        Self::attach(server, token, id, true).await
+    }
+
+    pub async fn follow_unbroken(server: &'a TetherServer, token: &str, id: &str) -> Ticks<'a> {
+        Self::attach(server, token, id, false).await
+    }
+
+    async fn attach(server: &'a TetherServer, token: &str, id: &str, may_reattach: bool) -> Ticks<'a> {
+        let mut viewer = Viewer::attach_to(server, token, id, "").await;
+        viewer.until("tick-").await;
+        let (start, stream) = (viewer.start, std::mem::take(&mut viewer.live));
+        Ticks {
+            server,
+            token: token.to_string(),
+            id: id.to_string(),
+            viewer,
+            start,
+            stream,
+            may_reattach,
+            reattached: 0,
+        }
+    }
+
+    /// The number of the last complete line so far.
+    pub fn last(&self) -> u64 {
+        tick_numbers(&String::from_utf8_lossy(&self.stream)).last().copied().unwrap_or(0)
+    }
+
+    /// Reads until `more` lines after the last one seen now have arrived,
+    /// then checks every line came exactly once.
+    pub async fn read_past(&mut self, more: u64) {
+        let target = self.last() + more;
+        while self.last() < target {
+            match self.viewer.sock.next_within(WAIT).await {
+                Some(Event::Binary(b)) => self.stream.extend_from_slice(&b),
+                Some(Event::Close(Some(4503))) if self.may_reattach => {
+                    let from = self.start + self.stream.len() as u64;
+                    self.viewer = reattach(self.server, &self.token, &self.id, &format!("?from={from}")).await;
+                    assert_eq!(self.viewer.start, from, "resumed from the last byte, not repainted");
+                    self.reattached += 1;
+                }
+                Some(Event::Close(code)) => panic!("closed {code:?} after tick-{}", self.last()),
+                Some(_) => {}
+                None => panic!("the stream stalled; got {:?}", String::from_utf8_lossy(&self.stream)),
+            }
+        }
+        let numbers = tick_numbers(&String::from_utf8_lossy(&self.stream));
+        for pair in numbers.windows(2) {
+            assert_eq!(pair[1], pair[0] + 1, "every line exactly once ({} reattachments)", self.reattached);
+        }
+    }
+}
+
+/// The numbers of the complete `tick-N` lines in `text`.
+pub fn tick_numbers(text: &str) -> Vec<u64> {
+    text.split("tick-").skip(1).filter_map(|rest| rest.split_once("\r\n").and_then(|(n, _)| n.parse().ok())).collect()
+}
+
+/// Attaches with `query` (e.g. `?from=N`), retrying after a 4503 as a
+/// client does, while the host is between owners.
+pub async fn reattach(server: &TetherServer, token: &str, id: &str, query: &str) -> Viewer {
+    for _ in 0..40 {
+        match Viewer::try_attach_to(server, token, id, query).await {
+            Ok(viewer) => return viewer,
+            Err(Some(4503)) => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
+            Err(code) => panic!("closed {code:?} before live"),
+        }
+    }
+    panic!("still 4503 after 10 s");
+}

@@ -8,7 +8,9 @@
 //! - [`unique_prefix`]: a random prefix for keys and channels, so tests can share servers;
 //! - [`TetherServer`] / [`tether_cmd`]: real `tether` processes;
 //! - [`cell_peer::CellPeer`]: a scripted relay cell answering a director's calls;
-//! - [`cli::Person`]: the client commands as a person runs them (own config dir, pipes or a PTY).
+//! - [`cli::Person`]: the client commands as a person runs them (own config dir, pipes or a PTY);
+//! - [`OwnPostgres`] / [`OwnRedis`]: servers of one test's own, to stop and start again;
+//! - [`disk`]: a full disk under a SQLite file; [`clock_ahead_env`]: a process whose clock runs ahead.
 //!
 //! No mocks: the servers are real `postgres` and `redis-server` processes.
 //! When `TETHER_TEST_DATABASE_URL`, `TETHER_TEST_REDIS_URL` or
@@ -27,14 +29,15 @@ pub mod cell_peer;
 pub mod cli;
 pub mod client;
 pub mod daemon;
+pub mod disk;
 pub mod e2e;
 mod postgres;
 mod process;
 mod redis;
 mod tether;
 
-pub use postgres::{pg_connect, pg_database, url_with_database};
-pub use process::free_port;
+pub use postgres::{pg_connect, pg_database, url_with_database, OwnPostgres};
+pub use process::{clock_ahead_env, free_port};
 pub use redis::{redis_cluster_hosts, redis_cluster_nodes, redis_url, OwnRedis, OwnRedisCluster};
 pub use tether::{tether_cmd, tether_command, TetherServer};
 
@@ -58,17 +61,30 @@ pub async fn store_host(
 /// and the test Redis (own bus prefix), with leases renewed every second
 /// (3 s TTL), so a host that moves is settled within a test's patience.
 pub async fn instance_pair() -> (TetherServer, TetherServer) {
-    let database = pg_database().await;
-    let redis = redis_url();
+    instance_pair_on(&pg_database().await, &redis_url(), &[], &[]).await
+}
+
+/// Like [`instance_pair`], on the PostgreSQL `database` and the Redis
+/// `redis` (servers a test may stop), with `env` added to both instances
+/// and `b_only` to B.
+pub async fn instance_pair_on(
+    database: &str,
+    redis: &str,
+    env: &[(&str, &str)],
+    b_only: &[(&str, &str)],
+) -> (TetherServer, TetherServer) {
     let prefix = unique_prefix();
-    let env = [
-        ("TETHER_DATABASE__URL", database.as_str()),
-        ("TETHER_REDIS__URL", redis.as_str()),
+    let mut both = vec![
+        ("TETHER_DATABASE__URL", database),
+        ("TETHER_REDIS__URL", redis),
         ("TETHER_BUS__PREFIX", prefix.as_str()),
         ("TETHER_LEASE__RENEW_MS", "1000"),
         ("TETHER_LEASE__TTL_MS", "3000"),
     ];
-    (TetherServer::start(&env, &[]).await, TetherServer::start(&env, &[]).await)
+    both.extend_from_slice(env);
+    let a = TetherServer::start(&both, &[]).await;
+    let b = TetherServer::start(&[both.as_slice(), b_only].concat(), &[]).await;
+    (a, b)
 }
 
 /// A short random prefix for the keys and channels of one test, e.g. `t3fa90c1d`.

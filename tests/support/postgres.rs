@@ -14,7 +14,7 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::{Child, Command, Stdio},
     sync::OnceLock,
     time::{Duration, Instant},
 };
@@ -97,31 +97,15 @@ fn start_ephemeral_server() -> Result<String, String> {
     let data = dir.join("data");
     let log = dir.join("postgres.log");
 
-    let (out, err) = process::log_file(&log);
-    let mut initdb = Command::new(bin.join("initdb"));
-    initdb
-        .arg("-D")
-        .arg(&data)
-        .args(["-A", "trust", "--no-sync", "-U", "postgres", "-E", "UTF8", "--locale=C"])
-        .current_dir(&dir)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err);
-    let mut child =
-        process::spawn_tied(initdb, run_as).map_err(|e| format!("spawn {}: {e}", bin.join("initdb").display()))?;
-    match process::wait_timeout(&mut child, Duration::from_secs(60)) {
-        Some(status) if status.success() => {}
-        outcome => {
-            let _ = child.kill();
-            return Err(format!("initdb failed ({outcome:?}); its output:\n{}", process::read_log(&log)));
-        }
-    }
+    initdb(&bin, &dir, &data, &log, run_as)?;
 
     let mut last_error = String::new();
     for _attempt in 0..3 {
         let port = process::free_port();
         match start_postmaster(&bin, &dir, &data, &log, port, run_as) {
-            Ok(()) => {
+            Ok(child) => {
+                // SIGQUIT: immediate shutdown; the data directory is thrown away.
+                process::stop_at_exit(child, libc::SIGQUIT);
                 eprintln!(
                     "tests/support: PostgreSQL on 127.0.0.1:{port} ready in {:.1?} (data in {})",
                     started.elapsed(),
@@ -136,6 +120,29 @@ fn start_ephemeral_server() -> Result<String, String> {
     Err(last_error)
 }
 
+/// `initdb` of a new cluster in `data`, its output in `log`.
+fn initdb(bin: &Path, dir: &Path, data: &Path, log: &Path, run_as: Option<process::RunAs>) -> Result<(), String> {
+    let (out, err) = process::log_file(log);
+    let mut initdb = Command::new(bin.join("initdb"));
+    initdb
+        .arg("-D")
+        .arg(data)
+        .args(["-A", "trust", "--no-sync", "-U", "postgres", "-E", "UTF8", "--locale=C"])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err);
+    let mut child =
+        process::spawn_tied(initdb, run_as).map_err(|e| format!("spawn {}: {e}", bin.join("initdb").display()))?;
+    match process::wait_timeout(&mut child, Duration::from_secs(60)) {
+        Some(status) if status.success() => Ok(()),
+        outcome => {
+            let _ = child.kill();
+            Err(format!("initdb failed ({outcome:?}); its output:\n{}", process::read_log(log)))
+        }
+    }
+}
+
 fn start_postmaster(
     bin: &Path,
     dir: &Path,
@@ -143,7 +150,7 @@ fn start_postmaster(
     log: &Path,
     port: u16,
     run_as: Option<process::RunAs>,
-) -> Result<(), StartError> {
+) -> Result<Child, StartError> {
     let (out, err) = process::log_file(log);
     let mut postgres = Command::new(bin.join("postgres"));
     postgres
@@ -167,11 +174,7 @@ fn start_postmaster(
         postmaster_ready(&pid_file, port)
     });
     match ready {
-        Ok(()) => {
-            // SIGQUIT: immediate shutdown; the data directory is thrown away.
-            process::stop_at_exit(child, libc::SIGQUIT);
-            Ok(())
-        }
+        Ok(()) => Ok(child),
         Err(error) => {
             let _ = child.kill();
             let _ = child.wait();
@@ -220,5 +223,93 @@ fn postgres_bin_dir() -> PathBuf {
              /usr/lib/postgresql/*/bin: install the Debian package `postgresql` \
              (apt-get install -y postgresql), or set {SERVER_ENV} to a running server"
         ),
+    }
+}
+
+/// A PostgreSQL server of one test's own, which the test may stop (as an
+/// operator's `pg_ctl stop -m fast` does: every connection is ended and the
+/// port is closed) and start again on the same port with its data kept.
+pub struct OwnPostgres {
+    bin: PathBuf,
+    dir: PathBuf,
+    data: PathBuf,
+    log: PathBuf,
+    port: u16,
+    run_as: Option<process::RunAs>,
+    child: Option<Child>,
+}
+
+impl OwnPostgres {
+    pub fn start() -> OwnPostgres {
+        let bin = postgres_bin_dir();
+        let run_as = process::postgres_user_if_root();
+        let dir = process::scratch_dir("own-pg", run_as);
+        let data = dir.join("data");
+        let log = dir.join("postgres.log");
+        initdb(&bin, &dir, &data, &log, run_as).unwrap_or_else(|message| panic!("{message}"));
+        for _attempt in 0..3 {
+            let port = process::free_port();
+            match start_postmaster(&bin, &dir, &data, &log, port, run_as) {
+                Ok(child) => return OwnPostgres { bin, dir, data, log, port, run_as, child: Some(child) },
+                Err(StartError::PortTaken(_)) => continue,
+                Err(StartError::Failed(message)) => panic!("{message}"),
+            }
+        }
+        panic!("no free port for an own PostgreSQL");
+    }
+
+    /// A new, empty database on this server, as a postgres URL.
+    pub async fn database(&self) -> String {
+        let server_url = format!("postgres://postgres@127.0.0.1:{}/postgres", self.port);
+        let name = format!("tether_test_{:016x}", rand::random::<u64>());
+        create_database(&server_url, &name).await;
+        url_with_database(&server_url, &name)
+    }
+
+    /// Fast shutdown (SIGINT to the postmaster): open sessions are ended,
+    /// and this returns once the server has exited and its port refuses
+    /// connections.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else { return };
+        // SAFETY: kill(2) on our own unreaped child.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+        if process::wait_timeout(&mut child, Duration::from_secs(30)).is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let address = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        assert!(
+            std::net::TcpStream::connect_timeout(&address, Duration::from_millis(500)).is_err(),
+            "PostgreSQL still accepts connections on {address} after it stopped"
+        );
+    }
+
+    /// Starts the server again, on the same port and data directory.
+    pub fn start_again(&mut self) {
+        self.stop();
+        let child = start_postmaster(&self.bin, &self.dir, &self.data, &self.log, self.port, self.run_as)
+            .unwrap_or_else(|e| match e {
+                StartError::PortTaken(m) | StartError::Failed(m) => panic!("restart PostgreSQL: {m}"),
+            });
+        self.child = Some(child);
+    }
+
+    /// The server's log.
+    pub fn log(&self) -> String {
+        process::read_log(&self.log)
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SIGQUIT: immediate shutdown, backends included; the data is thrown away.
+            // SAFETY: kill(2) on our own unreaped child.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGQUIT) };
+            if process::wait_timeout(&mut child, Duration::from_secs(5)).is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
     }
 }

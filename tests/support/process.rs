@@ -388,3 +388,27 @@ fn complete_resp_reply(reply: &[u8]) -> Option<String> {
         _ => Some(line),
     }
 }
+
+/// Environment that sets a child's wall clock `seconds` ahead of the real
+/// one, through libfaketime (LD_PRELOAD): `SystemTime`, `chrono::Utc::now`
+/// and the HTTP `Date` header move, the monotonic clock (tokio's timers) does
+/// not. Panics naming the Debian package when the library is missing.
+pub fn clock_ahead_env(seconds: u32) -> Vec<(String, String)> {
+    let library = fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path().join("faketime/libfaketime.so.1"))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "libfaketime.so.1 not found under /usr/lib/*/faketime: install the Debian package \
+                 `libfaketime` (apt-get install -y libfaketime); scripts/test installs it when run as root"
+            )
+        });
+    vec![
+        ("LD_PRELOAD".into(), library.display().to_string()),
+        ("FAKETIME".into(), format!("+{seconds}s")),
+        ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+    ]
+}

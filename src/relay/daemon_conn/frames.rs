@@ -50,7 +50,6 @@ impl Handler<Inbound> for DaemonConn {
         let Some(frame) = msg.0.frame else { return done() };
         // Frames about a terminal this host does not own are dropped.
         let owned_id = |raw: &str, owned: &HashMap<Uuid, Owned>| terminal_id(raw).filter(|id| owned.contains_key(id));
-        let store = self.relay.store.clone();
         match frame {
             daemon_frame::Frame::Output(out) => {
                 let Some(id) = owned_id(&out.terminal_id, &self.owned) else {
@@ -101,14 +100,11 @@ impl Handler<Inbound> for DaemonConn {
                 let Some(id) = owned_id(&s.terminal_id, &self.owned) else { return done() };
                 let (cols, rows) = (grid(s.cols), grid(s.rows));
                 self.arbiter_event(id, StreamEvent::Size { cols, rows });
-                AtomicResponse::new(Box::pin(
-                    async move {
-                        if let Err(e) = store.set_terminal_size(host_id, id, cols, rows).await {
-                            tracing::warn!(error = %e, "tether_terminal_size_failed");
-                        }
-                    }
-                    .into_actor(self),
-                ))
+                let write = Write::new("terminal size", move |store| async move {
+                    store.set_terminal_size(host_id, id, cols, rows).await
+                })
+                .size_of(id);
+                AtomicResponse::new(Box::pin(self.store(write).map(|_, _, _| ())))
             }
             daemon_frame::Frame::Ping(_) => {
                 self.send(server_frame::Frame::Pong(crate::proto::v1::Pong {}), ctx);
@@ -122,45 +118,41 @@ impl Handler<Inbound> for DaemonConn {
                 let Some(id) = owned_id(&s.terminal_id, &self.owned) else { return done() };
                 let run_id = self.owned.get(&id).and_then(|o| o.run_id);
                 let registry = self.relay.registry.clone();
-                AtomicResponse::new(Box::pin(
-                    async move {
-                        match store.mark_started(host_id, id).await {
-                            Ok(_) => {
-                                if let Some(run_id) = run_id {
-                                    crate::store::logged(store.mark_run_running(run_id).await, "mark run running");
-                                }
-                                registry.do_send(TerminalLifecycle { terminal_id: id, event: LifecycleEvent::Started });
-                            }
-                            Err(e) => tracing::error!(error = %e, terminal_id = %id, "tether_started_write_failed"),
-                        }
+                let write = Write::new("terminal started", move |store| async move {
+                    store.mark_started(host_id, id).await?;
+                    if let Some(run_id) = run_id {
+                        store.mark_run_running(run_id).await?;
                     }
-                    .into_actor(self),
-                ))
+                    Ok(())
+                });
+                // The process runs, stored yet or not: its viewers go live.
+                AtomicResponse::new(Box::pin(self.store(write).map(move |outcome, _, _| {
+                    if !matches!(outcome, Outcome::Failed) {
+                        registry.do_send(TerminalLifecycle { terminal_id: id, event: LifecycleEvent::Started });
+                    }
+                })))
             }
             daemon_frame::Frame::SpawnError(s) => {
                 let Some(id) = owned_id(&s.terminal_id, &self.owned) else { return done() };
                 let run_id = self.owned.remove(&id).and_then(|o| o.run_id);
                 let registry = self.relay.registry.clone();
                 let message = spawn_error_message(&s.message);
-                AtomicResponse::new(Box::pin(
+                let stored = message.clone();
+                let write = Write::new("spawn error", move |store| {
+                    let message = stored.clone();
                     async move {
-                        if let Err(e) = store.mark_spawn_failed(host_id, id, &message).await {
-                            tracing::error!(error = %e, terminal_id = %id, "tether_spawn_error_write_failed");
-                        }
+                        store.mark_spawn_failed(host_id, id, &message).await?;
                         if let Some(run_id) = run_id {
-                            crate::store::logged(
-                                store.append_run_log(run_id, 0, message.as_bytes(), usize::MAX / 2).await,
-                                "log spawn error",
-                            );
-                            crate::store::logged(store.finish_run(run_id, RunState::Failed, None).await, "fail run");
+                            store.append_run_log(run_id, 0, message.as_bytes(), usize::MAX / 2).await?;
+                            store.finish_run(run_id, RunState::Failed, None).await?;
                         }
-                        registry.do_send(TerminalLifecycle {
-                            terminal_id: id,
-                            event: LifecycleEvent::SpawnFailed(message),
-                        });
+                        Ok(())
                     }
-                    .into_actor(self),
-                ))
+                });
+                AtomicResponse::new(Box::pin(self.store(write).map(move |_, _, _| {
+                    registry
+                        .do_send(TerminalLifecycle { terminal_id: id, event: LifecycleEvent::SpawnFailed(message) });
+                })))
             }
             daemon_frame::Frame::Snapshot(s) => {
                 let Some(id) = owned_id(&s.terminal_id, &self.owned) else { return done() };
@@ -168,15 +160,12 @@ impl Handler<Inbound> for DaemonConn {
                 if let Some(owned) = self.owned.get_mut(&id) {
                     owned.final_snapshot = Some((s.data.clone(), cols, rows));
                 }
-                let snapshot = crate::store::TerminalSnapshot { data: s.data.to_vec(), cols, rows };
-                AtomicResponse::new(Box::pin(
-                    async move {
-                        if let Err(e) = store.put_snapshot(host_id, id, &snapshot).await {
-                            tracing::error!(error = %e, terminal_id = %id, "tether_snapshot_write_failed");
-                        }
-                    }
-                    .into_actor(self),
-                ))
+                let snapshot = Arc::new(crate::store::TerminalSnapshot { data: s.data.to_vec(), cols, rows });
+                let write = Write::new("final screen", move |store| {
+                    let snapshot = snapshot.clone();
+                    async move { store.put_snapshot(host_id, id, &snapshot).await }
+                });
+                AtomicResponse::new(Box::pin(self.store(write).map(|_, _, _| ())))
             }
             daemon_frame::Frame::Exit(e) => {
                 let Some(id) = owned_id(&e.terminal_id, &self.owned) else { return done() };
@@ -188,33 +177,25 @@ impl Handler<Inbound> for DaemonConn {
                 let status = ExitStatus { code: e.exit_code, signal: e.signal };
                 let arbiter = self.attached.remove(&id);
                 let registry = self.relay.registry.clone();
-                AtomicResponse::new(Box::pin(
-                    async move {
-                        if let Err(err) = store.mark_exited(host_id, id, status).await {
-                            tracing::error!(error = %err, terminal_id = %id, "tether_exit_write_failed");
-                        }
-                        let event = LifecycleEvent::Exited { status, snapshot };
-                        match arbiter {
-                            Some(arbiter) => arbiter.lifecycle(event),
-                            None => registry.do_send(TerminalLifecycle { terminal_id: id, event }),
-                        }
+                let write = Write::new("terminal exited", move |store| async move {
+                    store.mark_exited(host_id, id, status).await.map(|_| ())
+                });
+                AtomicResponse::new(Box::pin(self.store(write).map(move |_, _, _| {
+                    let event = LifecycleEvent::Exited { status, snapshot };
+                    match arbiter {
+                        Some(arbiter) => arbiter.lifecycle(event),
+                        None => registry.do_send(TerminalLifecycle { terminal_id: id, event }),
                     }
-                    .into_actor(self),
-                ))
+                })))
             }
             daemon_frame::Frame::Usage(u) => {
                 let Some(id) = terminal_id(&u.terminal_id) else { return done() };
                 // Usage follows Exit; the terminal is forgotten once it arrives.
                 let Some(run_id) = self.owned.remove(&id).and_then(|o| o.run_id) else { return done() };
                 let usage = run_usage(&u);
-                AtomicResponse::new(Box::pin(
-                    async move {
-                        if let Err(e) = store.set_run_usage(run_id, &usage).await {
-                            tracing::error!(error = %e, "tether_usage_write_failed");
-                        }
-                    }
-                    .into_actor(self),
-                ))
+                let write =
+                    Write::new("run usage", move |store| async move { store.set_run_usage(run_id, &usage).await });
+                AtomicResponse::new(Box::pin(self.store(write).map(|_, _, _| ())))
             }
             daemon_frame::Frame::DirsResult(r) => {
                 let answer = match r.error {
@@ -227,16 +208,12 @@ impl Handler<Inbound> for DaemonConn {
                 }
                 // Recorded before the caller hears the answer, so a read of
                 // the host right after shows the dirs the answer listed.
-                let dirs = r.dirs;
-                AtomicResponse::new(Box::pin(
-                    async move {
-                        if let Err(e) = store.set_host_dirs(host_id, &dirs).await {
-                            tracing::error!(error = %e, "tether_dirs_write_failed");
-                        }
-                    }
-                    .into_actor(self)
-                    .map(move |(), act, _| act.answer(&r.request_id, answer)),
-                ))
+                let dirs = Arc::new(r.dirs);
+                let write = Write::new("host dirs", move |store| {
+                    let dirs = dirs.clone();
+                    async move { store.set_host_dirs(host_id, &dirs).await }
+                });
+                AtomicResponse::new(Box::pin(self.store(write).map(move |_, act, _| act.answer(&r.request_id, answer))))
             }
             daemon_frame::Frame::LimitsResult(r) => {
                 let answer = limits_answer(&r);

@@ -3,7 +3,8 @@
 //!
 //! Split by job: [`reader`] feeds frames in order, [`hello`] admits and
 //! claims the host, [`frames`] applies what the daemon sends after that,
-//! [`requests`] pairs requests with the daemon's answers.
+//! [`requests`] pairs requests with the daemon's answers, [`writes`] keeps
+//! what the database could not take yet and retries it in order.
 //!
 //! A reader task decodes frames and hands them to the actor one at a time,
 //! waiting for each to be handled, so frames of one connection are applied
@@ -19,6 +20,7 @@
 //! (see `store`), so a late frame can never overwrite a newer fact.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -33,6 +35,7 @@ pub mod frames;
 mod hello;
 pub mod reader;
 mod requests;
+mod writes;
 
 use super::limiter::AddressGuard;
 use super::outbox::{Frame, Outbox};
@@ -45,6 +48,7 @@ use crate::store::{
     host_lease_key, Capabilities, ExitStatus, HostState, LeaseHolder, RunState, RunUsage, StoreError, TerminalState,
 };
 use reader::read_loop;
+use writes::{Outcome, Write, WriteQueue};
 
 /// Frames held before the hello is done (docs/PROTOCOL.md, "What the server enforces").
 const EARLY_FRAMES: usize = 256;
@@ -91,6 +95,10 @@ pub struct DaemonConn {
     close_code: Option<u16>,
     /// The hello was accepted and the cell seated the host.
     seated: bool,
+    /// Writes the database could not take yet, retried in order (`writes`).
+    writes: WriteQueue,
+    /// The next retry of `writes`, while one is waiting.
+    write_retry: Option<SpawnHandle>,
     _guard: AddressGuard,
 }
 
@@ -116,6 +124,8 @@ impl DaemonConn {
             closed: false,
             close_code: None,
             seated: false,
+            writes: WriteQueue::default(),
+            write_retry: None,
             _guard: guard,
         }
     }
@@ -135,6 +145,54 @@ impl DaemonConn {
             self.outbox.close(code, reason);
         }
         ctx.stop();
+    }
+
+    /// Stores what a frame reported now, or keeps it behind writes the
+    /// database has not taken yet; resolves once that is decided, never
+    /// waiting out an outage (docs/OPERATIONS.md, "Faults").
+    fn store(&mut self, write: Write) -> ResponseActFuture<Self, Outcome> {
+        if self.writes.busy() {
+            self.writes.keep(write);
+            return Box::pin(actix::fut::ready(Outcome::Kept));
+        }
+        let store = self.relay.store.clone();
+        let attempt = async move {
+            let outcome = writes::attempt(store, &write).await;
+            (write, outcome)
+        };
+        Box::pin(attempt.into_actor(self).map(|(write, outcome), act, ctx| {
+            if let Outcome::Kept = outcome {
+                act.writes.keep(write);
+                act.retry_writes_later(ctx);
+            }
+            outcome
+        }))
+    }
+
+    fn retry_writes_later(&mut self, ctx: &mut Context<Self>) {
+        if self.write_retry.is_none() {
+            self.write_retry = Some(ctx.run_later(self.writes.backoff(), |act, ctx| {
+                act.write_retry = None;
+                act.retry_writes(ctx);
+            }));
+        }
+    }
+
+    /// Retries the oldest kept write; after it is stored the next follows
+    /// at once. Spawned, so frames keep flowing meanwhile.
+    fn retry_writes(&mut self, ctx: &mut Context<Self>) {
+        let Some(write) = self.writes.next() else { return };
+        let store = self.relay.store.clone();
+        async move { writes::attempt(store, &write).await }
+            .into_actor(self)
+            .map(|outcome, act, ctx| {
+                act.writes.finished(&outcome);
+                match outcome {
+                    Outcome::Kept => act.retry_writes_later(ctx),
+                    Outcome::Stored | Outcome::Failed => act.retry_writes(ctx),
+                }
+            })
+            .spawn(ctx);
     }
 
     fn host_id(&self) -> Option<Uuid> {
@@ -276,6 +334,10 @@ impl Actor for DaemonConn {
 
     fn stopped(&mut self, _: &mut Self::Context) {
         metrics::gauge!("tether_daemon_connections").decrement(1.0);
+        let kept = self.writes.take();
+        if !kept.is_empty() {
+            actix_rt::spawn(writes::drain(self.relay.store.clone(), kept));
+        }
         for (_, (_, reply)) in self.pending.drain() {
             let _ = reply.send(Err(RequestError::Offline));
         }

@@ -1,0 +1,586 @@
+//! Faults, with real processes (docs/OPERATIONS.md, "Faults"): PostgreSQL
+//! stopped while people work, Redis killed and started again, an instance
+//! whose clock is 20 s ahead, and the SQLite file's disk running full.
+//!
+//! Every test runs real `tether serve` instances and real `tether daemon`s
+//! with real PTYs; the servers that fail are the tests' own (an own
+//! PostgreSQL, an own Redis), so other tests never see the fault.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::client::{create_token, Api};
+use support::daemon::DaemonProcess;
+use support::disk::{limit_file_size, SmallDisk};
+use support::e2e::{ticks_script, wait_online, wait_state, Ticks, Viewer};
+use support::{
+    clock_ahead_env, instance_pair_on, pg_connect, pg_database, redis_url, OwnPostgres, OwnRedis, TetherServer,
+};
+
+/// How long PostgreSQL stays away (the figure docs/OPERATIONS.md promises).
+const DATABASE_OUTAGE: Duration = Duration::from_secs(20);
+
+/// Settings of the cluster tests, on top of [`instance_pair_on`]'s leases
+/// (renewed every second, 3 s TTL): a heartbeat every second, a sweep every
+/// half second, hosts stale after 3 s and runs lost after 5 s. An outage of
+/// 20 s is many times every one of them, so whatever judges by them has
+/// had its chance to go wrong.
+const FAST: [(&str, &str); 5] = [
+    ("TETHER_BUS__HEARTBEAT_MS", "1000"),
+    ("TETHER_SWEEP__INTERVAL_MS", "500"),
+    ("TETHER_SWEEP__STALE_HOST_MS", "3000"),
+    ("TETHER_RUNS__LOST_AFTER", "5000"),
+    ("RUST_LOG", "info"),
+];
+
+/// Instances A and B of one cluster on `database` and `redis`, with the
+/// [`FAST`] settings; B also gets `b_only`.
+async fn pair(database: &str, redis: &str, b_only: &[(&str, &str)]) -> (TetherServer, TetherServer) {
+    instance_pair_on(database, redis, &FAST, b_only).await
+}
+
+/// A user with a daemon connected to `home`; `away` is the other instance.
+struct Person {
+    home: Api,
+    away: Api,
+    host: String,
+    daemon: DaemonProcess,
+    /// The daemon's state dir, and room for files a test shares with its terminals.
+    dir: tempfile::TempDir,
+}
+
+impl Person {
+    async fn on(home: &TetherServer, away: &TetherServer, user: &str) -> Person {
+        let token = create_token(home, user);
+        let dir = tempfile::tempdir().expect("temp dir");
+        let daemon = DaemonProcess::start(home, &token, &dir.path().join("state"));
+        let home_api = Api::new(home.url(), token.clone());
+        let host = wait_online(&home_api).await;
+        Person { home: home_api, away: Api::new(away.url(), token), host, daemon, dir }
+    }
+
+    fn token(&self) -> &str {
+        &self.home.token
+    }
+
+    /// A running terminal of `argv` on this person's host, created through `home`.
+    async fn terminal(&self, argv: &[&str]) -> String {
+        let (status, body) =
+            self.home.post("/api/v1/terminals", json!({"hostId": self.host, "argv": argv, "dir": "/tmp"})).await;
+        assert_eq!(status, 201, "{body}");
+        let id = body["terminal"]["id"].as_str().expect("terminal id").to_string();
+        wait_state(&self.home, &id, "running").await;
+        id
+    }
+
+    /// Asserts the host is online as both instances see it.
+    async fn assert_online(&self) {
+        for api in [&self.home, &self.away] {
+            let (status, body) = api.get(&format!("/api/v1/hosts/{}", self.host)).await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["host"]["state"], "online", "{} says {body}", api.base);
+        }
+    }
+
+    /// Waits until both instances see the host online.
+    async fn wait_online(&self) {
+        for api in [&self.home, &self.away] {
+            api.wait_for(&format!("/api/v1/hosts/{}", self.host), "the host online", |b| {
+                b["host"]["state"] == "online"
+            })
+            .await;
+        }
+    }
+}
+
+/// Ann with her daemon on A and Bob with his on B, each with a running
+/// terminal that prints `tick-N` every `period` seconds.
+async fn ann_and_bob_ticking(a: &TetherServer, b: &TetherServer, period: &str) -> ([Person; 2], [String; 2]) {
+    let ann = Person::on(a, b, "ann").await;
+    let bob = Person::on(b, a, "bob").await;
+    let ann_ticking = ann.terminal(&["sh", "-c", &ticks_script(period)]).await;
+    let bob_ticking = bob.terminal(&["sh", "-c", &ticks_script(period)]).await;
+    ([ann, bob], [ann_ticking, bob_ticking])
+}
+
+/// Two viewers of one `sh` terminal; a line typed into either is echoed to both.
+struct Shell {
+    viewers: [Viewer; 2],
+    typed: usize,
+}
+
+impl Shell {
+    async fn open(id: &str, token: &str, servers: [&TetherServer; 2]) -> Shell {
+        let viewers =
+            [Viewer::attach_to(servers[0], token, id, "").await, Viewer::attach_to(servers[1], token, id, "").await];
+        Shell { viewers, typed: 0 }
+    }
+
+    /// Types a line through one viewer (taking turns) and waits until both
+    /// viewers show its output: input and output both crossed.
+    async fn echo_through_both(&mut self, tag: &str) {
+        self.typed += 1;
+        let n = self.typed;
+        let (line, shown) = (format!("echo {tag}-{n}-$(({n}*1000+7))"), format!("{tag}-{n}-{}", n * 1000 + 7));
+        self.viewers[n % 2].type_line(&line).await;
+        for viewer in &mut self.viewers {
+            viewer.until(&shown).await;
+        }
+    }
+}
+
+/// `GET path` on `api` until it answers `status`; returns the body.
+async fn wait_status(api: &Api, path: &str, status: u16) -> Value {
+    let deadline = tokio::time::Instant::now() + support::client::WAIT;
+    loop {
+        let (got, body) = api.get(path).await;
+        if got == status {
+            return body;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{path} on {} still {got}: {body}", api.base);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every host lease as (key, holder), read straight from the database.
+async fn host_leases(database: &str) -> BTreeMap<String, String> {
+    let client = pg_connect(database).await;
+    let rows = client.query("SELECT key, holder FROM leases WHERE key LIKE 'host:%'", &[]).await.expect("leases");
+    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+}
+
+/// The `state` column of every host, read straight from the database.
+async fn host_columns(database: &str) -> BTreeMap<String, String> {
+    let client = pg_connect(database).await;
+    let rows = client.query("SELECT id::text, state FROM hosts", &[]).await.expect("hosts");
+    rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+}
+
+fn assert_running(servers: &mut [&mut TetherServer]) {
+    for server in servers.iter_mut() {
+        assert!(server.try_exit_status().is_none(), "the instance exited; its log:\n{}", server.log());
+    }
+}
+
+/// Asserts no instance's log has `event`.
+fn assert_never_logged(servers: &[&TetherServer], event: &str) {
+    for server in servers {
+        let log = server.log();
+        assert!(!log.contains(event), "{} logged {event}:\n{log}", server.url());
+    }
+}
+
+/// PostgreSQL is stopped (fast shutdown: connections ended, port closed)
+/// for 20 s while two instances serve daemons and viewers. Meanwhile
+/// `/readyz` says 503 and the API 503 `database_unavailable`, but live
+/// terminals keep streaming to viewers on both instances (output needs no
+/// database) and a run exits. Once PostgreSQL is back: `/readyz` is 200,
+/// the run's exit code, output and usage are stored, every host is still
+/// online on the same connection (its lease never changed hands), every
+/// terminal still runs, and no instance marked a host offline or a run
+/// lost, though every lease lapsed while nobody could renew it.
+#[actix_rt::test]
+async fn postgres_stopped_for_twenty_seconds() {
+    let mut pg = OwnPostgres::start();
+    let database = pg.database().await;
+    let (mut a, mut b) = pair(&database, &redis_url(), &[]).await;
+    let ann = Person::on(&a, &b, "ann").await;
+    let bob = Person::on(&b, &a, "bob").await;
+
+    // Ann's host is on A: a ticking terminal, watched from A and from B.
+    let ticking = ann.terminal(&["sh", "-c", &ticks_script("0.1")]).await;
+    let mut ticks = [
+        Ticks::follow_unbroken(&a, ann.token(), &ticking).await,
+        Ticks::follow_unbroken(&b, ann.token(), &ticking).await,
+    ];
+    // Bob's host is on B: a shell typed into from B and from A.
+    let shell = bob.terminal(&["sh"]).await;
+    let mut bob_shell = Shell::open(&shell, bob.token(), [&b, &a]).await;
+    bob_shell.echo_through_both("before").await;
+
+    // A run on Ann's host that ends when the test says so, watched from B.
+    let flag = ann.dir.path().join("finish-the-run");
+    let script = format!(
+        "echo run-started; while [ ! -e {} ]; do sleep 0.1; done; echo run-ended-$((6*7)); exit 7",
+        flag.display()
+    );
+    let (status, body) =
+        ann.home.post("/api/v1/runs", json!({"hostId": ann.host, "argv": ["sh", "-c", script], "dir": "/tmp"})).await;
+    assert_eq!(status, 201, "{body}");
+    let run = body["run"]["id"].as_str().expect("run id").to_string();
+    let body = ann
+        .home
+        .wait_for(&format!("/api/v1/runs/{run}"), "the run running", |b| {
+            b["run"]["state"] == "running" && b["run"]["terminalId"].is_string()
+        })
+        .await;
+    let run_terminal = body["run"]["terminalId"].as_str().expect("terminal id").to_string();
+    let mut run_viewer = Viewer::attach_to(&b, ann.token(), &run_terminal, "").await;
+
+    let leases = host_leases(&database).await;
+    assert_eq!(leases.len(), 2, "both hosts hold a lease: {leases:?}");
+
+    pg.stop();
+    let stopped = Instant::now();
+    for api in [&ann.home, &ann.away] {
+        let body = wait_status(api, "/readyz", 503).await;
+        assert_ne!(body["checks"]["database"], "ok", "{body}");
+        let (status, body) = api.get("/api/v1/hosts").await;
+        assert_eq!((status, body["error"]["code"].as_str()), (503, Some("database_unavailable")), "{body}");
+    }
+    let mut round = 0;
+    loop {
+        round += 1;
+        for ticks in &mut ticks {
+            ticks.read_past(5).await;
+        }
+        bob_shell.echo_through_both("outage").await;
+        if round == 2 {
+            std::fs::write(&flag, b"").expect("write the flag");
+            run_viewer.until("run-ended-42").await;
+            assert_eq!(run_viewer.until_exit().await["exitCode"], 7, "the run's viewer saw it end");
+        }
+        for api in [&ann.home, &ann.away] {
+            assert_eq!(api.get("/healthz").await.0, 200, "{} is up", api.base);
+        }
+        if stopped.elapsed() >= DATABASE_OUTAGE {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert!(round >= 3, "the streams were checked through the outage");
+
+    pg.start_again();
+    for api in [&ann.home, &ann.away] {
+        wait_status(api, "/readyz", 200).await;
+    }
+    let body = ann
+        .away
+        .wait_for(&format!("/api/v1/runs/{run}"), "the run's result and usage", |b| {
+            b["run"]["state"] != "running" && b["run"]["usage"].is_object()
+        })
+        .await;
+    assert_eq!((&body["run"]["state"], &body["run"]["exitCode"]), (&json!("failed"), &json!(7)), "{body}");
+    assert!(body["run"]["usage"]["wallMs"].as_i64().is_some_and(|ms| ms > 0), "usage stored: {body}");
+    let (status, log) = ann.away.get_bytes(&format!("/api/v1/runs/{run}/log")).await;
+    let log = String::from_utf8_lossy(&log);
+    assert_eq!(status, 200);
+    assert!(log.contains("run-started") && log.contains("run-ended-42"), "the whole output stored: {log:?}");
+    let terminal = wait_state(&ann.home, &run_terminal, "exited").await;
+    assert_eq!(terminal["exitCode"], 7, "{terminal}");
+
+    // Everything that was live still is, on the same connections.
+    for ticks in &mut ticks {
+        ticks.read_past(10).await;
+    }
+    bob_shell.echo_through_both("after").await;
+    // Leases lapsed while nobody could renew them; each owner renews within
+    // a quarter second of the database's return.
+    for person in [&ann, &bob] {
+        person.wait_online().await;
+    }
+    for (person, id) in [(&ann, &ticking), (&bob, &shell)] {
+        let (_, body) = person.away.get(&format!("/api/v1/terminals/{id}")).await;
+        assert_eq!(body["terminal"]["state"], "running", "{body}");
+    }
+    assert_eq!(host_leases(&database).await, leases, "no lease changed hands: no daemon reconnected");
+    // The sweep had its turns after the lapse: one lease TTL and a few sweeps.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let columns = host_columns(&database).await;
+    assert!(columns.values().all(|state| state == "online"), "hosts.state: {columns:?}");
+    assert_never_logged(&[&a, &b], "tether_host_marked_offline");
+    assert_never_logged(&[&a, &b], "tether_run_lost");
+    assert_never_logged(&[&a, &b], "tether_daemon_lease_lost");
+    drop((ticks, bob_shell, run_viewer));
+    assert_running(&mut [&mut a, &mut b]);
+    let (_, body) = ann.home.get(&format!("/api/v1/runs/{run}")).await;
+    assert_eq!(body["run"]["state"], "failed", "{body}");
+    for daemon in [&ann.daemon, &bob.daemon] {
+        assert_eq!(daemon.log().matches("tether_daemon_connected").count(), 1, "one connection: {}", daemon.log());
+    }
+}
+
+/// Redis is SIGKILLed and started again on the same port while viewers
+/// stream terminals of hosts on A and on B, each watched from its own
+/// instance and from the other. Viewers on the owner's instance never
+/// notice (no close, every line exactly once); viewers across instances
+/// keep streaming or are closed 4503 and resume with `?from=` (every line
+/// exactly once). While Redis is away `/readyz` says 503 and every host
+/// stays online on its owner; once it is back the subscriptions are too:
+/// a new viewer across instances streams, and requests across instances
+/// (spawn, input) reach the daemons. No lease changes hands throughout.
+#[actix_rt::test]
+async fn redis_killed_and_restarted() {
+    let mut redis = OwnRedis::start();
+    let database = pg_database().await;
+    let (mut a, mut b) = pair(&database, &redis.url(), &[]).await;
+    let ([ann, bob], [ann_ticking, bob_ticking]) = ann_and_bob_ticking(&a, &b, "0.05").await;
+    let mut same = [
+        Ticks::follow_unbroken(&a, ann.token(), &ann_ticking).await,
+        Ticks::follow_unbroken(&b, bob.token(), &bob_ticking).await,
+    ];
+    let mut across =
+        [Ticks::follow(&b, ann.token(), &ann_ticking).await, Ticks::follow(&a, bob.token(), &bob_ticking).await];
+    let leases = host_leases(&database).await;
+
+    redis.kill();
+    for api in [&ann.home, &ann.away] {
+        let body = wait_status(api, "/readyz", 503).await;
+        assert_ne!(body["checks"]["bus"], "ok", "{body}");
+    }
+    // The owners keep their hosts (PostgreSQL is up): over several renewals.
+    for _ in 0..3 {
+        for ticks in &mut same {
+            ticks.read_past(20).await;
+        }
+        for person in [&ann, &bob] {
+            person.assert_online().await;
+        }
+        assert_eq!(host_leases(&database).await, leases, "no lease changed hands while Redis was away");
+    }
+
+    redis.start_again();
+    for api in [&ann.home, &ann.away] {
+        wait_status(api, "/readyz", 200).await;
+    }
+    for ticks in &mut across {
+        ticks.read_past(40).await;
+    }
+    for ticks in &mut same {
+        ticks.read_past(40).await;
+    }
+    // New subscriptions work: a new viewer across instances, requests across instances.
+    for (person, id, home, away) in [(&ann, &ann_ticking, &a, &b), (&bob, &bob_ticking, &b, &a)] {
+        Ticks::follow_unbroken(away, person.token(), id).await.read_past(10).await;
+        let (status, body) =
+            person.away.post("/api/v1/terminals", json!({"hostId": person.host, "argv": ["sh"], "dir": "/tmp"})).await;
+        assert_eq!(status, 201, "spawned across instances: {body}");
+        let shell = body["terminal"]["id"].as_str().expect("terminal id").to_string();
+        wait_state(&person.away, &shell, "running").await;
+        let (status, body) = person
+            .away
+            .post(&format!("/api/v1/terminals/{shell}/input"), json!({"data": "echo typed-$((6*7))\n"}))
+            .await;
+        assert_eq!(status, 202, "{body}");
+        Viewer::attach_to(home, person.token(), &shell, "?from=0").await.until("typed-42").await;
+    }
+    for person in [&ann, &bob] {
+        person.assert_online().await;
+    }
+    assert_eq!(host_leases(&database).await, leases, "no lease changed hands");
+    assert_never_logged(&[&a, &b], "tether_daemon_lease_lost");
+    let reattached: usize = across.iter().map(|t| t.reattached).sum();
+    eprintln!("viewers across instances reattached {reattached} times");
+    drop((same, across));
+    assert_running(&mut [&mut a, &mut b]);
+    for daemon in [&ann.daemon, &bob.daemon] {
+        assert_eq!(daemon.log().matches("tether_daemon_connected").count(), 1, "one connection: {}", daemon.log());
+    }
+}
+
+/// How far ahead of A's the wall clock of B is, from their HTTP `Date` headers.
+async fn clock_ahead(a: &TetherServer, b: &TetherServer) -> i64 {
+    let date = |server: &TetherServer| {
+        let url = format!("{}/healthz", server.url());
+        async move {
+            let response = awc::Client::new().get(url).send().await.expect("GET /healthz");
+            let header = response.headers().get("date").expect("a Date header").to_str().expect("ascii").to_string();
+            chrono::DateTime::parse_from_rfc2822(&header).expect("an HTTP date").timestamp()
+        }
+    };
+    date(b).await - date(a).await
+}
+
+/// Watches `people`'s hosts for `renewals` lease renewals (one a second):
+/// each stays online as every API sees it, no lease changes hands, and
+/// every `Ticks` keeps streaming.
+async fn watch_steady(database: Option<&str>, people: &[&Person], ticks: &mut [Ticks<'_>], renewals: u32) {
+    let leases = match database {
+        Some(database) => host_leases(database).await,
+        None => BTreeMap::new(),
+    };
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(renewals.into()) {
+        for person in people {
+            person.assert_online().await;
+        }
+        if let Some(database) = database {
+            assert_eq!(host_leases(database).await, leases, "no lease changed hands");
+        }
+        for ticks in ticks.iter_mut() {
+            ticks.read_past(5).await;
+        }
+    }
+}
+
+/// Instance B's wall clock runs 20 s ahead of A's and PostgreSQL's (through
+/// libfaketime; B's `Date` header shows it). Leases are written and judged
+/// by the database's clock (`now()`), so nothing notices: over ten renewals
+/// (more than three lease TTLs) both hosts stay online as both instances
+/// see them, no lease changes hands, no connection is replaced or told its
+/// lease was lost, and viewers across instances are never closed (their
+/// heartbeat reads the leases every second). Were a lease judged by an
+/// instance's own clock, B would see A's leases 17 s stale.
+#[actix_rt::test]
+async fn clock_twenty_seconds_ahead_on_postgres() {
+    let database = pg_database().await;
+    let skew = clock_ahead_env(20);
+    let skew: Vec<(&str, &str)> = skew.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (mut a, mut b) = pair(&database, &redis_url(), &skew).await;
+    let ahead = clock_ahead(&a, &b).await;
+    assert!((19..=21).contains(&ahead), "B's clock is 20 s ahead: {ahead} s");
+    let ([ann, bob], [ann_ticking, bob_ticking]) = ann_and_bob_ticking(&a, &b, "0.1").await;
+    let mut across = [
+        Ticks::follow_unbroken(&b, ann.token(), &ann_ticking).await,
+        Ticks::follow_unbroken(&a, bob.token(), &bob_ticking).await,
+    ];
+    watch_steady(Some(&database), &[&ann, &bob], &mut across, 10).await;
+    for event in ["tether_daemon_lease_lost", "tether_daemon_replaced", "tether_remote_viewer_reattach"] {
+        assert_never_logged(&[&a, &b], event);
+    }
+    drop(across);
+    assert_running(&mut [&mut a, &mut b]);
+    for daemon in [&ann.daemon, &bob.daemon] {
+        assert_eq!(daemon.log().matches("tether_daemon_connected").count(), 1, "one connection: {}", daemon.log());
+    }
+}
+
+/// The embedded SQLite store judges leases by the instance's own clock
+/// (one instance, one clock: docs/OPERATIONS.md, "Faults"). With that clock
+/// 20 s ahead of the real one (and of the `tether token create` that made
+/// the token), a host stays online and its viewer streams over ten renewals.
+#[actix_rt::test]
+async fn clock_twenty_seconds_ahead_on_sqlite() {
+    let skew = clock_ahead_env(20);
+    let mut env: Vec<(&str, &str)> = skew.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    env.extend_from_slice(&FAST);
+    env.extend_from_slice(&[("TETHER_LEASE__RENEW_MS", "1000"), ("TETHER_LEASE__TTL_MS", "3000")]);
+    let mut server = TetherServer::start(&env, &[]).await;
+    let ann = Person::on(&server, &server, "ann").await;
+    let ticking = ann.terminal(&["sh", "-c", &ticks_script("0.1")]).await;
+    let mut ticks = [Ticks::follow_unbroken(&server, ann.token(), &ticking).await];
+    watch_steady(None, &[&ann], &mut ticks, 10).await;
+    assert_never_logged(&[&server], "tether_daemon_lease_lost");
+    drop(ticks);
+    assert_running(&mut [&mut server]);
+}
+
+/// How the disk under the SQLite file fills up.
+enum FullDisk {
+    /// A small tmpfs, filled with a ballast file (ENOSPC).
+    Tmpfs(SmallDisk),
+    /// A file-size limit on the server process (EFBIG).
+    FileSizeLimit,
+}
+
+impl FullDisk {
+    fn fill(&self, server: &TetherServer, database: &Path) {
+        match self {
+            FullDisk::Tmpfs(disk) => disk.fill(),
+            FullDisk::FileSizeLimit => {
+                // Just past the files as they are: the next growth fails.
+                let size = |path: PathBuf| std::fs::metadata(path).map_or(0, |m| m.len());
+                let wal = PathBuf::from(format!("{}-wal", database.display()));
+                let limit = size(database.to_path_buf()).max(size(wal)) + 16 * 1024;
+                limit_file_size(server.pid(), Some(limit));
+            }
+        }
+    }
+
+    fn free(&self, server: &TetherServer) {
+        match self {
+            FullDisk::Tmpfs(disk) => disk.free(),
+            FullDisk::FileSizeLimit => limit_file_size(server.pid(), None),
+        }
+    }
+}
+
+/// The SQLite file's disk fills up under a running server: writes fail
+/// with a clear error (507 `storage_full` from the API, the cause in the
+/// log) and change nothing, reads go on, the instance stays up. Once there
+/// is room again writes succeed, and after a crash (SIGKILL) the file
+/// passes `PRAGMA integrity_check`, holds every write that was answered
+/// 201 and none that failed, and a new server opens it.
+async fn sqlite_disk_fills_up(dir: &Path, disk: FullDisk) {
+    let database = dir.join("tether.db");
+    let path = database.display().to_string();
+    let env = [("TETHER_DATABASE__SQLITE_PATH", path.as_str()), ("RUST_LOG", "info")];
+    let mut server = TetherServer::start(&env, &[]).await;
+    let api = Api::new(server.url(), create_token(&server, "ann"));
+    let register = |i: usize| {
+        let hostname = format!("box-{i:05}-{}", "x".repeat(200));
+        json!({"name": hostname, "hostname": hostname, "platform": "linux", "arch": "x86_64"})
+    };
+    let mut stored = 0;
+    let (status, body) = api.post("/api/v1/hosts", register(stored)).await;
+    assert_eq!(status, 201, "{body}");
+    stored += 1;
+
+    disk.fill(&server, &database);
+    let refused = loop {
+        let (status, body) = api.post("/api/v1/hosts", register(stored)).await;
+        match status {
+            201 => stored += 1,
+            _ => break (status, body),
+        }
+        assert!(stored < 5000, "still writing after {stored} hosts: the disk never filled");
+    };
+    assert_eq!(refused.0, 507, "{}", refused.1);
+    assert_eq!(refused.1["error"]["code"], "storage_full", "{}", refused.1);
+    for _ in 0..3 {
+        let (status, body) = api.post("/api/v1/hosts", register(stored)).await;
+        assert_eq!((status, &body["error"]["code"]), (507, &json!("storage_full")), "{body}");
+    }
+    let (status, body) = api.get("/api/v1/hosts").await;
+    assert_eq!(status, 200, "reads go on: {body}");
+    assert_eq!(body["hosts"].as_array().map(Vec::len), Some(stored), "{body}");
+    assert_eq!(api.get("/healthz").await.0, 200);
+    assert!(server.try_exit_status().is_none(), "the instance stays up: {}", server.log());
+    assert!(server.log().contains("tether_storage_full"), "the cause is in the log: {}", server.log());
+
+    disk.free(&server);
+    let (status, body) = api.post("/api/v1/hosts", register(stored)).await;
+    assert_eq!(status, 201, "writes work again: {body}");
+    stored += 1;
+
+    server.kill();
+    let file = rusqlite::Connection::open(&database).expect("open the database file");
+    let check: String = file.query_row("PRAGMA integrity_check", [], |r| r.get(0)).expect("integrity_check");
+    assert_eq!(check, "ok");
+    let hosts: i64 = file.query_row("SELECT count(*) FROM hosts", [], |r| r.get(0)).expect("count hosts");
+    assert_eq!(hosts, stored as i64, "every answered write and nothing else");
+    drop(file);
+    let again = TetherServer::start(&env, &[]).await;
+    let (status, body) = Api::new(again.url(), api.token.clone()).get("/api/v1/hosts").await;
+    assert_eq!((status, body["hosts"].as_array().map(Vec::len)), (200, Some(stored)), "{body}");
+}
+
+/// The disk under the SQLite file fills up: a small tmpfs where this test
+/// may mount one (root, outside a locked-down container), else the same
+/// through a file-size limit, said so on stderr (never skipped).
+#[actix_rt::test]
+async fn sqlite_disk_full() {
+    match SmallDisk::mount() {
+        Ok(disk) => {
+            let dir = disk.path().to_path_buf();
+            sqlite_disk_fills_up(&dir, FullDisk::Tmpfs(disk)).await;
+        }
+        Err(reason) => {
+            eprintln!("cannot mount a tmpfs ({reason}): filling the disk with a file-size limit instead");
+            let dir = tempfile::tempdir().expect("temp dir");
+            sqlite_disk_fills_up(dir.path(), FullDisk::FileSizeLimit).await;
+        }
+    }
+}
+
+/// The SQLite file reaches the server's file-size limit (`ulimit -f`): the
+/// same as a full disk, and the process is not killed by SIGXFSZ.
+#[actix_rt::test]
+async fn sqlite_file_size_limit() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    sqlite_disk_fills_up(dir.path(), FullDisk::FileSizeLimit).await;
+}
