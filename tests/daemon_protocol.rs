@@ -151,10 +151,13 @@ async fn subprotocols_are_selected_and_the_token_never_echoed() {
     let (selected, mut sock) =
         Socket::connect_with_response(&viewer_url(&server, &terminal), &["tether.v1", &auth]).await;
     assert_eq!(selected.as_deref(), Some("tether.v1"));
-    // Authenticated through the subprotocol: the viewer gets the terminal's status.
-    match sock.next().await {
-        Event::Text(t) => assert!(t.contains("\"status\""), "{t}"),
-        other => panic!("expected status, got {other:?}"),
+    // Authenticated through the subprotocol: the viewer is told its access,
+    // then the terminal's status.
+    for wanted in ["\"access\"", "\"status\""] {
+        match sock.next().await {
+            Event::Text(t) => assert!(t.contains(wanted), "{t}"),
+            other => panic!("expected {wanted}, got {other:?}"),
+        }
     }
     let (selected, _sock) = Socket::connect_with_response(&daemon_url(&server), &["tether.daemon.v1"]).await;
     assert_eq!(selected.as_deref(), Some("tether.daemon.v1"));
