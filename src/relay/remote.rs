@@ -67,6 +67,8 @@ struct RemoteEntry {
     addr: Addr<RemoteViewer>,
     host_id: Uuid,
     since: Instant,
+    /// Its home's last report left it out.
+    unreported: bool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -137,14 +139,21 @@ impl Remotes {
 
     /// A home's report: drop its remote viewers it no longer serves here;
     /// returns the reported ones this instance does not know.
+    ///
+    /// A viewer is dropped when two reports in a row leave it out: a report
+    /// is composed from the home viewers the home had when its heartbeat
+    /// began, so one that began just before a viewer joined arrives after
+    /// the join without it.
     pub fn report(&self, report: &bus::ViewerReport) -> Vec<(Uuid, u64)> {
         lock(&self.reports).insert(report.home.clone(), Instant::now());
         let reported: HashSet<u64> = report.viewers.iter().map(|v| v.viewer_id).collect();
-        let remotes = lock(&self.remotes);
-        for ((home, id), entry) in remotes.iter() {
-            if *home == report.home && !reported.contains(id) {
+        let mut remotes = lock(&self.remotes);
+        for ((_, id), entry) in remotes.iter_mut().filter(|((home, _), _)| *home == report.home) {
+            let left_out = !reported.contains(id);
+            if left_out && entry.unreported {
                 entry.addr.do_send(LetGo("not reported by its home"));
             }
+            entry.unreported = left_out;
         }
         report
             .viewers
@@ -607,7 +616,8 @@ impl Actor for RemoteViewer {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         metrics::gauge!("tether_remote_viewers").increment(1.0);
-        let entry = RemoteEntry { addr: ctx.address(), host_id: self.host_id, since: Instant::now() };
+        let entry =
+            RemoteEntry { addr: ctx.address(), host_id: self.host_id, since: Instant::now(), unreported: false };
         let old = lock(&self.relay.remotes.remotes).insert((self.home.clone(), self.home_viewer), entry);
         if let Some(old) = old {
             old.addr.do_send(LetGo("joined again"));
