@@ -688,22 +688,26 @@ impl Store for PgStore {
                 AND r.state IN ('queued', 'dispatched', 'running')) \
              FROM current ORDER BY created_at, id"
         );
-        self.query(
-            &sql,
-            &[
-                &key,
-                &hello.holder.encode(),
-                &secs(hello.lease_ttl),
-                &hello.host_id,
-                &to_json(hello.capabilities),
-                &to_json(&hello.dirs),
-                &hello.running,
-            ],
-        )
-        .await?
-        .iter()
-        .map(|row| Ok(HelloTerminal { terminal: terminal_row(row)?, unfinished_run_log_end: row.get(18) }))
-        .collect()
+        let (holder, caps, dirs) = (hello.holder.encode(), to_json(hello.capabilities), to_json(&hello.dirs));
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+            [&key, &holder, &secs(hello.lease_ttl), &hello.host_id, &caps, &dirs, &hello.running];
+        // Two hellos of one host at once take the same lease, host and
+        // terminal rows in one statement each; PostgreSQL may end one of
+        // them as a deadlock or a serialization failure. Run it again: the
+        // hello is newest-wins, so a second run is what it means anyway.
+        let mut attempts = 0;
+        let rows = loop {
+            attempts += 1;
+            match self.query(&sql, &params).await {
+                Err(StoreError::Postgres(e)) if attempts < 3 && is_lock_conflict(&e) => {
+                    tracing::info!(error = %e, "tether_hello_statement_retried");
+                }
+                other => break other?,
+            }
+        };
+        rows.iter()
+            .map(|row| Ok(HelloTerminal { terminal: terminal_row(row)?, unfinished_run_log_end: row.get(18) }))
+            .collect()
     }
 
     async fn parked_terminals(&self, host_id: Uuid) -> StoreResult<Vec<Terminal>> {
@@ -1278,4 +1282,11 @@ impl Store for PgStore {
     async fn delete_audit_events_before(&self, before: DateTime<Utc>) -> StoreResult<u64> {
         self.execute("DELETE FROM audit_events WHERE at < $1", &[&before]).await
     }
+}
+
+/// A statement ended by a lock conflict with a concurrent one: a deadlock
+/// or a serialization failure, which running it again resolves.
+fn is_lock_conflict(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    matches!(e.code(), Some(code) if *code == SqlState::T_R_DEADLOCK_DETECTED || *code == SqlState::T_R_SERIALIZATION_FAILURE)
 }
