@@ -61,6 +61,8 @@ pub struct ArbiterConfig {
 
 /// How often a paused stream looks at its lagging viewers' queues again.
 const LAG_POLL: Duration = Duration::from_millis(5);
+/// How often a run capture writes what it gathered to the run's log.
+const CAPTURE_FLUSH: Duration = Duration::from_millis(500);
 
 /// Where a member is in the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,6 +141,9 @@ pub struct TerminalArbiter {
     ending: bool,
     retiring: bool,
     flushing: bool,
+    /// The capture's flush timer (every [`CAPTURE_FLUSH`]); only while a
+    /// run is captured, so an arbiter without one has no timer.
+    capture_timer: Option<SpawnHandle>,
     finish: Option<(RunState, Option<i32>)>,
     stamp: InteractionStamp,
     /// The member id the next joining viewer gets.
@@ -191,6 +196,7 @@ impl TerminalArbiter {
             ending: false,
             retiring: false,
             flushing: false,
+            capture_timer: None,
             finish: None,
             stamp: InteractionStamp::default(),
             next_member: 1,
@@ -541,6 +547,9 @@ impl TerminalArbiter {
             return;
         }
         let Some(Member { kind: Kind::Capture(capture), .. }) = self.members.get_mut(&MemberId::Capture) else {
+            if let Some(timer) = self.capture_timer.take() {
+                ctx.cancel_future(timer);
+            }
             return;
         };
         let finish = self.finish.take();
@@ -553,7 +562,7 @@ impl TerminalArbiter {
         let max = self.config.run_log_max_bytes;
         self.flushing = true;
         // What the database could not take now is put back and written at
-        // the next flush (every 500 ms), so a run that ends while it is
+        // the next flush (every CAPTURE_FLUSH), so a run that ends while it is
         // away still gets its log and result (docs/OPERATIONS.md, "Faults").
         async move {
             let mut chunks = chunks.into_iter();
@@ -676,7 +685,6 @@ impl Actor for TerminalArbiter {
                 act.attach_waiting(ctx);
             })
             .wait(ctx);
-        ctx.run_interval(Duration::from_millis(500), |act, ctx| act.flush_capture(ctx));
     }
 }
 
@@ -735,6 +743,9 @@ impl Handler<CaptureRun> for TerminalArbiter {
                 resume_from: Some(msg.logged),
             },
         );
+        if self.capture_timer.is_none() {
+            self.capture_timer = Some(ctx.run_interval(CAPTURE_FLUSH, |act, ctx| act.flush_capture(ctx)));
+        }
         self.attach_waiting(ctx);
     }
 }
