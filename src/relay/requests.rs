@@ -571,7 +571,13 @@ pub async fn serve_bus(relay: RelayContext, mut inbox: mpsc::Receiver<Inbound>) 
                 if let Ok(host_id) = Uuid::parse_str(&taken.host_id) {
                     if channel == relay.bus.host_channel(host_id) {
                         // To the previous owner: its connection may be stale.
-                        relay.registry.do_send(RecheckLease(host_id));
+                        // Not our own announcement (the bus echoes it): this
+                        // instance's registry already holds the newest
+                        // connection, and the lease read would be one more
+                        // statement per hello.
+                        if envelope.sender != relay.instance_id {
+                            relay.registry.do_send(RecheckLease(host_id));
+                        }
                     } else {
                         // On a terminal channel, to the homes of its viewers
                         // and to viewers waiting here for the host.
