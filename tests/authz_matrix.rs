@@ -20,7 +20,7 @@ use support::TetherServer;
 use tether::auth::Access;
 use tether::http::routes::{RouteSpec, ROUTES};
 use tether::store::postgres::PgStore;
-use tether::store::{NewToken, Store};
+use tether::store::{NewToken, PageAfter, Store};
 
 /// Who knocks.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -123,8 +123,9 @@ async fn database_state(store: &PgStore) -> String {
             let assignment = store.assignment(host.id).await.expect("assignment");
             state.push_str(&format!("{} assigned to {assignment:?}\n", host.id));
         }
-        let terminals = store.list_terminals(user.id, &Default::default()).await.expect("terminals");
-        let runs = store.list_runs(user.id, None).await.expect("runs");
+        let terminals =
+            store.page_terminals(user.id, &Default::default(), &PageAfter::first(usize::MAX)).await.expect("terminals");
+        let runs = store.list_runs(user.id, None, &PageAfter::first(100)).await.expect("runs");
         let mut tokens = store.list_tokens(user.id).await.expect("tokens");
         for t in &mut tokens {
             t.last_used_at = None;

@@ -48,8 +48,10 @@ conformance!(
     users_and_tokens,
     tokens_scope_expiry_and_revocation,
     token_last_use_is_stamped_once_a_minute,
+    ended_tokens_are_read_from_the_log,
     daemon_tokens_bind_to_their_first_host,
     hosts_upsert_and_scope,
+    host_and_terminal_pages,
     host_delete_removes_dependents,
     terminal_lifecycle_compares_state,
     terminal_writes_are_scoped_by_host,
@@ -160,8 +162,9 @@ async fn tokens_scope_expiry_and_revocation(store: &Arc<dyn Store>) {
         .expect("expired token");
     assert_eq!(store.token_by_hash("hash-old").await.expect("lookup"), None, "an expired token is refused");
     assert!(store.token_by_hash("hash-daemon").await.expect("lookup").is_some());
-    let usable = store.usable_tokens(&[daemon.id, expired.id, Uuid::new_v4()]).await.expect("usable");
-    assert_eq!(usable, vec![daemon.id], "only the live token is usable");
+    let mut ended = store.ended_tokens(None, &[daemon.id, expired.id]).await.expect("ended").ended;
+    ended.sort();
+    assert_eq!(ended, vec![expired.id], "of fresh ids, only the unusable one");
 
     // Another user cannot revoke it; its owner (or the operator) can, once.
     assert!(!store.revoke_token(Some(bob.id), daemon.id).await.expect("revoke as bob"));
@@ -171,12 +174,57 @@ async fn tokens_scope_expiry_and_revocation(store: &Arc<dyn Store>) {
     assert!(store.revoke_token(None, daemon.id).await.expect("revoke again"));
     assert_eq!(store.token_by_id(daemon.id).await.expect("read").expect("row").revoked_at, Some(first));
     assert_eq!(store.token_by_hash("hash-daemon").await.expect("lookup"), None, "a revoked token is refused");
-    assert!(store.usable_tokens(&[daemon.id]).await.expect("usable").is_empty());
+    assert_eq!(store.ended_tokens(None, &[daemon.id]).await.expect("ended").ended, vec![daemon.id]);
     assert!(!store.revoke_token(None, Uuid::new_v4()).await.expect("revoke unknown"));
 
     let listed: Vec<Uuid> = store.list_tokens(ann.id).await.expect("list").iter().map(|t| t.id).collect();
     assert_eq!(listed, vec![daemon.id, expired.id]);
     assert!(store.list_tokens(bob.id).await.expect("list").is_empty());
+}
+
+/// The revocation watch's look: what was revoked, deleted (by cascade too)
+/// or expired after `since`, and the fresh ids that are unusable; a look
+/// whose window is past those changes finds nothing.
+async fn ended_tokens_are_read_from_the_log(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let h = host(store, &ann, "box").await;
+    let t = terminal(store, &h).await;
+    let soon = chrono::Utc::now() + chrono::Duration::milliseconds(300);
+    let token = |hash: &'static str, expires_at, terminal_id| {
+        let new = NewToken { expires_at, terminal_id, ..NewToken::full(ann.id, hash) };
+        let new = if terminal_id.is_some() { NewToken { scope: TokenScope::Read, ..new } } else { new };
+        async move { store.insert_token(&new).await.expect("token").id }
+    };
+    let kept = token("hash-kept", None, None).await;
+    let revoked = token("hash-revoked", None, None).await;
+    let expiring = token("hash-expiring", Some(soon), None).await;
+    let shared = token("hash-shared", None, Some(t.id)).await;
+
+    let start = store.ended_tokens(None, &[]).await.expect("look");
+    assert!(start.ended.is_empty(), "no window and no fresh id: nothing");
+    let since = Some(start.checked_at);
+    assert!(store.ended_tokens(since, &[kept]).await.expect("look").ended.is_empty(), "nothing ended yet");
+
+    assert!(store.revoke_token(None, revoked).await.expect("revoke"));
+    assert!(store.mark_exited(h.id, t.id, ExitStatus::default()).await.expect("exit"));
+    assert_eq!(store.delete_terminal(ann.id, t.id).await.expect("delete"), DeleteOutcome::Deleted);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let found = store.ended_tokens(since, &[]).await.expect("look");
+    let mut ended = found.ended.clone();
+    ended.sort();
+    let mut want = vec![revoked, expiring, shared];
+    want.sort();
+    assert_eq!(ended, want, "revoked, expired and deleted with their terminal; not {kept}");
+    assert!(found.checked_at > start.checked_at);
+
+    let later = store.ended_tokens(Some(found.checked_at), &[]).await.expect("look");
+    assert!(later.ended.is_empty(), "a window after the changes finds none of them");
+    assert_eq!(store.ended_tokens(Some(found.checked_at), &[revoked, kept]).await.expect("look").ended, vec![revoked]);
+    assert!(
+        store.delete_token_ends_before(found.checked_at + chrono::Duration::seconds(1)).await.expect("sweep") >= 2,
+        "the revocation and the deletion were logged"
+    );
+    assert!(store.ended_tokens(since, &[]).await.expect("look").ended == vec![expiring], "only the expiry is left");
 }
 
 async fn token_last_use_is_stamped_once_a_minute(store: &Arc<dyn Store>) {
@@ -205,6 +253,63 @@ async fn daemon_tokens_bind_to_their_first_host(store: &Arc<dyn Store>) {
     assert_eq!(store.bind_token_host(token.id, h1).await.expect("bind"), Some(h1));
     assert_eq!(store.bind_token_host(token.id, h2).await.expect("bind"), Some(h1), "the first host stays");
     assert_eq!(store.bind_token_host(Uuid::new_v4(), h2).await.expect("bind"), None, "no such token");
+}
+
+/// Pages in creation order after a cursor, filtered by the host's lease or
+/// the terminal's host and state; a deleted cursor item moves nothing.
+async fn host_and_terminal_pages(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let bob = user(store, "bob").await;
+    let mut hosts = Vec::new();
+    for name in ["h1", "h2", "h3", "h4", "h5"] {
+        hosts.push(host(store, &ann, name).await);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    host(store, &bob, "other").await;
+    for live in [&hosts[1], &hosts[3]] {
+        assert!(store.claim_lease(&host_lease_key(live.id), &h("i1", 1), TTL).await.expect("lease"));
+    }
+    let at = |host: &Host| Some((host.created_at, host.id));
+    let page = |online, after, limit| async move {
+        let rows = store.page_hosts(ann.id, online, &PageAfter { after, limit }).await.expect("page");
+        rows.into_iter().map(|(h, live)| (h.hostname, live)).collect::<Vec<_>>()
+    };
+    let names = |rows: Vec<(String, bool)>| rows.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+    assert_eq!(
+        page(None, None, 3).await,
+        vec![("h1".into(), false), ("h2".into(), true), ("h3".into(), false)],
+        "the first page, with each host's lease"
+    );
+    assert_eq!(names(page(None, at(&hosts[2]), 3).await), ["h4", "h5"]);
+    assert_eq!(names(page(Some(true), None, 10).await), ["h2", "h4"]);
+    assert_eq!(names(page(Some(false), at(&hosts[0]), 10).await), ["h3", "h5"]);
+    assert!(store.delete_host(ann.id, hosts[2].id).await.expect("delete"));
+    assert_eq!(names(page(None, at(&hosts[2]), 10).await), ["h4", "h5"], "after where the deleted host was");
+
+    let mut terminals = Vec::new();
+    for on in [&hosts[0], &hosts[1], &hosts[0]] {
+        terminals.push(terminal(store, on).await);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(store.mark_started(hosts[0].id, terminals[2].id).await.expect("start"));
+    let tpage = |filter: TerminalFilter, after, limit| async move {
+        let rows = store.page_terminals(ann.id, &filter, &PageAfter { after, limit }).await.expect("page");
+        rows.into_iter().map(|t| t.id).collect::<Vec<_>>()
+    };
+    let ids = |list: &[&Terminal]| list.iter().map(|t| t.id).collect::<Vec<_>>();
+    let all = TerminalFilter::default();
+    assert_eq!(tpage(all.clone(), None, 2).await, ids(&[&terminals[0], &terminals[1]]));
+    let after = Some((terminals[1].created_at, terminals[1].id));
+    assert_eq!(tpage(all, after, 2).await, ids(&[&terminals[2]]));
+    let of_h1 = TerminalFilter { host_id: Some(hosts[0].id), state: None };
+    assert_eq!(tpage(of_h1, None, 10).await, ids(&[&terminals[0], &terminals[2]]));
+    let running = TerminalFilter { host_id: None, state: Some(TerminalState::Running) };
+    assert_eq!(tpage(running, None, 10).await, ids(&[&terminals[2]]));
+    assert!(store
+        .page_terminals(bob.id, &TerminalFilter::default(), &PageAfter::first(10))
+        .await
+        .expect("page")
+        .is_empty());
 }
 
 async fn hosts_upsert_and_scope(store: &Arc<dyn Store>) {
@@ -551,11 +656,13 @@ async fn runs_queue_and_finish(store: &Arc<dyn Store>) {
         .expect("run");
     assert_eq!(run.state, RunState::Queued);
     assert!(store.get_run(bob.id, run.id).await.expect("get").is_none());
+    assert_eq!(store.queued_run_hosts().await.expect("queued"), vec![h.id], "the host with a queued run");
     assert!(store.claim_queued_runs(&[], 10).await.expect("claim").is_empty(), "no online host, nothing claimed");
     let claimed = store.claim_queued_runs(&[h.id], 10).await.expect("claim");
     assert_eq!(claimed.iter().map(|r| r.id).collect::<Vec<_>>(), vec![run.id]);
     assert_eq!(claimed[0].state, RunState::Dispatched);
     assert!(store.claim_queued_runs(&[h.id], 10).await.expect("claim").is_empty());
+    assert!(store.queued_run_hosts().await.expect("queued").is_empty(), "a dispatched run is no longer queued");
     let t = terminal(store, &h).await;
     store.set_run_terminal(run.id, t.id).await.expect("link");
     assert!(store.mark_run_running(run.id).await.expect("running"));
@@ -569,8 +676,8 @@ async fn runs_queue_and_finish(store: &Arc<dyn Store>) {
         (RunState::Failed, Some(7), Some(usage), Some(t.id))
     );
     assert!(run.finished_at.is_some());
-    assert_eq!(store.list_runs(ann.id, Some(h.id)).await.expect("list").len(), 1);
-    assert!(store.list_runs(bob.id, None).await.expect("list").is_empty());
+    assert_eq!(store.list_runs(ann.id, Some(h.id), &PageAfter::first(100)).await.expect("list").len(), 1);
+    assert!(store.list_runs(bob.id, None, &PageAfter::first(100)).await.expect("list").is_empty());
 }
 
 async fn run_claims_never_overlap(store: &Arc<dyn Store>) {
@@ -647,7 +754,7 @@ async fn run_log_is_idempotent_by_offset_and_counts_gaps(store: &Arc<dyn Store>)
     assert_eq!(store.run_log(ann.id, run.id).await.expect("log").as_deref(), Some(&b"hello world!?"[..]));
     let got = store.get_run(ann.id, run.id).await.expect("get").expect("run");
     assert_eq!((got.log_end, got.log_gap_bytes), (21, 8), "bytes 11..15 and 16..20 are lost");
-    let listed = store.list_runs(ann.id, None).await.expect("list");
+    let listed = store.list_runs(ann.id, None, &PageAfter::first(100)).await.expect("list");
     assert_eq!(listed.iter().find(|r| r.id == run.id).map(|r| r.log_gap_bytes), Some(8));
 }
 

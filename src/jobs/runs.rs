@@ -5,14 +5,16 @@
 //! run's log until it exits (docs/REST.md, "Runs").
 //!
 //! It looks every second, and at once when nudged (a run was queued for a
-//! host here, or a host connected). A run whose host is offline stays
-//! queued until the host returns.
+//! host here, or a host connected). A look reads which hosts have queued
+//! runs and claims only for those of them connected here, so an idle look
+//! is one read of an empty queue however many hosts are connected. A run
+//! whose host is offline stays queued until the host returns.
 
 use std::time::Duration;
 
 use actix::prelude::*;
 
-use crate::relay::registry::ConnectedHosts;
+use crate::relay::registry::ConnectedAmong;
 use crate::relay::requests::{deliver, HostOp};
 use crate::relay::RelayContext;
 use crate::store::{NewTerminal, Run};
@@ -39,7 +41,17 @@ impl RunDispatcher {
         self.busy = true;
         let relay = self.relay.clone();
         async move {
-            let hosts = relay.registry.send(ConnectedHosts).await.unwrap_or_default();
+            // The queue first: with nothing queued (the usual tick) this is
+            // the only statement, whatever the number of connected hosts.
+            let queued = match relay.store.queued_run_hosts().await {
+                Ok(queued) if queued.is_empty() => return false,
+                Ok(queued) => queued,
+                Err(e) => {
+                    tracing::warn!(error = %e, "tether_runs_claim_failed");
+                    return false;
+                }
+            };
+            let hosts = relay.registry.send(ConnectedAmong(queued)).await.unwrap_or_default();
             let runs = match relay.store.claim_queued_runs(&hosts, BATCH).await {
                 Ok(runs) => runs,
                 Err(e) => {

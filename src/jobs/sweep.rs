@@ -9,7 +9,9 @@
 //!   runs with them);
 //! - lease rows expired for more than a day are deleted;
 //! - runs whose host has been gone longer than `runs.lost_after` become `lost`;
-//! - audit events older than `audit.retention_ms` are deleted.
+//! - audit events older than `audit.retention_ms` are deleted;
+//! - the log of ended tokens is kept for [`ENDS_KEPT`] (the revocation
+//!   watch reads only its last seconds).
 //!
 //! After a sweep the database did not answer, the first two are skipped for
 //! one lease TTL: every lease may have lapsed while nobody could renew it
@@ -23,6 +25,7 @@ use crate::config::ms;
 use crate::relay::lapse_grace::LapseGrace;
 use crate::relay::registry::TerminalLifecycle;
 use crate::relay::requests::{deliver, HostOp};
+use crate::relay::token_watch::ENDS_KEPT;
 use crate::relay::{LifecycleEvent, RelayContext};
 use crate::store::{LeaseHolder, RunState, StoreError};
 
@@ -127,5 +130,7 @@ pub async fn sweep(relay: &RelayContext, judge_lapses: bool) -> Result<(), Store
     if aged > 0 {
         tracing::info!(deleted = aged, "tether_audit_events_aged_out");
     }
+    let ends_kept = chrono::Duration::from_std(ENDS_KEPT).unwrap_or(chrono::Duration::MAX);
+    store.delete_token_ends_before(chrono::Utc::now() - ends_kept).await?;
     Ok(())
 }

@@ -356,15 +356,16 @@ impl Handler<RecheckWaiting> for HostRegistry {
     }
 }
 
-/// Hosts with a ready connection on this instance.
+/// Those of the given hosts that have a ready connection on this instance.
 #[derive(Message)]
 #[rtype(result = "Vec<Uuid>")]
-pub struct ConnectedHosts;
+pub struct ConnectedAmong(pub Vec<Uuid>);
 
-impl Handler<ConnectedHosts> for HostRegistry {
+impl Handler<ConnectedAmong> for HostRegistry {
     type Result = Vec<Uuid>;
-    fn handle(&mut self, _: ConnectedHosts, _: &mut Context<Self>) -> Vec<Uuid> {
-        self.hosts.iter().filter(|(_, e)| e.ready.is_some()).map(|(h, _)| *h).collect()
+    fn handle(&mut self, ConnectedAmong(mut hosts): ConnectedAmong, _: &mut Context<Self>) -> Vec<Uuid> {
+        hosts.retain(|h| self.hosts.get(h).is_some_and(|e| e.ready.is_some()));
+        hosts
     }
 }
 

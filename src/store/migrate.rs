@@ -26,6 +26,8 @@ pub const MIGRATIONS_POSTGRES: &[Migration] = &[
         name: "live_terminal_indexes",
         sql: include_str!("../../migrations/postgres/0005_live_terminal_indexes.sql"),
     },
+    Migration { version: 6, name: "token_ends", sql: include_str!("../../migrations/postgres/0006_token_ends.sql") },
+    Migration { version: 7, name: "list_pages", sql: include_str!("../../migrations/postgres/0007_list_pages.sql") },
 ];
 
 pub const MIGRATIONS_SQLITE: &[Migration] = &[
@@ -47,6 +49,8 @@ pub const MIGRATIONS_SQLITE: &[Migration] = &[
         name: "live_terminal_indexes",
         sql: include_str!("../../migrations/sqlite/0006_live_terminal_indexes.sql"),
     },
+    Migration { version: 7, name: "token_ends", sql: include_str!("../../migrations/sqlite/0007_token_ends.sql") },
+    Migration { version: 8, name: "list_pages", sql: include_str!("../../migrations/sqlite/0008_list_pages.sql") },
 ];
 
 /// The error for a database migrated by a newer binary.

@@ -158,14 +158,26 @@ pub trait Store: Send + Sync + 'static {
     /// Binds a token to `host_id` if it is bound to none yet; returns the
     /// host it is bound to afterwards (None: no such token).
     async fn bind_token_host(&self, id: Uuid, host_id: Uuid) -> StoreResult<Option<Uuid>>;
-    /// Which of `ids` are still usable (exist, not revoked, not expired).
-    async fn usable_tokens(&self, ids: &[Uuid]) -> StoreResult<Vec<Uuid>>;
+    /// For the revocation watch: the tokens that are unusable now (revoked,
+    /// expired or deleted) among those that ended or had their revocation
+    /// or expiry changed after `since` (none when `since` is None) and
+    /// those in `fresh`; with the database's clock at the read, which the
+    /// next call's `since` is taken from. One statement whose cost follows
+    /// the tokens that changed and `fresh`, not the tokens in use.
+    async fn ended_tokens(&self, since: Option<DateTime<Utc>>, fresh: &[Uuid]) -> StoreResult<EndedTokens>;
+    /// Deletes the log of ended tokens older than `before`.
+    async fn delete_token_ends_before(&self, before: DateTime<Utc>) -> StoreResult<u64>;
 
     // ---- hosts
     /// Registers a host; an existing host of the same user and hostname is
     /// updated and keeps its id.
     async fn upsert_host(&self, new: &NewHost) -> StoreResult<Host>;
     async fn list_hosts(&self, user_id: Uuid) -> StoreResult<Vec<Host>>;
+    /// A page of a user's hosts, each with whether its lease is live now
+    /// (by the database's clock), only those whose liveness is `online`
+    /// when given. One query however many hosts the user has.
+    async fn page_hosts(&self, user_id: Uuid, online: Option<bool>, page: &PageAfter)
+        -> StoreResult<Vec<(Host, bool)>>;
     /// A host of this user (None for another user's host).
     async fn get_host(&self, user_id: Uuid, host_id: Uuid) -> StoreResult<Option<Host>>;
     /// A host whoever owns it (daemon hello, internal paths).
@@ -193,7 +205,13 @@ pub trait Store: Send + Sync + 'static {
     async fn insert_terminal(&self, new: &NewTerminal, caps: Option<TerminalCaps>) -> StoreResult<Terminal>;
     async fn get_terminal(&self, user_id: Uuid, id: Uuid) -> StoreResult<Option<Terminal>>;
     async fn terminal_by_id(&self, id: Uuid) -> StoreResult<Option<Terminal>>;
-    async fn list_terminals(&self, user_id: Uuid, filter: &TerminalFilter) -> StoreResult<Vec<Terminal>>;
+    /// A page of a user's terminals that match `filter`.
+    async fn page_terminals(
+        &self,
+        user_id: Uuid,
+        filter: &TerminalFilter,
+        page: &PageAfter,
+    ) -> StoreResult<Vec<Terminal>>;
     /// Deletes a terminal of this user that is not live.
     async fn delete_terminal(&self, user_id: Uuid, id: Uuid) -> StoreResult<DeleteOutcome>;
     /// Compare-and-set `pending -> launching`; false when the row was not pending.
@@ -233,7 +251,12 @@ pub trait Store: Send + Sync + 'static {
     /// run counts as the terminal it becomes).
     async fn insert_run(&self, new: &NewRun, caps: Option<TerminalCaps>) -> StoreResult<Run>;
     async fn get_run(&self, user_id: Uuid, id: Uuid) -> StoreResult<Option<Run>>;
-    async fn list_runs(&self, user_id: Uuid, host_id: Option<Uuid>) -> StoreResult<Vec<Run>>;
+    /// A page of a user's runs, of one host when given.
+    async fn list_runs(&self, user_id: Uuid, host_id: Option<Uuid>, page: &PageAfter) -> StoreResult<Vec<Run>>;
+    /// The distinct hosts that have queued runs: what the dispatcher asks
+    /// each tick, so an idle tick reads the (empty) queue and never ships
+    /// the list of connected hosts.
+    async fn queued_run_hosts(&self) -> StoreResult<Vec<Uuid>>;
     /// Claims up to `limit` queued runs whose host is in `online_hosts`
     /// (`FOR UPDATE SKIP LOCKED` on PostgreSQL), marking them `dispatched`.
     async fn claim_queued_runs(&self, online_hosts: &[Uuid], limit: usize) -> StoreResult<Vec<Run>>;

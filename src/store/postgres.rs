@@ -437,15 +437,25 @@ impl Store for PgStore {
         Ok(row.and_then(|r| r.get::<_, Option<Uuid>>(0)))
     }
 
-    async fn usable_tokens(&self, ids: &[Uuid]) -> StoreResult<Vec<Uuid>> {
-        let rows = self
-            .query(
-                "SELECT id FROM api_tokens WHERE id = ANY($1) AND revoked_at IS NULL \
-                 AND (expires_at IS NULL OR expires_at > now())",
-                &[&ids],
+    async fn ended_tokens(&self, since: Option<DateTime<Utc>>, fresh: &[Uuid]) -> StoreResult<EndedTokens> {
+        let row = self
+            .query_opt(
+                "WITH changed(id) AS ( \
+                   SELECT token_id FROM api_token_ends WHERE ended_at > $1 \
+                   UNION SELECT id FROM api_tokens WHERE expires_at > $1 AND expires_at <= now() \
+                   UNION SELECT unnest($2::uuid[])) \
+                 SELECT now(), ARRAY(SELECT c.id FROM changed c WHERE NOT EXISTS ( \
+                   SELECT 1 FROM api_tokens t WHERE t.id = c.id AND t.revoked_at IS NULL \
+                   AND (t.expires_at IS NULL OR t.expires_at > now())))",
+                &[&since, &fresh],
             )
-            .await?;
-        Ok(rows.iter().map(|r| r.get(0)).collect())
+            .await?
+            .ok_or_else(|| StoreError::Corrupt("the ended-token check returned no row".into()))?;
+        Ok(EndedTokens { checked_at: row.get(0), ended: row.get(1) })
+    }
+
+    async fn delete_token_ends_before(&self, before: DateTime<Utc>) -> StoreResult<u64> {
+        Ok(self.execute("DELETE FROM api_token_ends WHERE ended_at < $1", &[&before]).await?)
     }
 
     async fn upsert_host(&self, new: &NewHost) -> StoreResult<Host> {
@@ -470,6 +480,29 @@ impl Store for PgStore {
             .iter()
             .map(host_row)
             .collect()
+    }
+
+    async fn page_hosts(
+        &self,
+        user_id: Uuid,
+        online: Option<bool>,
+        page: &PageAfter,
+    ) -> StoreResult<Vec<(Host, bool)>> {
+        let (after_at, after_id) = page.after.unzip();
+        self.query(
+            &format!(
+                "SELECT * FROM (SELECT {HOST_COLS}, EXISTS (SELECT 1 FROM leases l \
+                   WHERE l.key = 'host:' || h.id::text AND l.expires_at > now()) AS live \
+                 FROM hosts h WHERE user_id = $1 \
+                 AND ($2::timestamptz IS NULL OR (created_at, id) > ($2, $3::uuid))) page \
+                 WHERE ($4::bool IS NULL OR live = $4) ORDER BY created_at, id LIMIT $5"
+            ),
+            &[&user_id, &after_at, &after_id, &online, &page.sql_limit()],
+        )
+        .await?
+        .iter()
+        .map(|row| Ok((host_row(row)?, row.get("live"))))
+        .collect()
     }
 
     async fn get_host(&self, user_id: Uuid, host_id: Uuid) -> StoreResult<Option<Host>> {
@@ -561,14 +594,22 @@ impl Store for PgStore {
             .transpose()
     }
 
-    async fn list_terminals(&self, user_id: Uuid, filter: &TerminalFilter) -> StoreResult<Vec<Terminal>> {
+    async fn page_terminals(
+        &self,
+        user_id: Uuid,
+        filter: &TerminalFilter,
+        page: &PageAfter,
+    ) -> StoreResult<Vec<Terminal>> {
         let state = filter.state.map(|s| s.as_str());
+        let (after_at, after_id) = page.after.unzip();
         self.query(
             &format!(
                 "SELECT {TERMINAL_COLS} FROM terminals WHERE user_id = $1 \
-                 AND ($2::uuid IS NULL OR host_id = $2) AND ($3::text IS NULL OR state = $3) ORDER BY created_at, id"
+                 AND ($2::uuid IS NULL OR host_id = $2) AND ($3::text IS NULL OR state = $3) \
+                 AND ($4::timestamptz IS NULL OR (created_at, id) > ($4, $5::uuid)) \
+                 ORDER BY created_at, id LIMIT $6"
             ),
-            &[&user_id, &filter.host_id, &state],
+            &[&user_id, &filter.host_id, &state, &after_at, &after_id, &page.sql_limit()],
         )
         .await?
         .iter()
@@ -851,18 +892,25 @@ impl Store for PgStore {
             .transpose()
     }
 
-    async fn list_runs(&self, user_id: Uuid, host_id: Option<Uuid>) -> StoreResult<Vec<Run>> {
+    async fn list_runs(&self, user_id: Uuid, host_id: Option<Uuid>, page: &PageAfter) -> StoreResult<Vec<Run>> {
+        let (after_at, after_id) = page.after.unzip();
         self.query(
             &format!(
                 "SELECT {RUN_COLS} FROM runs WHERE user_id = $1 AND ($2::uuid IS NULL OR host_id = $2) \
-                 ORDER BY created_at, id"
+                 AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::uuid)) \
+                 ORDER BY created_at, id LIMIT $5"
             ),
-            &[&user_id, &host_id],
+            &[&user_id, &host_id, &after_at, &after_id, &page.sql_limit()],
         )
         .await?
         .iter()
         .map(run_row)
         .collect()
+    }
+
+    async fn queued_run_hosts(&self) -> StoreResult<Vec<Uuid>> {
+        let rows = self.query("SELECT DISTINCT host_id FROM runs WHERE state = 'queued'", &[]).await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
     async fn claim_queued_runs(&self, online_hosts: &[Uuid], limit: usize) -> StoreResult<Vec<Run>> {

@@ -188,6 +188,8 @@ fn run_from_raw(raw: RunRaw) -> StoreResult<Run> {
 
 /// How long a statement waits for another connection's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The page cache: 64 MiB (a negative `cache_size` counts KiB, not pages).
+const SQLITE_CACHE_KIB: i64 = -65536;
 
 impl SqliteStore {
     /// Opens (creating if needed) the database file.
@@ -242,6 +244,11 @@ impl SqliteStore {
         }
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
+        // SQLite's default page cache is 2 MB; past that, every renew tick
+        // and hello reads its pages from the kernel again (at 19,000 hosts
+        // a fifth of the idle CPU was that copy). Up to 64 MiB, used only as
+        // the file grows (docs/BENCHMARKS.md, "one instance at scale").
+        conn.pragma_update(None, "cache_size", SQLITE_CACHE_KIB)?;
         Ok(Self { conn: Arc::new(Mutex::new(conn)), queries: Arc::default() })
     }
 
@@ -561,28 +568,29 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn usable_tokens(&self, ids: &[Uuid]) -> StoreResult<Vec<Uuid>> {
-        let ids: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+    async fn ended_tokens(&self, since: Option<DateTime<Utc>>, fresh: &[Uuid]) -> StoreResult<EndedTokens> {
+        let since = since.map(|t| t.timestamp_millis());
+        let fresh = to_json(&fresh.iter().map(Uuid::to_string).collect::<Vec<_>>());
         self.call(move |c| {
             let now = now_ms();
-            let mut usable = Vec::new();
-            for chunk in ids.chunks(500) {
-                let marks = vec!["?"; chunk.len()].join(", ");
-                let sql = format!(
-                    "SELECT id FROM api_tokens WHERE id IN ({marks}) AND revoked_at IS NULL \
-                     AND (expires_at IS NULL OR expires_at > ?)"
-                );
-                let mut args: Vec<&dyn rusqlite::ToSql> = chunk.iter().map(|id| id as &dyn rusqlite::ToSql).collect();
-                args.push(&now);
-                let mut stmt = c.prepare(&sql)?;
-                let found = stmt.query_map(args.as_slice(), |row| uuid_col(row, 0))?;
-                for id in found {
-                    usable.push(id?);
-                }
-            }
-            Ok(usable)
+            let mut stmt = c.prepare_cached(
+                "WITH changed(id) AS ( \
+                   SELECT token_id FROM api_token_ends WHERE ended_at > ?1 \
+                   UNION SELECT id FROM api_tokens WHERE expires_at > ?1 AND expires_at <= ?2 \
+                   UNION SELECT value FROM json_each(?3)) \
+                 SELECT c.id FROM changed c WHERE NOT EXISTS ( \
+                   SELECT 1 FROM api_tokens t WHERE t.id = c.id AND t.revoked_at IS NULL \
+                   AND (t.expires_at IS NULL OR t.expires_at > ?2))",
+            )?;
+            let ended = stmt.query_map(params![since, now, fresh], |r| uuid_col(r, 0))?;
+            Ok(EndedTokens { ended: ended.collect::<Result<_, _>>()?, checked_at: ts(now) })
         })
         .await
+    }
+
+    async fn delete_token_ends_before(&self, before: DateTime<Utc>) -> StoreResult<u64> {
+        let before = before.timestamp_millis();
+        self.call(move |c| Ok(c.execute("DELETE FROM api_token_ends WHERE ended_at < ?1", [before])? as u64)).await
     }
 
     async fn upsert_host(&self, new: &NewHost) -> StoreResult<Host> {
@@ -619,6 +627,32 @@ impl Store for SqliteStore {
                 c.prepare(&format!("SELECT {HOST_COLS} FROM hosts WHERE user_id = ?1 ORDER BY created_at, rowid"))?;
             let raws = stmt.query_map([user_id.to_string()], host_raw)?.collect::<Result<Vec<_>, _>>()?;
             raws.into_iter().map(host_from_raw).collect()
+        })
+        .await
+    }
+
+    async fn page_hosts(
+        &self,
+        user_id: Uuid,
+        online: Option<bool>,
+        page: &PageAfter,
+    ) -> StoreResult<Vec<(Host, bool)>> {
+        let page = *page;
+        self.call(move |c| {
+            let (after_at, after_id) = page.after.map(|(at, id)| (at.timestamp_millis(), id.to_string())).unzip();
+            let mut stmt = c.prepare_cached(&format!(
+                "SELECT * FROM (SELECT {HOST_COLS}, EXISTS (SELECT 1 FROM leases l \
+                   WHERE l.key = 'host:' || h.id AND l.expires_at > ?2) AS live \
+                 FROM hosts h WHERE user_id = ?1 \
+                 AND (?3 IS NULL OR (created_at, id) > (?3, ?4))) \
+                 WHERE (?5 IS NULL OR live = ?5) ORDER BY created_at, id LIMIT ?6"
+            ))?;
+            let raws = stmt
+                .query_map(params![user_id.to_string(), now_ms(), after_at, after_id, online, page.sql_limit()], |r| {
+                    Ok((host_raw(r)?, r.get::<_, bool>("live")?))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            raws.into_iter().map(|(raw, live)| Ok((host_from_raw(raw)?, live))).collect()
         })
         .await
     }
@@ -731,20 +765,31 @@ impl Store for SqliteStore {
         self.call(move |c| terminal_by(c, "id = ?1", &[&id.to_string()])).await
     }
 
-    async fn list_terminals(&self, user_id: Uuid, filter: &TerminalFilter) -> StoreResult<Vec<Terminal>> {
+    async fn page_terminals(
+        &self,
+        user_id: Uuid,
+        filter: &TerminalFilter,
+        page: &PageAfter,
+    ) -> StoreResult<Vec<Terminal>> {
         let filter = filter.clone();
+        let page = *page;
         self.call(move |c| {
-            let sql = format!(
+            let (after_at, after_id) = page.after.map(|(at, id)| (at.timestamp_millis(), id.to_string())).unzip();
+            let mut stmt = c.prepare_cached(&format!(
                 "SELECT {TERMINAL_COLS} FROM terminals WHERE user_id = ?1 \
-                 AND (?2 IS NULL OR host_id = ?2) AND (?3 IS NULL OR state = ?3) ORDER BY created_at, rowid"
-            );
-            let mut stmt = c.prepare(&sql)?;
+                 AND (?2 IS NULL OR host_id = ?2) AND (?3 IS NULL OR state = ?3) \
+                 AND (?4 IS NULL OR (created_at, id) > (?4, ?5)) \
+                 ORDER BY created_at, id LIMIT ?6"
+            ))?;
             let raws = stmt
                 .query_map(
                     params![
                         user_id.to_string(),
                         filter.host_id.map(|h| h.to_string()),
-                        filter.state.map(|s| s.as_str())
+                        filter.state.map(|s| s.as_str()),
+                        after_at,
+                        after_id,
+                        page.sql_limit()
                     ],
                     terminal_raw,
                 )?
@@ -1058,16 +1103,31 @@ impl Store for SqliteStore {
         self.call(move |c| run_by(c, "id = ?1 AND user_id = ?2", &[&id.to_string(), &user_id.to_string()])).await
     }
 
-    async fn list_runs(&self, user_id: Uuid, host_id: Option<Uuid>) -> StoreResult<Vec<Run>> {
+    async fn list_runs(&self, user_id: Uuid, host_id: Option<Uuid>, page: &PageAfter) -> StoreResult<Vec<Run>> {
+        let page = *page;
         self.call(move |c| {
-            let mut stmt = c.prepare(&format!(
+            let (after_at, after_id) = page.after.map(|(at, id)| (at.timestamp_millis(), id.to_string())).unzip();
+            let mut stmt = c.prepare_cached(&format!(
                 "SELECT {RUN_COLS} FROM runs WHERE user_id = ?1 AND (?2 IS NULL OR host_id = ?2) \
-                 ORDER BY created_at, rowid"
+                 AND (?3 IS NULL OR (created_at, id) > (?3, ?4)) \
+                 ORDER BY created_at, id LIMIT ?5"
             ))?;
             let raws = stmt
-                .query_map(params![user_id.to_string(), host_id.map(|h| h.to_string())], run_raw)?
+                .query_map(
+                    params![user_id.to_string(), host_id.map(|h| h.to_string()), after_at, after_id, page.sql_limit()],
+                    run_raw,
+                )?
                 .collect::<Result<Vec<_>, _>>()?;
             raws.into_iter().map(run_from_raw).collect()
+        })
+        .await
+    }
+
+    async fn queued_run_hosts(&self) -> StoreResult<Vec<Uuid>> {
+        self.call(|c| {
+            let mut stmt = c.prepare_cached("SELECT DISTINCT host_id FROM runs WHERE state = 'queued'")?;
+            let hosts = stmt.query_map([], |r| uuid_col(r, 0))?;
+            hosts.collect::<Result<_, _>>().map_err(Into::into)
         })
         .await
     }

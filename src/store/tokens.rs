@@ -52,6 +52,15 @@ impl FromStr for TokenScope {
     }
 }
 
+/// What [`super::Store::ended_tokens`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndedTokens {
+    /// Tokens no longer usable, each once.
+    pub ended: Vec<Uuid>,
+    /// The database's clock when it read them.
+    pub checked_at: DateTime<Utc>,
+}
+
 /// A token row; its JSON form is the API's token resource (never the secret).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

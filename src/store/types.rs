@@ -191,6 +191,28 @@ pub struct NewTerminal {
     pub run_id: Option<Uuid>,
 }
 
+/// A page of a list in creation order (docs/REST.md, "Lists"): at most
+/// `limit` items after the item at `after` (its creation time and id), or
+/// from the start. Deleting that item in between moves nothing: the page
+/// starts after where it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageAfter {
+    pub after: Option<(DateTime<Utc>, Uuid)>,
+    pub limit: usize,
+}
+
+impl PageAfter {
+    /// The first `limit` items.
+    pub fn first(limit: usize) -> Self {
+        Self { after: None, limit }
+    }
+
+    /// `limit` for SQL.
+    pub fn sql_limit(&self) -> i64 {
+        i64::try_from(self.limit).unwrap_or(i64::MAX)
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct TerminalFilter {
     pub host_id: Option<Uuid>,

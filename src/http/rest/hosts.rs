@@ -102,18 +102,11 @@ pub async fn list(
         Some("offline") => Some(HostState::Offline),
         Some(_) => return Err(ApiError::bad_request("invalid_state", "`state` must be online or offline")),
     };
-    let hosts = state.store.list_hosts(user.id()).await?;
-    let ids: Vec<_> = hosts.iter().map(|h| h.id).collect();
-    let online = online_hosts(&state, &ids).await?;
-    let views: Vec<HostView> = hosts
-        .into_iter()
-        .map(|h| {
-            let is_online = online.contains(&h.id);
-            HostView::new(h, is_online)
-        })
-        .filter(|view| wanted.is_none_or(|wanted| view.state == wanted))
-        .collect();
-    let body = query.page.page(views, "hosts", |h| Position { created_at: h.created_at, id: h.id })?;
+    let pager = query.page.pager()?;
+    let online = wanted.map(|wanted| wanted == HostState::Online);
+    let hosts = state.store.page_hosts(user.id(), online, &pager.read()).await?;
+    let views: Vec<HostView> = hosts.into_iter().map(|(h, live)| HostView::new(h, live)).collect();
+    let body = pager.body(views, "hosts", |h| Position { created_at: h.created_at, id: h.id });
     Ok(HttpResponse::Ok().json(body))
 }
 

@@ -3,10 +3,11 @@
 //! `nextCursor`, the cursor of its last item.
 //!
 //! A cursor names an item by its creation time and id
-//! (`<microseconds>.<uuid>`). Lists are in creation order, so the next page
-//! starts after that item, or, when it was deleted in between, after the
-//! last item created no later than it: deletions never make a page skip
-//! or repeat an item that is still there.
+//! (`<microseconds>.<uuid>`). Lists are in creation order, and the store
+//! reads a page as the items after that position ([`PageAfter`]), so the
+//! next page starts after that item, or, when it was deleted in between,
+//! after where it was: deletions never make a page skip or repeat an item
+//! that is still there, and a page costs its own rows, not the whole list.
 
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
@@ -14,6 +15,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::http::error::ApiError;
+use crate::store::PageAfter;
 
 pub const DEFAULT_LIMIT: usize = 500;
 pub const MAX_LIMIT: usize = 5000;
@@ -44,43 +46,51 @@ impl Position {
     }
 }
 
+/// A validated page request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pager {
+    limit: usize,
+    after: Option<Position>,
+}
+
 impl PageQuery {
-    /// The page of `items` (in creation order) this query asks for, as
-    /// `{key: [...], "nextCursor"?: ...}`.
-    pub fn page<T: serde::Serialize>(
-        &self,
-        items: Vec<T>,
-        key: &str,
-        position: impl Fn(&T) -> Position,
-    ) -> Result<Value, ApiError> {
+    /// Checks `limit` and `after`.
+    pub fn pager(&self) -> Result<Pager, ApiError> {
         let limit = match self.limit.as_deref() {
             None => DEFAULT_LIMIT,
             Some(text) => text.parse::<usize>().ok().filter(|n| (1..=MAX_LIMIT).contains(n)).ok_or_else(|| {
                 ApiError::bad_request("bad_limit", format!("`limit` must be a number from 1 to {MAX_LIMIT}"))
             })?,
         };
-        let start = match self.after.as_deref() {
-            None => 0,
-            Some(cursor) => {
-                let after = Position::parse(cursor).ok_or_else(|| {
+        let after =
+            match self.after.as_deref() {
+                None => None,
+                Some(cursor) => Some(Position::parse(cursor).ok_or_else(|| {
                     ApiError::bad_request("bad_cursor", "`after` must be a `nextCursor` from this list")
-                })?;
-                match items.iter().position(|item| position(item).id == after.id) {
-                    Some(i) => i + 1,
-                    None => items.iter().take_while(|item| position(item).created_at <= after.created_at).count(),
-                }
-            }
-        };
-        let mut items = items;
-        let mut rest = items.split_off(start.min(items.len()));
-        let more = rest.len() > limit;
-        rest.truncate(limit);
-        let next = rest.last().filter(|_| more).map(|last| position(last).cursor());
-        let mut body = json!({ key: rest });
+                })?),
+            };
+        Ok(Pager { limit, after })
+    }
+}
+
+impl Pager {
+    /// What to read from the store: one item more than asked, which tells
+    /// whether another page follows.
+    pub fn read(&self) -> PageAfter {
+        PageAfter { after: self.after.map(|p| (p.created_at, p.id)), limit: self.limit + 1 }
+    }
+
+    /// The response `{key: [...], "nextCursor"?: ...}` for the items read
+    /// with [`Pager::read`].
+    pub fn body<T: serde::Serialize>(&self, mut items: Vec<T>, key: &str, position: impl Fn(&T) -> Position) -> Value {
+        let more = items.len() > self.limit;
+        items.truncate(self.limit);
+        let next = items.last().filter(|_| more).map(|last| position(last).cursor());
+        let mut body = json!({ key: items });
         if let Some(next) = next {
             body["nextCursor"] = Value::from(next);
         }
-        Ok(body)
+        body
     }
 }
 
@@ -100,37 +110,45 @@ mod tests {
         body["items"].as_array().unwrap().iter().map(|v| v.as_i64().unwrap()).collect()
     }
 
+    /// The store's side: the items after the position, at most `limit`.
+    fn read(items: &[i64], page: PageAfter) -> Vec<i64> {
+        let after = |n: &&i64| page.after.is_none_or(|(t, id)| (at(**n).created_at, at(**n).id) > (t, id));
+        items.iter().filter(after).take(page.limit).copied().collect()
+    }
+
     #[test]
     fn pages_follow_each_other_and_the_last_has_no_cursor() {
         let items: Vec<i64> = (1..=5).collect();
-        let first = query(Some("2"), None).page(items.clone(), "items", |n| at(*n)).unwrap();
+        let page = |limit, after| {
+            let pager = query(limit, after).pager().unwrap();
+            pager.body(read(&items, pager.read()), "items", |n| at(*n))
+        };
+        let first = page(Some("2"), None);
         assert_eq!(ids(&first), [1, 2]);
-        let cursor = first["nextCursor"].as_str().unwrap().to_owned();
-        let second = query(Some("2"), Some(cursor)).page(items.clone(), "items", |n| at(*n)).unwrap();
+        let second = page(Some("2"), Some(first["nextCursor"].as_str().unwrap().to_owned()));
         assert_eq!(ids(&second), [3, 4]);
-        let cursor = second["nextCursor"].as_str().unwrap().to_owned();
-        let last = query(Some("2"), Some(cursor)).page(items.clone(), "items", |n| at(*n)).unwrap();
+        let last = page(Some("2"), Some(second["nextCursor"].as_str().unwrap().to_owned()));
         assert_eq!(ids(&last), [5]);
         assert!(last.get("nextCursor").is_none());
-        let exact = query(Some("5"), None).page(items, "items", |n| at(*n)).unwrap();
+        let exact = page(Some("5"), None);
         assert!(exact.get("nextCursor").is_none(), "a full last page has nothing behind it");
     }
 
     #[test]
-    fn a_deleted_cursor_item_neither_skips_nor_repeats() {
-        let items: Vec<i64> = vec![1, 2, 4, 5];
-        let page = query(Some("2"), Some(at(3).cursor())).page(items, "items", |n| at(*n)).unwrap();
-        assert_eq!(ids(&page), [4, 5]);
+    fn the_cursor_round_trips_and_one_more_is_read() {
+        let pager = query(Some("7"), Some(at(3).cursor())).pager().unwrap();
+        assert_eq!(pager.read(), PageAfter { after: Some((at(3).created_at, at(3).id)), limit: 8 });
+        assert_eq!(query(None, None).pager().unwrap().read(), PageAfter::first(DEFAULT_LIMIT + 1));
     }
 
     #[test]
     fn bad_limits_and_cursors_are_refused() {
         for limit in ["0", "5001", "ten", "-1"] {
-            let err = query(Some(limit), None).page(vec![1i64], "items", |n| at(*n)).unwrap_err();
+            let err = query(Some(limit), None).pager().unwrap_err();
             assert_eq!(err.code, "bad_limit", "{limit}");
         }
         for cursor in ["x", "12.not-a-uuid", ""] {
-            let err = query(None, Some(cursor.into())).page(vec![1i64], "items", |n| at(*n)).unwrap_err();
+            let err = query(None, Some(cursor.into())).pager().unwrap_err();
             assert_eq!(err.code, "bad_cursor", "{cursor}");
         }
     }

@@ -69,8 +69,9 @@ pub async fn list(
     query: web::Query<ListQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let host_id = query.host_id.as_deref().map(|h| field_id(h, "hostId")).transpose()?;
-    let runs = state.store.list_runs(user.id(), host_id).await?;
-    let body = query.page.page(runs, "runs", |r| Position { created_at: r.created_at, id: r.id })?;
+    let pager = query.page.pager()?;
+    let runs = state.store.list_runs(user.id(), host_id, &pager.read()).await?;
+    let body = pager.body(runs, "runs", |r| Position { created_at: r.created_at, id: r.id });
     Ok(HttpResponse::Ok().json(body))
 }
 

@@ -139,8 +139,10 @@ pub async fn list(
             })
         })
         .transpose()?;
-    let terminals = state.store.list_terminals(user.id(), &TerminalFilter { host_id, state: terminal_state }).await?;
-    let body = query.page.page(terminals, "terminals", |t| Position { created_at: t.created_at, id: t.id })?;
+    let pager = query.page.pager()?;
+    let filter = TerminalFilter { host_id, state: terminal_state };
+    let terminals = state.store.page_terminals(user.id(), &filter, &pager.read()).await?;
+    let body = pager.body(terminals, "terminals", |t| Position { created_at: t.created_at, id: t.id });
     Ok(HttpResponse::Ok().json(body))
 }
 
