@@ -22,7 +22,7 @@
 //!   PTYs of one real `tether daemon`) on a fresh server process: server
 //!   RSS per viewer and idle CPU;
 //! - with `--perf`, the top symbols of a `perf record` of the server over
-//!   the idle window at the largest N.
+//!   the idle window at the largest N and over the storm's first 12 s.
 //!
 //! Settings raised for the benchmark through the environment, printed at
 //! the start: `http.ws_per_user` (one user holds every socket) and
@@ -82,7 +82,7 @@ struct Options {
     per_host_tokens: bool,
     storm: bool,
     /// `--perf`: a `perf record` of the server over the idle window at the
-    /// largest N, its top symbols printed.
+    /// largest N and over the storm's first seconds, top symbols printed.
     perf: bool,
 }
 
@@ -183,6 +183,19 @@ fn perf_record(pid: u32, window: Duration, file: &Path) -> Option<Guard> {
     cmd.spawn().ok().map(Guard)
 }
 
+/// Waits (at most 20 s) for a `perf record` to stop at the end of its
+/// `sleep`, then prints its top symbols.
+async fn finish_profile(mut perf: Guard, file: &Path) {
+    for _ in 0..200 {
+        if let Ok(Some(_)) = perf.0.try_wait() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(perf);
+    print_profile(file);
+}
+
 /// The top symbols of a `perf record` file.
 fn print_profile(file: &Path) {
     let out = Command::new("perf")
@@ -191,7 +204,7 @@ fn print_profile(file: &Path) {
         .stderr(Stdio::null())
         .output();
     let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
-    println!("  perf profile of the server over the idle window ({}), symbols over 1 %:", file.display());
+    println!("  perf profile of the server ({}), symbols over 1 %:", file.display());
     for line in text.lines().filter(|l| l.trim_start().chars().next().is_some_and(|c| c.is_ascii_digit())).take(25) {
         // Columns: overhead, dso, symbol (perf pads them, and may add empty ones).
         let line = line.split_whitespace().filter(|w| *w != "-").collect::<Vec<_>>().join(" ");
@@ -212,16 +225,8 @@ async fn idle_window(run: &Run, window: Duration, profile: Option<&Path>) -> (f6
     let perf = profile.and_then(|file| perf_record(run.instance.pid(), window, file));
     tokio::time::sleep(window).await;
     let cpu = (cpu_ticks(run.instance.pid()) - cpu0) as f64 / ticks_per_second();
-    if let (Some(mut perf), Some(file)) = (perf, profile) {
-        // perf stops by itself at the end of its `sleep`; bounded wait.
-        for _ in 0..100 {
-            if let Ok(Some(_)) = perf.0.try_wait() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        drop(perf);
-        print_profile(file);
+    if let (Some(perf), Some(file)) = (perf, profile) {
+        finish_profile(perf, file).await;
     }
     let elapsed = began.elapsed().as_secs_f64();
     let (calls, ticks) = (metric(&base, "tether_store_queries_total").await, renews(&base).await);
@@ -403,7 +408,10 @@ async fn daemons_step(
     step
 }
 
-async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize) -> Storm {
+/// The first seconds of the storm that `--perf` profiles.
+const STORM_PROFILE: Duration = Duration::from_secs(12);
+
+async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize, profile: bool) -> Storm {
     fleet.poll();
     let ups0 = fleet.ups;
     let xact0 = match &run.pg {
@@ -423,6 +431,8 @@ async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize) -> Storm {
     };
     run.instance = start_instance_on(name, listen, &run.env, &run.dir).await;
     let ready = Instant::now();
+    let file = run.dir.join("perf-storm.data");
+    let perf = if profile { perf_record(run.instance.pid(), STORM_PROFILE, &file) } else { None };
     let calls0 = metric(&run.instance.base(), "tether_store_queries_total").await;
     println!(
         "{}: server SIGKILLed and restarted on the same address, ready after {:.2} s; waiting for {n} redials",
@@ -437,6 +447,10 @@ async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize) -> Storm {
         println!("  ... {} of {n} admitted again", fleet.ups - ups0);
     }
     let calls = metric(&run.instance.base(), "tether_store_queries_total").await.saturating_sub(calls0);
+    if let Some(perf) = perf {
+        println!("  (the profile below is of the new server's first {} s)", STORM_PROFILE.as_secs());
+        finish_profile(perf, &file).await;
+    }
     let times = std::mem::take(&mut fleet.up_times);
     for (reason, count) in &fleet.failures {
         println!("  {count} redial attempts failed: {reason}");
@@ -669,7 +683,7 @@ async fn run_store(kind: Kind, opts: &Options, server_url: Option<&str>) -> Figu
         have = n;
     }
     if opts.storm && have > 0 {
-        figures.storm = Some(storm(&mut run, &mut fleet, have).await);
+        figures.storm = Some(storm(&mut run, &mut fleet, have, opts.perf).await);
     }
     drop(fleet);
     if opts.viewers > 0 && opts.terminals > 0 {
