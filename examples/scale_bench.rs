@@ -15,7 +15,9 @@
 //! - the reconnect storm at the largest N: SIGKILL of the server and a
 //!   restart on the same address; every fake daemon redials with the
 //!   daemon's jittered back-off; hellos admitted per second (first to last
-//!   HelloAck, and the best second), store calls per hello (on PostgreSQL
+//!   HelloAck, and the best second; per second, the median time the
+//!   daemons admitted in it spent in the WebSocket upgrade and then waiting
+//!   for HelloAck), store calls per hello (on PostgreSQL
 //!   also pg_stat_statements calls and `pg_stat_database.xact_commit`
 //!   per hello);
 //! - `--viewers` idle viewers on `--terminals` terminals (`sleep` in real
@@ -457,11 +459,14 @@ async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize, profile: bool) -> Sto
     }
     fleet.record(false);
     let admitted = times.len();
-    let (first, last) = (times.first().copied().unwrap_or(ready), times.last().copied().unwrap_or(ready));
+    let (first, last) = (times.first().map_or(ready, |a| a.at), times.last().map_or(ready, |a| a.at));
     let spread = (last - first).as_secs_f64();
     let mut per_second = vec![0usize; spread as usize + 1];
-    for t in &times {
-        per_second[(*t - first).as_secs() as usize] += 1;
+    let mut waits: Vec<Vec<(u32, u32)>> = vec![Vec::new(); per_second.len()];
+    for a in &times {
+        let second = (a.at - first).as_secs() as usize;
+        per_second[second] += 1;
+        waits[second].push((a.upgrade_ms, a.ack_ms));
     }
     let pg_figures = match (&run.pg, xact0) {
         (Some((admin, db)), Some(xact0)) => {
@@ -499,6 +504,20 @@ async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize, profile: bool) -> Sto
         s.pg.map_or(String::new(), |(st, x)| format!(", {st:.2} PostgreSQL statements and {x:.2} commits per hello"))
     );
     println!("  hellos admitted per second from the first: {per_second:?}");
+    // Where the daemons of each second waited: the upgrade (the token is
+    // checked there) or the hello (admission, claim, the hello statement).
+    let medians: Vec<String> = waits
+        .iter_mut()
+        .map(|w| {
+            let median = |v: &mut Vec<u32>| {
+                v.sort_unstable();
+                v.get(v.len() / 2).copied().unwrap_or(0)
+            };
+            let (mut up, mut ack): (Vec<u32>, Vec<u32>) = w.iter().copied().unzip();
+            format!("{}/{}", median(&mut up), median(&mut ack))
+        })
+        .collect();
+    println!("  median ms of the upgrade / of the wait for HelloAck, per second: {}", medians.join(" "));
     tokio::time::sleep(Duration::from_secs(5)).await;
     let online_after = walk_hosts(&run.instance.base(), &run.token).await;
     println!("  5 s after the storm: {} hosts online per GET /api/v1/hosts?state=online", online_after.online);

@@ -17,7 +17,8 @@
 //! bind their sockets to 127.1.x.y source addresses, [`PER_ADDRESS`] per
 //! address, so no source address runs out of ephemeral ports nor past the
 //! server's default `http.ws_per_address` (256). A child reports on its
-//! stdout, one line per event: `up` at every HelloAck, `down` when an
+//! stdout, one line per event: `up UPGRADE_MS ACK_MS` at every HelloAck
+//! (how long the upgrade and the wait for HelloAck took), `down` when an
 //! admitted socket ends, `fail REASON` when an attempt fails, `done OK
 //! FAILED` once each of its daemons has made its first attempt, `fatal ...`
 //! when one stops; [`Fleet`] reads them.
@@ -136,7 +137,10 @@ impl FakeDaemon {
         }
     }
 
-    async fn hello(&self, host_id: &str) -> Result<Framed, Failed> {
+    /// Dials and says hello; answers the socket and how long the upgrade
+    /// and then the wait for HelloAck took.
+    async fn hello(&self, host_id: &str) -> Result<(Framed, Duration, Duration), Failed> {
+        let began = Instant::now();
         let ws_url = format!("{}/ws/v1/daemon", self.base.replacen("http", "ws", 1));
         let (_, mut framed) = self
             .client
@@ -150,6 +154,7 @@ impl FakeDaemon {
                 awc::error::WsClientError::InvalidResponseStatus(s) if s == 401 => Failed::Unauthorized,
                 e => Failed::Dial(format!("ws: {e}")),
             })?;
+        let upgraded = Instant::now();
         let hello = Hello {
             host_id: host_id.to_string(),
             daemon_version: "bench-fake".into(),
@@ -165,7 +170,7 @@ impl FakeDaemon {
                 Ok(Some(Ok(ws::Frame::Binary(b)))) => {
                     let frame = ServerFrame::decode(b.as_ref()).map_err(|e| Failed::Other(e.to_string()))?;
                     if let Some(server_frame::Frame::HelloAck(_)) = frame.frame {
-                        return Ok(framed);
+                        return Ok((framed, upgraded - began, upgraded.elapsed()));
                     }
                 }
                 Ok(Some(Ok(ws::Frame::Ping(p)))) => {
@@ -242,8 +247,8 @@ impl FakeDaemon {
                 let _ = tx.send(attempt.is_ok());
             }
             let end = match attempt {
-                Ok(mut framed) => {
-                    report("up");
+                Ok((mut framed, upgrade, ack)) => {
+                    report(&format!("up {} {}", upgrade.as_millis(), ack.as_millis()));
                     let began = Instant::now();
                     let end = Self::idle(&mut framed).await;
                     report("down");
@@ -346,9 +351,17 @@ pub async fn child_main(args: &[String]) {
 
 // ------------------------------------------------------------------ the benchmark's side
 
+/// One HelloAck: when the benchmark read it, and how long the daemon's
+/// WebSocket upgrade and then its wait for HelloAck took.
+pub struct Admission {
+    pub at: Instant,
+    pub upgrade_ms: u32,
+    pub ack_ms: u32,
+}
+
 /// What a child reported, stamped when the benchmark read it.
 enum Event {
-    Up,
+    Up(Admission),
     Down,
     Fail(String),
     Done(u64, u64),
@@ -364,8 +377,8 @@ pub struct Fleet {
     /// HelloAcks and ends of admitted sockets so far, all children.
     pub ups: u64,
     pub downs: u64,
-    /// When each HelloAck was read, while [`Fleet::record`] is on.
-    pub up_times: Vec<Instant>,
+    /// Each HelloAck, while [`Fleet::record`] is on.
+    pub up_times: Vec<Admission>,
     /// Failed attempts by reason, since [`Fleet::record`] last cleared them.
     pub failures: std::collections::BTreeMap<String, u64>,
     recording: bool,
@@ -426,7 +439,11 @@ impl Fleet {
             std::thread::spawn(move || {
                 for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
                     let event = match line.as_str() {
-                        "up" => Event::Up,
+                        _ if line.starts_with("up") => {
+                            let mut ms = line.split(' ').skip(1).map(|v| v.parse::<u32>().unwrap_or(0));
+                            let (upgrade_ms, ack_ms) = (ms.next().unwrap_or(0), ms.next().unwrap_or(0));
+                            Event::Up(Admission { at: Instant::now(), upgrade_ms, ack_ms })
+                        }
                         "down" => Event::Down,
                         _ if line.starts_with("fail ") => Event::Fail(line[5..].to_string()),
                         _ => match line.strip_prefix("done ").and_then(|r| r.split_once(' ')) {
@@ -467,10 +484,10 @@ impl Fleet {
 
     fn note(&mut self, at: Instant, event: Event) {
         match event {
-            Event::Up => {
+            Event::Up(admission) => {
                 self.ups += 1;
                 if self.recording {
-                    self.up_times.push(at);
+                    self.up_times.push(Admission { at, ..admission });
                 }
             }
             Event::Down => self.downs += 1,
