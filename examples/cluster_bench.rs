@@ -21,10 +21,11 @@
 //!   prints its clock every 20 ms, until that viewer (reattached with
 //!   `?from=`) receives a line printed after the kill.
 //!
-//! Fake daemons run in child processes of this program (`cluster_bench
-//! fake-daemons ...`, at most 2,500 sockets each, under the 20,000 open-file
-//! limit) and bind their sockets to 127.1.x.y source addresses, 200 per
-//! address, under the server's default `http.ws_per_address` (256).
+//! Fake daemons (examples/support/fleet.rs) run in child processes of this
+//! program (`cluster_bench fake-daemons ...`, at most 2,500 sockets each,
+//! under the 20,000 open-file limit) and bind their sockets to 127.1.x.y
+//! source addresses, 200 per address, under the server's default
+//! `http.ws_per_address` (256).
 //!
 //! Needs `TETHER_BENCH_DATABASE_URL` (a PostgreSQL server URL whose server
 //! preloads pg_stat_statements) and `TETHER_BENCH_REDIS_URL`;
@@ -40,26 +41,17 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, Write};
-use std::net::{IpAddr, Ipv4Addr};
-use std::process::{ChildStdin, Command, Stdio};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix_http::ws;
 use futures_util::{SinkExt, StreamExt};
-use prost::Message as _;
-use serde_json::{json, Value};
+use serde_json::json;
 use support::{
     api, arg, cpu_ticks, create_token, drain, drain_now, ms, new_terminal, online_host, percentile, start_daemon,
-    start_instance, ticks_per_second, tie_to_parent, until_live, viewer, Framed, Guard, Instance, Start,
+    start_instance, ticks_per_second, until_live, viewer, Framed, Instance, Start,
 };
-use tether::proto::v1::{daemon_frame, server_frame, Capabilities, DaemonFrame, Hello, Ping, ServerFrame};
-
-/// Sockets per fake-daemon process and per source address.
-const PER_PROCESS: usize = 2_500;
-const PER_ADDRESS: usize = 200;
+use support::{fleet, fleet::Fleet, metric, pg};
 
 // ------------------------------------------------------------------ processes
 
@@ -203,42 +195,10 @@ async fn flood(ws_base: &str, token: &str, id: &str, mib: u64) -> Result<(f64, D
 
 // ------------------------------------------------------------------ PostgreSQL
 
-async fn pg(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect PostgreSQL");
-    actix_rt::spawn(async move {
-        let _ = conn.await;
-    });
-    client
-}
-
-fn with_database(server_url: &str, db: &str) -> String {
-    let (base, query) = server_url.split_once('?').map_or((server_url, None), |(b, q)| (b, Some(q)));
-    let start = base.find("://").expect("postgres:// URL") + 3;
-    let end = base[start..].find('/').map_or(base.len(), |i| start + i);
-    let mut url = format!("{}/{db}", &base[..end]);
-    if let Some(q) = query {
-        url.push('?');
-        url.push_str(q);
-    }
-    url
-}
-
 struct Sample {
     renews: BTreeMap<&'static str, u64>,
     xact_commit: i64,
     cpu_ticks: BTreeMap<&'static str, u64>,
-}
-
-async fn metric(base: &str, name: &str) -> u64 {
-    let client = awc::Client::default();
-    let Ok(mut res) = client.get(format!("{base}/metrics")).send().await else { return 0 };
-    let body = res.body().limit(16 << 20).await.unwrap_or_default();
-    String::from_utf8_lossy(&body)
-        .lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
 }
 
 async fn sample(instances: &[&Instance], admin: &tokio_postgres::Client, db: &str) -> Sample {
@@ -248,9 +208,7 @@ async fn sample(instances: &[&Instance], admin: &tokio_postgres::Client, db: &st
         renews.insert(i.name, metric(&i.base(), "tether_lease_renew_seconds_count").await);
         cpu.insert(i.name, cpu_ticks(i.pid()));
     }
-    let row =
-        admin.query_one("SELECT xact_commit FROM pg_stat_database WHERE datname = $1", &[&db]).await.expect("stat");
-    Sample { renews, xact_commit: row.get(0), cpu_ticks: cpu }
+    Sample { renews, xact_commit: pg::xact_commit(admin, db).await, cpu_ticks: cpu }
 }
 
 /// Statements counted in a window of `window` with the daemons idle.
@@ -260,33 +218,26 @@ async fn count_statements(
     admin: &tokio_postgres::Client,
     db: &str,
     window: Duration,
-    fleet: &mut FakeFleet,
+    fleet: &mut Fleet,
 ) {
     // Let the hellos' own statements and the last renews finish.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    admin.batch_execute("SELECT pg_stat_statements_reset()").await.expect("reset pg_stat_statements");
+    pg::reset_statements(admin).await;
     fleet.poll();
-    let lost_before = fleet.lost.load(Ordering::Relaxed);
+    let lost_before = fleet.downs;
     let before = sample(instances, admin, db).await;
     let began = Instant::now();
     tokio::time::sleep(window).await;
     let after = sample(instances, admin, db).await;
     let elapsed = began.elapsed();
     fleet.poll();
-    let rows = admin
-        .query(
-            "SELECT s.calls, s.rows, s.query FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
-             WHERE d.datname = $1 ORDER BY s.calls DESC",
-            &[&db],
-        )
-        .await
-        .expect("read pg_stat_statements");
+    let rows = pg::statements(admin, db).await;
     let ticks: u64 = instances.iter().map(|i| after.renews[i.name].saturating_sub(before.renews[i.name])).sum();
     let per_instance: Vec<String> = instances
         .iter()
         .map(|i| format!("{} {}", i.name, after.renews[i.name].saturating_sub(before.renews[i.name])))
         .collect();
-    let total: i64 = rows.iter().map(|r| r.get::<_, i64>(0)).sum();
+    let total: i64 = rows.iter().map(|r| r.calls).sum();
     // The renewal (and, in builds before it was folded into the same
     // statement, the hosts' last-seen touch that followed it).
     let is_renew_tick = |q: &str| {
@@ -294,18 +245,16 @@ async fn count_statements(
             || q.starts_with("UPDATE leases l SET expires_at")
             || q.starts_with("UPDATE hosts SET last_seen_at")
     };
-    let tick_statements: i64 =
-        rows.iter().filter(|r| is_renew_tick(r.get::<_, &str>(2))).map(|r| r.get::<_, i64>(0)).sum();
+    let tick_statements: i64 = rows.iter().filter(|r| is_renew_tick(&r.query)).map(|r| r.calls).sum();
     println!(
         "statements, {label}: window {:.1?}, renew ticks {ticks} ({}), daemons lost in window {}",
         elapsed,
         per_instance.join(", "),
-        fleet.lost.load(Ordering::Relaxed) - lost_before
+        fleet.downs - lost_before
     );
     for r in &rows {
-        let (calls, n, q): (i64, i64, &str) = (r.get(0), r.get(1), r.get(2));
-        let q: String = q.split_whitespace().collect::<Vec<_>>().join(" ");
-        println!("    {calls:>6} calls {n:>7} rows  {}", &q[..q.len().min(110)]);
+        let q = &r.query;
+        println!("    {:>6} calls {:>7} rows  {}", r.calls, r.rows, &q[..q.len().min(110)]);
     }
     println!(
         "  => renew-tick statements per tick: {:.2} ({} statements / {} ticks); all statements in the window: {} \
@@ -328,229 +277,6 @@ async fn count_statements(
     println!("  CPU of the instances over the window: {}", cpu.join(", "));
 }
 
-// ------------------------------------------------------------------ fake daemons
-
-/// Source address of fake daemon `i`: 127.1.x.y, PER_ADDRESS daemons each.
-fn source_address(i: usize) -> IpAddr {
-    let n = i / PER_ADDRESS;
-    IpAddr::V4(Ipv4Addr::new(127, 1, (n / 250) as u8, (n % 250 + 1) as u8))
-}
-
-fn encode(frame: daemon_frame::Frame) -> bytes::Bytes {
-    DaemonFrame { frame: Some(frame) }.encode_to_vec().into()
-}
-
-/// Registers, says hello, waits for HelloAck; then idles with pings.
-async fn fake_daemon(
-    client: &awc::Client,
-    base: &str,
-    token: &str,
-    i: usize,
-    lost: Rc<AtomicU64>,
-) -> Result<(), String> {
-    let hostname = format!("bench-fake-{i:05}");
-    let body = json!({"name": hostname, "hostname": hostname, "platform": "linux", "arch": "x86_64"});
-    let mut res = client
-        .post(format!("{base}/api/v1/hosts"))
-        .bearer_auth(token)
-        .send_json(&body)
-        .await
-        .map_err(|e| format!("register: {e}"))?;
-    let reg: Value = res.json().await.map_err(|e| format!("register body: {e}"))?;
-    let host_id = reg["host"]["id"].as_str().ok_or_else(|| format!("register answered {reg}"))?.to_string();
-    let ws_url = format!("{}/ws/v1/daemon", base.replacen("http", "ws", 1));
-    let (_, mut framed) = client
-        .ws(ws_url.as_str())
-        .bearer_auth(token)
-        .protocols(["tether.daemon.v1"])
-        .max_frame_size(1 << 20)
-        .connect()
-        .await
-        .map_err(|e| format!("ws: {e}"))?;
-    let hello = Hello {
-        host_id,
-        daemon_version: "cluster-bench-fake".into(),
-        capabilities: Some(Capabilities { flow_control: true, ..Default::default() }),
-        dirs: vec![],
-        terminals: vec![],
-        booking: None,
-    };
-    framed.send(ws::Message::Binary(encode(daemon_frame::Frame::Hello(hello)))).await.map_err(|e| e.to_string())?;
-    loop {
-        match tokio::time::timeout(Duration::from_secs(60), framed.next()).await {
-            Ok(Some(Ok(ws::Frame::Binary(b)))) => {
-                let frame = ServerFrame::decode(b.as_ref()).map_err(|e| e.to_string())?;
-                if let Some(server_frame::Frame::HelloAck(_)) = frame.frame {
-                    break;
-                }
-            }
-            Ok(Some(Ok(ws::Frame::Ping(p)))) => {
-                let _ = framed.send(ws::Message::Pong(p)).await;
-            }
-            Ok(Some(Ok(ws::Frame::Close(r)))) => return Err(format!("closed before HelloAck: {r:?}")),
-            Ok(Some(Ok(_))) => {}
-            Ok(Some(Err(e))) => return Err(format!("before HelloAck: {e}")),
-            Ok(None) => return Err("ended before HelloAck".into()),
-            Err(_) => return Err("no HelloAck within 60 s".into()),
-        }
-    }
-    actix_rt::spawn(async move {
-        let mut ping =
-            tokio::time::interval_at(tokio::time::Instant::now() + Duration::from_secs(30), Duration::from_secs(30));
-        loop {
-            tokio::select! {
-                frame = framed.next() => match frame {
-                    Some(Ok(ws::Frame::Ping(p))) => { let _ = framed.send(ws::Message::Pong(p)).await; }
-                    Some(Ok(ws::Frame::Close(r))) => {
-                        if lost.fetch_add(1, Ordering::Relaxed) < 3 {
-                            eprintln!("fake daemon {i} closed: {r:?}");
-                        }
-                        println!("lost 1");
-                        return;
-                    }
-                    Some(Ok(_)) => {}
-                    _ => { lost.fetch_add(1, Ordering::Relaxed); println!("lost 1"); return; }
-                },
-                _ = ping.tick() => {
-                    let _ = framed.send(ws::Message::Binary(encode(daemon_frame::Frame::Ping(Ping {})))).await;
-                }
-            }
-        }
-    });
-    Ok(())
-}
-
-/// `cluster_bench fake-daemons BASE TOKEN FIRST COUNT`: runs daemons
-/// FIRST..FIRST+COUNT; prints `connected N` as they get HelloAck, `done OK
-/// FAILED`, then `lost 1` per socket that closes; exits when stdin closes.
-async fn fake_daemons_main(args: &[String]) {
-    let (base, token) = (args[2].clone(), args[3].clone());
-    let first: usize = args[4].parse().expect("first");
-    let count: usize = args[5].parse().expect("count");
-    std::thread::spawn(|| {
-        let mut sink = String::new();
-        while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {}
-        std::process::exit(0);
-    });
-    let lost = Rc::new(AtomicU64::new(0));
-    let mut clients: BTreeMap<IpAddr, awc::Client> = BTreeMap::new();
-    let mut jobs = Vec::new();
-    let connected = Rc::new(AtomicU64::new(0));
-    let failed = Rc::new(AtomicU64::new(0));
-    let gate = Rc::new(tokio::sync::Semaphore::new(32));
-    for i in first..first + count {
-        let ip = source_address(i);
-        let client = clients
-            .entry(ip)
-            .or_insert_with(|| {
-                let connector = awc::Connector::new().local_address(ip).limit(0).timeout(Duration::from_secs(30));
-                awc::Client::builder().connector(connector).timeout(Duration::from_secs(60)).finish()
-            })
-            .clone();
-        let (base, token, lost, connected, failed, gate) =
-            (base.clone(), token.clone(), lost.clone(), connected.clone(), failed.clone(), gate.clone());
-        jobs.push(actix_rt::spawn(async move {
-            let _permit = gate.acquire().await;
-            match fake_daemon(&client, &base, &token, i, lost).await {
-                Ok(()) => {
-                    let n = connected.fetch_add(1, Ordering::Relaxed) + 1;
-                    if n % 250 == 0 {
-                        println!("connected {n}");
-                    }
-                }
-                Err(e) => {
-                    if failed.fetch_add(1, Ordering::Relaxed) < 3 {
-                        eprintln!("fake daemon {i}: {e}");
-                    }
-                }
-            }
-        }));
-    }
-    for job in jobs {
-        let _ = job.await;
-    }
-    println!("done {} {}", connected.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
-    let _ = std::io::stdout().flush();
-    std::future::pending::<()>().await;
-}
-
-struct FakeFleet {
-    children: Vec<(Guard, ChildStdin)>,
-    events: tokio::sync::mpsc::UnboundedReceiver<String>,
-    lost: Rc<AtomicU64>,
-}
-
-impl FakeFleet {
-    fn new() -> (FakeFleet, tokio::sync::mpsc::UnboundedSender<String>) {
-        let (tx, events) = tokio::sync::mpsc::unbounded_channel();
-        (FakeFleet { children: Vec::new(), events, lost: Rc::new(AtomicU64::new(0)) }, tx)
-    }
-
-    /// Starts daemons `first..first+count` in processes of PER_PROCESS and
-    /// waits until every process reported `done`; answers (ok, failed).
-    async fn grow(
-        &mut self,
-        tx: &tokio::sync::mpsc::UnboundedSender<String>,
-        base: &str,
-        token: &str,
-        first: usize,
-        count: usize,
-    ) -> (u64, u64) {
-        let mut pending = 0;
-        let mut start = first;
-        while start < first + count {
-            let n = PER_PROCESS.min(first + count - start);
-            let mut cmd = Command::new(std::env::current_exe().expect("exe"));
-            cmd.args(["fake-daemons", base, token, &start.to_string(), &n.to_string()])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit());
-            tie_to_parent(&mut cmd);
-            let mut child = cmd.spawn().expect("spawn fake daemons");
-            let stdin = child.stdin.take().expect("stdin");
-            let stdout = child.stdout.take().expect("stdout");
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
-            self.children.push((Guard(child), stdin));
-            pending += 1;
-            start += n;
-        }
-        let (mut ok, mut failed) = (0, 0);
-        while pending > 0 {
-            let line = tokio::time::timeout(Duration::from_secs(300), self.events.recv())
-                .await
-                .expect("fake daemons: nothing for 300 s")
-                .expect("fake daemon events");
-            self.note(&line);
-            if let Some(rest) = line.strip_prefix("done ") {
-                let mut parts = rest.split(' ').map(|p| p.parse::<u64>().unwrap_or(0));
-                ok += parts.next().unwrap_or(0);
-                failed += parts.next().unwrap_or(0);
-                pending -= 1;
-            }
-        }
-        (ok, failed)
-    }
-
-    fn note(&self, line: &str) {
-        if line.starts_with("lost") {
-            self.lost.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    fn poll(&mut self) {
-        while let Ok(line) = self.events.try_recv() {
-            self.note(&line);
-        }
-    }
-}
-
 // ------------------------------------------------------------------ main
 
 fn now_ms() -> u128 {
@@ -561,7 +287,7 @@ fn now_ms() -> u128 {
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("fake-daemons") {
-        return fake_daemons_main(&args).await;
+        return fleet::child_main(&args).await;
     }
     let daemons: Vec<usize> = arg(&args, "--daemons", "1000,10000".to_string())
         .split(',')
@@ -578,14 +304,8 @@ async fn main() {
 
     // Kept afterwards: the instances' and the daemon's logs are in it.
     let dir = tempfile::Builder::new().prefix("cluster-bench-").tempdir().expect("temp dir").keep();
-    let db = format!("tether_bench_{:08x}", rand::random::<u32>());
-    let admin = pg(&server_url).await;
-    admin.batch_execute(&format!("CREATE DATABASE {db}")).await.expect("create database");
-    admin
-        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-        .await
-        .expect("pg_stat_statements (the server must preload it: shared_preload_libraries)");
-    let db_url = with_database(&server_url, &db);
+    let admin = pg::connect(&server_url).await;
+    let (db, db_url) = pg::fresh_database(&admin, &server_url, "tether_bench").await;
     let env: Vec<(String, String)> = vec![
         ("TETHER_DATABASE__URL".into(), db_url.clone()),
         ("TETHER_REDIS__URL".into(), redis_url.clone()),
@@ -683,14 +403,14 @@ async fn main() {
     );
 
     // Statements per renew tick with N idle fake daemons on A.
-    let (mut fleet, tx) = FakeFleet::new();
+    let mut fleet = Fleet::new();
     let mut have = 0usize;
     for &n in &daemons {
         if n <= have {
             continue;
         }
         let began = Instant::now();
-        let (ok, failed) = fleet.grow(&tx, &a.base(), &token, have, n - have).await;
+        let (ok, failed) = fleet.grow(&a.base(), &token, have, n - have).await;
         have = n;
         println!(
             "fake daemons on A: {} more connected in {:.1?} ({failed} failed); now {} fake + 1 real",

@@ -1,13 +1,18 @@
 //! What the benchmark examples share (`relay_bench`, `cluster_bench`,
-//! `output_bench`): real `tether` processes started from the same target
-//! dir and tied to the benchmark's life, the REST calls and viewer sockets
-//! they need, and the arithmetic of their figures.
+//! `output_bench`, `scale_bench`): real `tether` processes started from the
+//! same target dir and tied to the benchmark's life, the REST calls and
+//! viewer sockets they need, and the arithmetic of their figures; fake
+//! daemons in [`fleet`] and PostgreSQL helpers in [`pg`].
 //!
 //! Each example includes it with `mod support;`.
 
 // Each example uses a different part of it.
 #![allow(dead_code)]
 
+pub mod fleet;
+pub mod pg;
+
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -73,6 +78,21 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     get(11) + get(12)
 }
 
+/// Raises this process's soft open-file limit to its hard limit (children
+/// inherit it); answers the new limit.
+pub fn raise_nofile() -> u64 {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+            libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit);
+        }
+    }
+    limit.rlim_cur
+}
+
 /// Clock ticks per second, for [`cpu_ticks`].
 pub fn ticks_per_second() -> f64 {
     // SAFETY: sysconf reads a constant and touches no memory of ours.
@@ -124,7 +144,12 @@ impl Instance {
 /// Starts `tether serve` with `env` in `dir` (logging to
 /// `serve-NAME.log` there) and waits until it is ready.
 pub async fn start_instance(name: &'static str, env: &[(String, String)], dir: &Path) -> Instance {
-    let listen = format!("127.0.0.1:{}", free_port());
+    start_instance_on(name, format!("127.0.0.1:{}", free_port()), env, dir).await
+}
+
+/// [`start_instance`] on a given `listen` address (a restart on the
+/// address of an instance that died).
+pub async fn start_instance_on(name: &'static str, listen: String, env: &[(String, String)], dir: &Path) -> Instance {
     let log = std::fs::File::create(dir.join(format!("serve-{name}.log"))).expect("log file");
     let mut env = env.to_vec();
     env.push(("TETHER_HTTP__LISTEN".into(), listen.clone()));
@@ -143,7 +168,7 @@ pub async fn start_instance(name: &'static str, env: &[(String, String)], dir: &
             }
         }
         assert!(began.elapsed() < Duration::from_secs(60), "instance {name} not ready after 60 s");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Instance { name, listen, child: Some(child) }
 }
@@ -211,8 +236,13 @@ impl Single {
 
 // ------------------------------------------------------------------ REST and viewers
 
+thread_local! {
+    /// One client per thread, so REST calls reuse their connections.
+    static REST: awc::Client = awc::Client::builder().timeout(Duration::from_secs(30)).finish();
+}
+
 pub async fn api(method: &str, url: &str, token: &str, body: Option<Value>) -> Value {
-    let client = awc::Client::builder().timeout(Duration::from_secs(30)).finish();
+    let client = REST.with(awc::Client::clone);
     let req = match method {
         "POST" => client.post(url),
         _ => client.get(url),
@@ -246,12 +276,45 @@ pub async fn kill_terminal(base: &str, token: &str, id: &str) {
     api("POST", &format!("{base}/api/v1/terminals/{id}/kill"), token, Some(json!({"signal": 9}))).await;
 }
 
+/// A counter of `/metrics` (its first series), 0 when absent.
+pub async fn metric(base: &str, name: &str) -> u64 {
+    let client = awc::Client::builder().timeout(Duration::from_secs(30)).finish();
+    let Ok(mut res) = client.get(format!("{base}/metrics")).send().await else { return 0 };
+    let body = res.body().limit(16 << 20).await.unwrap_or_default();
+    String::from_utf8_lossy(&body)
+        .lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// Source address `i` of block `block`: 127.BLOCK.x.y, `per_address`
+/// consecutive sockets on each, so no address runs out of ephemeral ports
+/// nor past the server's `http.ws_per_address`.
+pub fn source_address(block: u8, i: usize, per_address: usize) -> IpAddr {
+    let n = i / per_address;
+    IpAddr::V4(Ipv4Addr::new(127, block, (n / 250) as u8, (n % 250 + 1) as u8))
+}
+
+/// A client whose connections leave from `ip` (bind before connect), one
+/// connection per request.
+pub fn bound_client(ip: IpAddr) -> awc::Client {
+    let connector = awc::Connector::new().local_address(ip).limit(0).timeout(Duration::from_secs(30));
+    awc::Client::builder().connector(connector).timeout(Duration::from_secs(60)).finish()
+}
+
 pub type Framed = actix_codec::Framed<awc::BoxedSocket, ws::Codec>;
 
 /// A WebSocket to `url`, with the tether viewer subprotocol and token when
 /// given (a plain socket otherwise).
 pub async fn websocket(url: &str, token: Option<&str>) -> Result<Framed, String> {
-    let mut request = awc::Client::default().ws(url).max_frame_size(8 << 20);
+    websocket_via(&awc::Client::default(), url, token).await
+}
+
+/// [`websocket`] through `client` (e.g. a [`bound_client`]).
+pub async fn websocket_via(client: &awc::Client, url: &str, token: Option<&str>) -> Result<Framed, String> {
+    let mut request = client.ws(url).max_frame_size(8 << 20);
     if let Some(token) = token {
         request = request.header("Authorization", format!("Bearer {token}")).protocols(["tether.v1"]);
     }
