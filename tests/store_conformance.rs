@@ -134,9 +134,9 @@ async fn users_and_tokens(store: &Arc<dyn Store>) {
     assert_eq!(user(store, "ann").await.id, ann.id, "ensure_user is idempotent");
     let token = store.insert_token(&NewToken::full(ann.id, "hash-1")).await.expect("token");
     assert_eq!((token.scope, token.expires_at, token.revoked_at), (TokenScope::Full, None, None));
-    let (found_user, found) = store.token_by_hash("hash-1").await.expect("lookup").expect("found");
+    let (found_user, found) = store.token_by_hash("hash-1", chrono::Utc::now()).await.expect("lookup").expect("found");
     assert_eq!((found_user.id, found.id), (ann.id, token.id));
-    assert_eq!(store.token_by_hash("hash-2").await.expect("lookup"), None);
+    assert_eq!(store.token_by_hash("hash-2", chrono::Utc::now()).await.expect("lookup"), None);
 }
 
 async fn tokens_scope_expiry_and_revocation(store: &Arc<dyn Store>) {
@@ -160,20 +160,28 @@ async fn tokens_scope_expiry_and_revocation(store: &Arc<dyn Store>) {
         })
         .await
         .expect("expired token");
-    assert_eq!(store.token_by_hash("hash-old").await.expect("lookup"), None, "an expired token is refused");
-    assert!(store.token_by_hash("hash-daemon").await.expect("lookup").is_some());
+    assert_eq!(
+        store.token_by_hash("hash-old", chrono::Utc::now()).await.expect("lookup"),
+        None,
+        "an expired token is refused"
+    );
+    assert!(store.token_by_hash("hash-daemon", chrono::Utc::now()).await.expect("lookup").is_some());
     let mut ended = store.ended_tokens(None, &[daemon.id, expired.id]).await.expect("ended").ended;
     ended.sort();
     assert_eq!(ended, vec![expired.id], "of fresh ids, only the unusable one");
 
     // Another user cannot revoke it; its owner (or the operator) can, once.
     assert!(!store.revoke_token(Some(bob.id), daemon.id).await.expect("revoke as bob"));
-    assert!(store.token_by_hash("hash-daemon").await.expect("lookup").is_some());
+    assert!(store.token_by_hash("hash-daemon", chrono::Utc::now()).await.expect("lookup").is_some());
     assert!(store.revoke_token(Some(ann.id), daemon.id).await.expect("revoke"));
     let first = store.token_by_id(daemon.id).await.expect("read").expect("row").revoked_at.expect("revoked");
     assert!(store.revoke_token(None, daemon.id).await.expect("revoke again"));
     assert_eq!(store.token_by_id(daemon.id).await.expect("read").expect("row").revoked_at, Some(first));
-    assert_eq!(store.token_by_hash("hash-daemon").await.expect("lookup"), None, "a revoked token is refused");
+    assert_eq!(
+        store.token_by_hash("hash-daemon", chrono::Utc::now()).await.expect("lookup"),
+        None,
+        "a revoked token is refused"
+    );
     assert_eq!(store.ended_tokens(None, &[daemon.id]).await.expect("ended").ended, vec![daemon.id]);
     assert!(!store.revoke_token(None, Uuid::new_v4()).await.expect("revoke unknown"));
 
@@ -231,15 +239,16 @@ async fn token_last_use_is_stamped_once_a_minute(store: &Arc<dyn Store>) {
     let ann = user(store, "ann").await;
     let token = store.insert_token(&NewToken::full(ann.id, "hash-1")).await.expect("token");
     let t0 = chrono::Utc::now();
-    store.touch_token(token.id, t0).await.expect("touch");
+    let touch = |now| async move { store.token_by_hash("hash-1", now).await.expect("lookup").expect("usable") };
+    assert_eq!(touch(t0).await.1.last_used_at, None, "the row as it was read");
     let stamped = |store: Arc<dyn Store>| async move {
         store.token_by_id(token.id).await.expect("read").expect("row").last_used_at.expect("stamped")
     };
     let first = stamped(store.clone()).await;
     assert!((first - t0).num_milliseconds().abs() < 2, "{first} vs {t0}");
-    store.touch_token(token.id, t0 + chrono::Duration::seconds(59)).await.expect("touch");
+    touch(t0 + chrono::Duration::seconds(59)).await;
     assert_eq!(stamped(store.clone()).await, first, "not again within a minute");
-    store.touch_token(token.id, t0 + chrono::Duration::seconds(61)).await.expect("touch");
+    touch(t0 + chrono::Duration::seconds(61)).await;
     assert!(stamped(store.clone()).await > first, "again after a minute");
 }
 
@@ -966,10 +975,12 @@ mod token_migration {
     use super::*;
 
     async fn check_upgraded(store: &dyn Store) {
-        let (user, token) = store.token_by_hash("old-hash").await.expect("lookup").expect("old token works");
+        let (user, token) =
+            store.token_by_hash("old-hash", chrono::Utc::now()).await.expect("lookup").expect("old token works");
         assert_eq!(user.name, "old");
         assert_eq!((token.scope, token.expires_at, token.revoked_at, token.name), (TokenScope::Full, None, None, None));
-        let (_, other) = store.token_by_hash("old-hash-2").await.expect("lookup").expect("second old token");
+        let (_, other) =
+            store.token_by_hash("old-hash-2", chrono::Utc::now()).await.expect("lookup").expect("second old token");
         assert_ne!(token.id, other.id, "each token gets its own id");
     }
 

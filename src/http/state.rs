@@ -24,7 +24,7 @@ use crate::relay::limiter::AddressLimiter;
 use crate::relay::registry::HostRegistry;
 use crate::relay::requests::{serve_bus, PendingRequests};
 use crate::relay::RelayContext;
-use crate::store::{Store, LAST_USED_EVERY};
+use crate::store::Store;
 
 /// The role a `tether serve` process plays (docs/ARCHITECTURE.md, "Processes and roles").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -211,17 +211,12 @@ impl AuthUser {
 }
 
 /// The principal of a presented token: 401 unless the token exists, is
-/// not revoked and has not expired. Stamps the token's last use (at most
-/// once a minute, `store::LAST_USED_EVERY`).
+/// not revoked and has not expired. The same round trip stamps the token's
+/// last use (at most once a minute, `store::LAST_USED_EVERY`).
 pub async fn authenticate(state: &AppState, token: Option<String>) -> Result<Principal, ApiError> {
     let token = token.filter(|t| auth::looks_like_token(t)).ok_or_else(ApiError::unauthorized)?;
-    let (user, row) = state.store.token_by_hash(&auth::hash_token(&token)).await?.ok_or_else(ApiError::unauthorized)?;
-    let now = chrono::Utc::now();
-    let stale =
-        row.last_used_at.is_none_or(|at| now - at >= chrono::Duration::from_std(LAST_USED_EVERY).unwrap_or_default());
-    if stale {
-        crate::store::logged(state.store.touch_token(row.id, now).await, "stamp a token's last use");
-    }
+    let hash = auth::hash_token(&token);
+    let (user, row) = state.store.token_by_hash(&hash, chrono::Utc::now()).await?.ok_or_else(ApiError::unauthorized)?;
     Ok(Principal::new(user, &row))
 }
 

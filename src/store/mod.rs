@@ -143,8 +143,11 @@ pub trait Store: Send + Sync + 'static {
     async fn ensure_user(&self, name: &str) -> StoreResult<User>;
     async fn insert_token(&self, new: &NewToken) -> StoreResult<ApiToken>;
     /// The user and row of a token hash, only while the token is neither
-    /// revoked nor expired (expiry judged by the database's clock).
-    async fn token_by_hash(&self, token_hash: &str) -> StoreResult<Option<(User, ApiToken)>>;
+    /// revoked nor expired (expiry judged by the database's clock); the row
+    /// as it was read. In the same round trip, writes `last_used_at = now`
+    /// unless the stored stamp is younger than [`LAST_USED_EVERY`] (so at
+    /// most once a minute across instances).
+    async fn token_by_hash(&self, token_hash: &str, now: DateTime<Utc>) -> StoreResult<Option<(User, ApiToken)>>;
     /// A token by id, whoever owns it, revoked or not.
     async fn token_by_id(&self, id: Uuid) -> StoreResult<Option<ApiToken>>;
     /// A user's tokens, oldest first, revoked ones included.
@@ -152,9 +155,6 @@ pub trait Store: Send + Sync + 'static {
     /// Revokes a token (of `user_id` when given); false when there is no
     /// such token. Revoking twice keeps the first revocation time.
     async fn revoke_token(&self, user_id: Option<Uuid>, id: Uuid) -> StoreResult<bool>;
-    /// Writes `last_used_at = now` unless the stored stamp is younger than
-    /// [`LAST_USED_EVERY`] (so at most once a minute across instances).
-    async fn touch_token(&self, id: Uuid, now: DateTime<Utc>) -> StoreResult<()>;
     /// Binds a token to `host_id` if it is bound to none yet; returns the
     /// host it is bound to afterwards (None: no such token).
     async fn bind_token_host(&self, id: Uuid, host_id: Uuid) -> StoreResult<Option<Uuid>>;

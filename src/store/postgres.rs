@@ -370,15 +370,20 @@ impl Store for PgStore {
         token_row(&row)
     }
 
-    async fn token_by_hash(&self, token_hash: &str) -> StoreResult<Option<(User, ApiToken)>> {
+    async fn token_by_hash(&self, token_hash: &str, now: DateTime<Utc>) -> StoreResult<Option<(User, ApiToken)>> {
         let cols: String = TOKEN_COLS.split(", ").map(|c| format!("t.{c}")).collect::<Vec<_>>().join(", ");
         let row = self
             .query_opt(
                 &format!(
-                    "SELECT {cols}, u.id, u.name, u.created_at FROM api_tokens t JOIN users u ON u.id = t.user_id \
-                     WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())"
+                    "WITH found AS (SELECT {cols}, u.id AS uid, u.name AS uname, u.created_at AS ucreated \
+                       FROM api_tokens t JOIN users u ON u.id = t.user_id \
+                       WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())), \
+                     stamped AS (UPDATE api_tokens a SET last_used_at = $2::timestamptz FROM found \
+                       WHERE a.id = found.id AND (a.last_used_at IS NULL \
+                       OR a.last_used_at <= $2::timestamptz - make_interval(secs => $3))) \
+                     SELECT * FROM found"
                 ),
-                &[&token_hash],
+                &[&token_hash, &now, &secs(LAST_USED_EVERY)],
             )
             .await?;
         let Some(row) = row else { return Ok(None) };
@@ -414,16 +419,6 @@ impl Store for PgStore {
             )
             .await?;
         Ok(n == 1)
-    }
-
-    async fn touch_token(&self, id: Uuid, now: DateTime<Utc>) -> StoreResult<()> {
-        self.execute(
-            "UPDATE api_tokens SET last_used_at = $2::timestamptz \
-             WHERE id = $1 AND (last_used_at IS NULL OR last_used_at <= $2::timestamptz - make_interval(secs => $3))",
-            &[&id, &now, &secs(LAST_USED_EVERY)],
-        )
-        .await?;
-        Ok(())
     }
 
     async fn bind_token_host(&self, id: Uuid, host_id: Uuid) -> StoreResult<Option<Uuid>> {

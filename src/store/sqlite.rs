@@ -186,6 +186,19 @@ fn run_from_raw(raw: RunRaw) -> StoreResult<Run> {
     Ok(run)
 }
 
+/// The rows of `table` after a list cursor (docs/REST.md, "Lists"), with
+/// the cursor's creation time in `?at` and id in `?id`. SQLite stamps
+/// milliseconds, so rows created in the same one are common: their order is
+/// the insertion order (rowid, which every index ends with), found from the
+/// cursor's id; when that row was deleted, the page starts after every row
+/// of its millisecond, as it would have after the deleted one.
+fn after_cursor(table: &str, at: u8, id: u8) -> String {
+    format!(
+        "(?{at} IS NULL OR created_at > ?{at} OR (created_at = ?{at} AND rowid > \
+         COALESCE((SELECT rowid FROM {table} WHERE id = ?{id}), 9223372036854775807)))"
+    )
+}
+
 /// How long a statement waits for another connection's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The page cache: 64 MiB (a negative `cache_size` counts KiB, not pages).
@@ -501,10 +514,16 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn token_by_hash(&self, token_hash: &str) -> StoreResult<Option<(User, ApiToken)>> {
+    async fn token_by_hash(&self, token_hash: &str, now: DateTime<Utc>) -> StoreResult<Option<(User, ApiToken)>> {
         let hash = token_hash.to_string();
         self.call(move |c| {
             let Some(token) = token_by(c, USABLE_TOKEN_BY_HASH, &[&hash, &now_ms()])? else { return Ok(None) };
+            let now = now.timestamp_millis();
+            c.prepare_cached(
+                "UPDATE api_tokens SET last_used_at = ?1 \
+                 WHERE id = ?2 AND (last_used_at IS NULL OR last_used_at <= ?1 - ?3)",
+            )?
+            .execute(params![now, token.id.to_string(), ttl_ms(LAST_USED_EVERY)])?;
             let user = c
                 .query_row(
                     &format!("SELECT {USER_COLS} FROM users WHERE id = ?1"),
@@ -539,20 +558,6 @@ impl Store for SqliteStore {
                 params![now_ms(), id.to_string(), user_id.map(|u| u.to_string())],
             )?;
             Ok(n == 1)
-        })
-        .await
-    }
-
-    async fn touch_token(&self, id: Uuid, now: DateTime<Utc>) -> StoreResult<()> {
-        self.call(move |c| {
-            let now = now.timestamp_millis();
-            let every = ttl_ms(LAST_USED_EVERY);
-            c.execute(
-                "UPDATE api_tokens SET last_used_at = ?1 \
-                 WHERE id = ?2 AND (last_used_at IS NULL OR last_used_at <= ?1 - ?3)",
-                params![now, id.to_string(), every],
-            )?;
-            Ok(())
         })
         .await
     }
@@ -642,10 +647,11 @@ impl Store for SqliteStore {
             let (after_at, after_id) = page.after.map(|(at, id)| (at.timestamp_millis(), id.to_string())).unzip();
             let mut stmt = c.prepare_cached(&format!(
                 "SELECT * FROM (SELECT {HOST_COLS}, EXISTS (SELECT 1 FROM leases l \
-                   WHERE l.key = 'host:' || h.id AND l.expires_at > ?2) AS live \
+                   WHERE l.key = 'host:' || h.id AND l.expires_at > ?2) AS live, h.rowid AS seq \
                  FROM hosts h WHERE user_id = ?1 \
-                 AND (?3 IS NULL OR (created_at, id) > (?3, ?4))) \
-                 WHERE (?5 IS NULL OR live = ?5) ORDER BY created_at, id LIMIT ?6"
+                 AND {}) \
+                 WHERE (?5 IS NULL OR live = ?5) ORDER BY created_at, seq LIMIT ?6",
+                after_cursor("hosts", 3, 4)
             ))?;
             let raws = stmt
                 .query_map(params![user_id.to_string(), now_ms(), after_at, after_id, online, page.sql_limit()], |r| {
@@ -778,8 +784,8 @@ impl Store for SqliteStore {
             let mut stmt = c.prepare_cached(&format!(
                 "SELECT {TERMINAL_COLS} FROM terminals WHERE user_id = ?1 \
                  AND (?2 IS NULL OR host_id = ?2) AND (?3 IS NULL OR state = ?3) \
-                 AND (?4 IS NULL OR (created_at, id) > (?4, ?5)) \
-                 ORDER BY created_at, id LIMIT ?6"
+                 AND {} ORDER BY created_at, rowid LIMIT ?6",
+                after_cursor("terminals", 4, 5)
             ))?;
             let raws = stmt
                 .query_map(
@@ -1109,8 +1115,8 @@ impl Store for SqliteStore {
             let (after_at, after_id) = page.after.map(|(at, id)| (at.timestamp_millis(), id.to_string())).unzip();
             let mut stmt = c.prepare_cached(&format!(
                 "SELECT {RUN_COLS} FROM runs WHERE user_id = ?1 AND (?2 IS NULL OR host_id = ?2) \
-                 AND (?3 IS NULL OR (created_at, id) > (?3, ?4)) \
-                 ORDER BY created_at, id LIMIT ?5"
+                 AND {} ORDER BY created_at, rowid LIMIT ?5",
+                after_cursor("runs", 3, 4)
             ))?;
             let raws = stmt
                 .query_map(
