@@ -8,6 +8,8 @@ use std::num::NonZeroU16;
 
 use bytes::Bytes;
 
+use super::screen_skip::ScrollSkip;
+
 /// Grids are clamped to 1..=1000 in both directions (docs/PROTOCOL.md, "Terminals").
 const MAX_GRID: u16 = 1000;
 
@@ -57,21 +59,26 @@ fn clamp_dimension(value: u32) -> NonZeroU16 {
 /// The terminal's current screen.
 pub struct ScreenModel {
     parser: vt100::Parser,
+    /// Keeps text that scrolls off unseen from being parsed (`screen_skip`).
+    skip: ScrollSkip,
 }
 
 impl ScreenModel {
     pub fn new(size: GridSize) -> Self {
         // No scrollback: snapshots repaint the visible screen only, and the
-        // ring buffer already holds recent history.
-        Self { parser: vt100::Parser::new(size.rows, size.cols, 0) }
+        // ring buffer already holds recent history. `ScrollSkip` relies on
+        // this: with scrollback, skipped lines would be missing from it.
+        Self { parser: vt100::Parser::new(size.rows, size.cols, 0), skip: ScrollSkip::default() }
     }
 
-    pub fn process(&mut self, output: &[u8]) {
-        self.parser.process(output);
+    /// Parses output into the screen; returns how many of its bytes were
+    /// skipped as scrolled off unseen (see `screen_skip`).
+    pub fn process(&mut self, output: &[u8]) -> usize {
+        self.skip.process(&mut self.parser, output)
     }
 
     pub fn resize(&mut self, size: GridSize) {
-        self.parser.set_size(size.rows, size.cols);
+        self.skip.resize(&mut self.parser, size.rows, size.cols);
     }
 
     /// Escape sequences that repaint the screen on a terminal of the same
