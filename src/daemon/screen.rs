@@ -85,7 +85,8 @@ impl ScreenModel {
     /// size: buffer (main/alternate), contents with attributes, cursor
     /// position and visibility, and input modes (keypad, bracketed paste,
     /// mouse) so a fresh viewer behaves like the one that was there.
-    pub fn snapshot(&self) -> Bytes {
+    pub fn snapshot(&mut self) -> Bytes {
+        self.skip.flush(&mut self.parser);
         let screen = self.parser.screen();
         let buffer_switch = if screen.alternate_screen() { ENTER_ALTERNATE_SCREEN } else { LEAVE_ALTERNATE_SCREEN };
         let state = screen.state_formatted();
