@@ -747,6 +747,20 @@ mod tests {
             .ends_with("00019999 the quick brown fox jumps over the lazy dog 0123456789"));
     }
 
+    /// vt100 0.18.1 resets a grid's region to the whole new screen on a
+    /// resize (growing too), so skipping may go on after one.
+    #[test]
+    fn a_resize_makes_the_region_full() {
+        let burst: Vec<u8> = b"line\r\n".repeat(50);
+        let mut pair = Pair::new(5, 20);
+        pair.feed(b"\x1b[2;3r");
+        pair.resize(9, 20);
+        assert!(state(&pair.plain).contains("scroll_top: 0, scroll_bottom: 8,"), "{}", state(&pair.plain));
+        pair.feed(&burst);
+        assert!(pair.skipped > 0);
+        pair.assert_same("after a resize");
+    }
+
     /// Text after a partial region is parsed in full until the region is
     /// the whole screen again.
     #[test]
