@@ -9,8 +9,9 @@
 //! - `connection`: dialing, the ordered outbound queue, frame decoding;
 //! - `terminal`: the per-terminal task that owns the output stream;
 //! - `pty`: spawning on a PTY and the blocking I/O threads;
-//! - `screen`, `ring`, `escape_boundary`: the screen model, the output ring
-//!   buffer, and where the stream may be cut;
+//! - `screen`, `screen_skip`, `screen_worker`, `ring`, `escape_boundary`:
+//!   the screen model, its cheap path for text that scrolls off unseen, its
+//!   thread, the output ring buffer, and where the stream may be cut;
 //! - `ping_ledger`: when the server has a finished terminal's last frames;
 //! - `dirs`, `state`, `limits`, `registration`, `server_url`, `backoff`.
 //!
@@ -29,6 +30,7 @@ mod pty;
 mod registration;
 mod ring;
 mod screen;
+mod screen_skip;
 mod screen_worker;
 mod server_url;
 mod state;

@@ -8,6 +8,8 @@ use std::num::NonZeroU16;
 
 use bytes::Bytes;
 
+use super::screen_skip::ScrollSkip;
+
 /// Grids are clamped to 1..=1000 in both directions (docs/PROTOCOL.md, "Terminals").
 const MAX_GRID: u16 = 1000;
 
@@ -57,28 +59,34 @@ fn clamp_dimension(value: u32) -> NonZeroU16 {
 /// The terminal's current screen.
 pub struct ScreenModel {
     parser: vt100::Parser,
+    /// Keeps text that scrolls off unseen from being parsed (`screen_skip`).
+    skip: ScrollSkip,
 }
 
 impl ScreenModel {
     pub fn new(size: GridSize) -> Self {
         // No scrollback: snapshots repaint the visible screen only, and the
-        // ring buffer already holds recent history.
-        Self { parser: vt100::Parser::new(size.rows, size.cols, 0) }
+        // ring buffer already holds recent history. `ScrollSkip` relies on
+        // this: with scrollback, skipped lines would be missing from it.
+        Self { parser: vt100::Parser::new(size.rows, size.cols, 0), skip: ScrollSkip::default() }
     }
 
-    pub fn process(&mut self, output: &[u8]) {
-        self.parser.process(output);
+    /// Parses output into the screen; returns how many of its bytes were
+    /// skipped as scrolled off unseen (see `screen_skip`).
+    pub fn process(&mut self, output: &[u8]) -> usize {
+        self.skip.process(&mut self.parser, output)
     }
 
     pub fn resize(&mut self, size: GridSize) {
-        self.parser.set_size(size.rows, size.cols);
+        self.skip.resize(&mut self.parser, size.rows, size.cols);
     }
 
     /// Escape sequences that repaint the screen on a terminal of the same
     /// size: buffer (main/alternate), contents with attributes, cursor
     /// position and visibility, and input modes (keypad, bracketed paste,
     /// mouse) so a fresh viewer behaves like the one that was there.
-    pub fn snapshot(&self) -> Bytes {
+    pub fn snapshot(&mut self) -> Bytes {
+        self.skip.flush(&mut self.parser);
         let screen = self.parser.screen();
         let buffer_switch = if screen.alternate_screen() { ENTER_ALTERNATE_SCREEN } else { LEAVE_ALTERNATE_SCREEN };
         let state = screen.state_formatted();
