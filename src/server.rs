@@ -86,6 +86,27 @@ fn ignore_file_size_signal() {
     unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) };
 }
 
+/// Raises the soft open-file limit to the hard one: every daemon and viewer
+/// socket is a file, and container runtimes and shells often start a
+/// process at a soft 1,024 under a far higher hard limit
+/// (docs/OPERATIONS.md, "Capacity"). Returns the limit in force.
+fn raise_open_file_limit() -> Option<u64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return None;
+        }
+        if limit.rlim_cur < limit.rlim_max {
+            let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit = raised;
+            }
+        }
+    }
+    Some(limit.rlim_cur)
+}
+
 async fn wait_for_stop_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match signal(SignalKind::terminate()) {
@@ -134,6 +155,7 @@ async fn drain(state: &AppState) {
 /// Opens the store and binds the listener.
 pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     ignore_file_size_signal();
+    let open_files = raise_open_file_limit();
     let settings = Arc::new(settings);
     let serving = Serving::of(role, settings.director.enabled);
     let ticket_key = match serving.placement {
@@ -142,7 +164,12 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     };
     let store = store::open(&settings).await?;
     let instance = Instance::new(settings.cell_id(), role);
-    tracing::info!(instance_id = %instance.instance_id, backend = store.backend(), "tether_instance_starting");
+    tracing::info!(
+        instance_id = %instance.instance_id,
+        backend = store.backend(),
+        open_files,
+        "tether_instance_starting"
+    );
     let director = match ticket_key {
         Some(key) => Some(web::Data::new(crate::director::start(&settings, store.clone(), key)?)),
         None => None,

@@ -3,7 +3,7 @@
 //! per user behind one address and `http.trusted_proxies`, half-open
 //! handshakes (slow loris) cut at their deadline without a slot, a daemon whose
 //! allowlist is locked, the caps on a daemon's dirs, JSON nested too deep,
-//! and the audit record of a real terminal session.
+//! the audit record of a real terminal session, and the open-file limit.
 
 mod support;
 
@@ -79,6 +79,29 @@ async fn state_files_are_private() {
     for name in ["host.json", "dirs.json"] {
         assert_eq!(mode(&state_dir.join(name)), 0o600, "{name}");
     }
+}
+
+/// `serve` raises its soft open-file limit to the hard one: a process
+/// started at a soft 512 (as shells and container runtimes often start
+/// one at 1,024) could otherwise hold only a few hundred sockets.
+#[actix_rt::test]
+async fn serve_raises_its_open_file_limit_to_the_hard_one() {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit read and write the struct passed. Each
+    // test runs in its own process (nextest), and the child inherits it.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit), 0);
+        assert!(limit.rlim_max > 512, "the hard limit here: {}", limit.rlim_max);
+        let low = libc::rlimit { rlim_cur: 512, rlim_max: limit.rlim_max };
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &low), 0);
+    }
+    let server = TetherServer::start(&[], &[]).await;
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", server.pid())).expect("read the limits");
+    let open_files = limits.lines().find(|l| l.starts_with("Max open files")).expect("the open-files line");
+    let figures: Vec<&str> = open_files.split_whitespace().skip(3).take(2).collect();
+    let hard = limit.rlim_max.to_string();
+    assert_eq!(figures, [hard.as_str(), hard.as_str()], "{open_files}");
+    assert!(server.log().contains("open_files"), "the figure is logged: {}", server.log());
 }
 
 /// True when the socket is still open after a short wait (it was served,
