@@ -256,6 +256,13 @@ impl<'a> Ticks<'a> {
         }
     }
 
+    /// The last 150 lines of the log of the server the viewer is on.
+    fn log_tail(&self) -> String {
+        let log = self.server.log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(150)..].join("\n")
+    }
+
     /// The number of the last complete line so far.
     pub fn last(&self) -> u64 {
         tick_numbers(&String::from_utf8_lossy(&self.stream)).last().copied().unwrap_or(0)
@@ -274,7 +281,13 @@ impl<'a> Ticks<'a> {
                     assert_eq!(self.viewer.start, from, "resumed from the last byte, not repainted");
                     self.reattached += 1;
                 }
-                Some(Event::Close(code)) => panic!("closed {code:?} after tick-{}", self.last()),
+                Some(Event::Close(code)) => {
+                    panic!(
+                        "closed {code:?} after tick-{}; the end of its server's log:\n{}",
+                        self.last(),
+                        self.log_tail()
+                    )
+                }
                 Some(_) => {}
                 None => panic!("the stream stalled; got {:?}", String::from_utf8_lossy(&self.stream)),
             }
