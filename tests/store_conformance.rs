@@ -197,7 +197,6 @@ async fn ended_tokens_are_read_from_the_log(store: &Arc<dyn Store>) {
     let ann = user(store, "ann").await;
     let h = host(store, &ann, "box").await;
     let t = terminal(store, &h).await;
-    let soon = chrono::Utc::now() + chrono::Duration::milliseconds(300);
     let token = |hash: &'static str, expires_at, terminal_id| {
         let new = NewToken { expires_at, terminal_id, ..NewToken::full(ann.id, hash) };
         let new = if terminal_id.is_some() { NewToken { scope: TokenScope::Read, ..new } } else { new };
@@ -205,18 +204,19 @@ async fn ended_tokens_are_read_from_the_log(store: &Arc<dyn Store>) {
     };
     let kept = token("hash-kept", None, None).await;
     let revoked = token("hash-revoked", None, None).await;
-    let expiring = token("hash-expiring", Some(soon), None).await;
     let shared = token("hash-shared", None, Some(t.id)).await;
 
     let start = store.ended_tokens(None, &[]).await.expect("look");
     assert!(start.ended.is_empty(), "no window and no fresh id: nothing");
     let since = Some(start.checked_at);
     assert!(store.ended_tokens(since, &[kept]).await.expect("look").ended.is_empty(), "nothing ended yet");
+    // Expiring inside the window, however slow the machine: just after its start.
+    let expiring = token("hash-expiring", Some(start.checked_at + chrono::Duration::milliseconds(1)), None).await;
 
     assert!(store.revoke_token(None, revoked).await.expect("revoke"));
     assert!(store.mark_exited(h.id, t.id, ExitStatus::default()).await.expect("exit"));
     assert_eq!(store.delete_terminal(ann.id, t.id).await.expect("delete"), DeleteOutcome::Deleted);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
     let found = store.ended_tokens(since, &[]).await.expect("look");
     let mut ended = found.ended.clone();
     ended.sort();
