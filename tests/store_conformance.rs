@@ -212,6 +212,8 @@ async fn ended_tokens_are_read_from_the_log(store: &Arc<dyn Store>) {
     assert!(store.ended_tokens(since, &[kept]).await.expect("look").ended.is_empty(), "nothing ended yet");
     // Expiring inside the window, however slow the machine: just after its start.
     let expiring = token("hash-expiring", Some(start.checked_at + chrono::Duration::milliseconds(1)), None).await;
+    // The changes below must come after `since`, and SQLite stamps milliseconds.
+    tokio::time::sleep(Duration::from_millis(2)).await;
 
     assert!(store.revoke_token(None, revoked).await.expect("revoke"));
     assert!(store.mark_exited(h.id, t.id, ExitStatus::default()).await.expect("exit"));
