@@ -359,7 +359,10 @@ impl Actor for HomeViewer {
                     act.forward(msg, ctx);
                 }
             }
-            _ => act.close_client(close::HOST_GONE, "the host moved; reattach", ctx),
+            other => {
+                tracing::info!(terminal_id = %act.terminal_id, answer = ?other, "tether_home_viewer_join_failed");
+                act.close_client(close::HOST_GONE, "the host moved; reattach", ctx);
+            }
         })
         .wait(ctx);
     }
@@ -420,6 +423,7 @@ impl Handler<FromOwner> for HomeViewer {
             Some(viewer_frame::Frame::Close(c)) => {
                 self.attached = false; // the owner already let it go
                 let code = u16::try_from(c.code).unwrap_or(close::INTERNAL);
+                tracing::info!(terminal_id = %self.terminal_id, code, reason = %c.reason, "tether_home_viewer_closed_by_owner");
                 self.close_client(code, &c.reason, ctx);
             }
             None => {}
@@ -822,6 +826,7 @@ async fn check_homes(relay: &RelayContext, grace: &mut LapseGrace) {
 /// Tells a home to close viewers this owner does not know (they reattach).
 pub async fn unknown_viewers(relay: &RelayContext, home: &str, unknown: Vec<(Uuid, u64)>) {
     for (terminal_id, viewer_id) in unknown {
+        tracing::info!(%terminal_id, viewer_id, %home, "tether_remote_viewer_unknown");
         let close = bus::Close { code: u32::from(close::HOST_GONE), reason: "reattach".into() };
         let frame =
             bus::ViewerFrame { home: home.to_string(), viewer_id, frame: Some(viewer_frame::Frame::Close(close)) };
