@@ -221,6 +221,25 @@ impl TetherServer {
 impl Drop for TetherServer {
     fn drop(&mut self) {
         self.kill();
+        if std::thread::panicking() {
+            self.keep_log();
+        }
+    }
+}
+
+impl TetherServer {
+    /// A failing test's server log outlives the scratch dir: it is copied
+    /// to `$TMPDIR/tether-test-logs/` and the path printed, so a failure
+    /// that needs the server's side (a race across instances, say) can be
+    /// read after the run, in CI too.
+    fn keep_log(&self) {
+        let dir = std::env::temp_dir().join("tether-test-logs");
+        let test = std::thread::current().name().unwrap_or("test").replace("::", "-");
+        let kept = dir.join(format!("{test}-{}-{}.log", self.listen.replace(':', "_"), self.child.id()));
+        match std::fs::create_dir_all(&dir).and_then(|()| std::fs::copy(&self.log_path, &kept)) {
+            Ok(_) => eprintln!("the log of tether serve on {} is kept in {}", self.listen, kept.display()),
+            Err(e) => eprintln!("could not keep the log of tether serve on {}: {e}", self.listen),
+        }
     }
 }
 
