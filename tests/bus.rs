@@ -89,6 +89,77 @@ async fn cluster_delivers_100k_messages_in_order() {
     ordered_delivery(false).await;
 }
 
+/// Four threads publish on one channel at once, as an instance's workers
+/// do when several viewers of one host type or report credit: the
+/// receiver sees the sender's sequence numbers in order, with no jump. A
+/// number taken before another but handed to Redis after it would read as
+/// a loss, and the owner would close viewers that lost nothing.
+async fn concurrent_publishers_keep_the_order(backend: Option<bool>) {
+    let mut s = match backend {
+        Some(standalone) => settings(standalone),
+        None => Settings::default(),
+    };
+    // Room for everything: this test is about order, not a full inbox.
+    s.bus.inbox_messages = 32_768;
+    let (sender, sender_inbox) = Bus::from_settings(&s, "a#000001").expect("bus a");
+    let sender = std::sync::Arc::new(sender);
+    // Without Redis the instance hears only itself.
+    let (receiver, mut inbox) = match backend {
+        Some(_) => {
+            let (receiver, inbox) = Bus::from_settings(&s, "b#000002").expect("bus b");
+            (Some(receiver), inbox)
+        }
+        None => (None, sender_inbox),
+    };
+    let channel = sender.host_channel(uuid::Uuid::new_v4());
+    receiver.as_ref().unwrap_or(&sender).subscribe(&channel).await.expect("subscribe");
+
+    const THREADS: u64 = 4;
+    const EACH: u64 = 5_000;
+    let publishers: Vec<_> = (0..THREADS)
+        .map(|_| {
+            let (sender, channel) = (sender.clone(), channel.clone());
+            std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                runtime.block_on(async {
+                    for n in 0..EACH {
+                        assert_eq!(sender.publish(&channel, reply(n)).await.expect("publish"), 1);
+                    }
+                });
+            })
+        })
+        .collect();
+    let mut last = 0;
+    while last < THREADS * EACH {
+        match next(&mut inbox, "messages of four publishers").await {
+            Inbound::Message { envelope, .. } => {
+                assert_eq!(envelope.seq, last + 1, "a message was reordered or lost after {last}");
+                last = envelope.seq;
+            }
+            Inbound::Gap { lost, .. } => panic!("a gap of {lost} after {last}"),
+            Inbound::Reset { .. } => unreachable!("skipped by next()"),
+        }
+    }
+    tokio::task::spawn_blocking(move || publishers.into_iter().for_each(|p| p.join().expect("publisher")))
+        .await
+        .expect("publishers");
+}
+
+#[actix_rt::test]
+async fn concurrent_publishers_keep_the_order_in_process() {
+    concurrent_publishers_keep_the_order(None).await;
+}
+
+#[actix_rt::test]
+async fn concurrent_publishers_keep_the_order_on_standalone() {
+    concurrent_publishers_keep_the_order(Some(true)).await;
+}
+
+#[actix_rt::test]
+async fn concurrent_publishers_keep_the_order_on_a_cluster() {
+    concurrent_publishers_keep_the_order(Some(false)).await;
+}
+
 /// Two subscribers of one channel on one instance share one subscription:
 /// the first unsubscribe keeps it, the last one ends it.
 #[actix_rt::test]

@@ -234,18 +234,26 @@ impl Bus {
     }
 
     /// Publishes `body` on `channel`; answers how many subscribers heard it.
+    ///
+    /// The sequence number is taken and the message handed to the backend
+    /// under one lock, so messages leave in the order of their numbers even
+    /// when several threads publish on one channel at once; otherwise a
+    /// receiver would take a reordering for a loss (a gap) and close viewers
+    /// that lost nothing.
     pub async fn publish(&self, channel: &str, body: envelope::Body) -> Result<u64, BusError> {
-        let seq = {
+        let handed = {
             let mut seqs = self.seqs.lock().unwrap_or_else(|e| e.into_inner());
             let next = seqs.entry(channel.to_string()).or_insert(0);
             *next += 1;
-            *next
+            let envelope = Envelope { sender: self.instance_id.clone(), seq: *next, body: Some(body) };
+            match &self.backend {
+                Backend::Local(local) => Ok(local.publish(channel, envelope)),
+                Backend::Redis(redis) => Err(redis.hand_over(channel, Bytes::from(envelope.encode_to_vec()))),
+            }
         };
-        let envelope = Envelope { sender: self.instance_id.clone(), seq, body: Some(body) };
-        let payload = Bytes::from(envelope.encode_to_vec());
-        let receivers = match &self.backend {
-            Backend::Local(local) => local.publish(channel, envelope),
-            Backend::Redis(redis) => redis.publish(channel, payload).await?,
+        let receivers = match handed {
+            Ok(receivers) => receivers,
+            Err(answer) => answer.await?,
         };
         metrics::counter!("tether_bus_published_total", "kind" => self.kind(channel)).increment(1);
         Ok(receivers)
