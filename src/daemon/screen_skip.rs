@@ -129,8 +129,6 @@ pub struct ScrollSkip {
     utf8_pending: bool,
     main_region_full: bool,
     alternate_region_full: bool,
-    /// The positions of the last `rows + 1` LFs of the run being scanned.
-    line_feeds: Vec<usize>,
     synthetic: Vec<u8>,
     /// The end of the input when it is an unfinished plain run: not parsed
     /// yet, because the next chunk may scroll it away too (reads from a
@@ -160,7 +158,6 @@ impl Default for ScrollSkip {
             utf8_pending: false,
             main_region_full: true,
             alternate_region_full: true,
-            line_feeds: Vec::new(),
             synthetic: Vec::new(),
             held: Vec::new(),
             open_run: None,
@@ -204,7 +201,7 @@ impl ScrollSkip {
         let mut i = 0;
         while i < data.len() {
             if self.state == VtState::Ground {
-                let end = data[i..].iter().position(|&byte| byte == 0x1b).map_or(data.len(), |at| i + at);
+                let end = memchr::memchr(0x1b, &data[i..]).map_or(data.len(), |at| i + at);
                 skipped += self.scan_ground(parser, data, i, end, &mut fed);
                 i = end;
                 if i < data.len() {
@@ -365,7 +362,9 @@ impl ScrollSkip {
     }
 
     /// Scans `data[start..end]`, which vte reads in ground (no ESC in it),
-    /// for plain runs worth skipping.
+    /// for plain runs worth skipping. Per byte it only checks that the run
+    /// goes on; the line feeds that decide the split are found from the
+    /// run's end with `memrchr`.
     fn scan_ground(&mut self, parser: &mut Parser, data: &[u8], start: usize, end: usize, fed: &mut usize) -> usize {
         let rows = usize::from(parser.screen().size().0.get());
         let mut skipped = 0;
@@ -376,34 +375,22 @@ impl ScrollSkip {
                 continue;
             }
             let run_start = i;
-            let mut line_feeds = 0usize;
-            let mut last_printable = None;
-            self.line_feeds.resize(rows + 1, 0);
-            while i < end && is_plain(data[i]) {
-                match data[i] {
-                    b'\n' => {
-                        self.line_feeds[line_feeds % (rows + 1)] = i;
-                        line_feeds += 1;
-                    }
-                    b'\r' | b'\t' => {}
-                    _ => last_printable = Some(i),
-                }
-                i += 1;
-            }
+            i = data[i..end].iter().position(|&byte| !is_plain(byte)).map_or(end, |at| i + at);
             if i == data.len() {
                 self.open_run = Some(run_start);
             }
-            if line_feeds <= rows {
-                continue;
-            }
+            let run = &data[run_start..i];
+            // The LF after which exactly `rows` LFs of the run follow.
+            let Some(split) = memchr::memrchr_iter(b'\n', run).nth(rows) else { continue };
+            let last_printable = run.iter().rposition(|&byte| !matches!(byte, b'\n' | b'\r' | b'\t'));
             // A non-ASCII byte just before the run may be an incomplete UTF-8
             // sequence that vte ends at the run's first byte: parse that byte.
             let before_non_ascii =
                 if run_start > start { !data[run_start - 1].is_ascii() } else { start == 0 && self.utf8_pending };
             let run = PlainRun {
                 start: run_start + usize::from(before_non_ascii),
-                split: self.line_feeds[(line_feeds - rows - 1) % (rows + 1)],
-                last_printable,
+                split: run_start + split,
+                last_printable: last_printable.map(|at| run_start + at),
             };
             skipped += self.skip(parser, data, &run, fed);
         }
@@ -476,24 +463,28 @@ fn decstbm_is_full(params: &[u16], rows: u16) -> bool {
 /// Follows the cursor through plain text from column `col` the way vt100
 /// moves it (width-1 characters, tab stops every 8, a pending wrap at
 /// `col == cols`): the number of row advances (LFs and wraps) and the
-/// column it ends in.
+/// column it ends in. Stretches of printable characters between the
+/// control bytes are taken whole: `n` of them from column `c` wrap
+/// `(c + n - 1) / cols` times.
 fn cursor_walk(text: &[u8], mut col: usize, cols: usize) -> (usize, usize) {
     let mut advances = 0;
-    for &byte in text {
-        match byte {
-            b'\n' => advances += 1,
-            b'\r' => col = 0,
-            b'\t' => col = (col - col % 8 + 8).min(cols - 1),
-            _ => {
-                if col >= cols {
-                    col = 0;
-                    advances += 1;
-                }
-                col += 1;
-            }
+    let mut at = 0;
+    loop {
+        let control = memchr::memchr3(b'\n', b'\r', b'\t', &text[at..]).map_or(text.len(), |found| at + found);
+        let printed = control - at;
+        if printed > 0 {
+            let wraps = (col + printed - 1) / cols;
+            advances += wraps;
+            col = col + printed - wraps * cols;
         }
+        match text.get(control) {
+            Some(b'\n') => advances += 1,
+            Some(b'\r') => col = 0,
+            Some(_) => col = (col - col % 8 + 8).min(cols - 1),
+            None => return (advances, col),
+        }
+        at = control + 1;
     }
-    (advances, col)
 }
 
 fn push_csi(out: &mut Vec<u8>, param: usize, final_byte: u8) {
@@ -686,6 +677,42 @@ mod tests {
 
     /// The property: whatever the output and however it is cut into
     /// chunks, the skipping parser ends in exactly the plain parser's state.
+    /// vt100's cursor, one byte at a time: what `cursor_walk` computes a
+    /// stretch at a time.
+    fn cursor_walk_byte_by_byte(text: &[u8], mut col: usize, cols: usize) -> (usize, usize) {
+        let mut advances = 0;
+        for &byte in text {
+            match byte {
+                b'\n' => advances += 1,
+                b'\r' => col = 0,
+                b'\t' => col = (col - col % 8 + 8).min(cols - 1),
+                _ => {
+                    if col >= cols {
+                        col = 0;
+                        advances += 1;
+                    }
+                    col += 1;
+                }
+            }
+        }
+        (advances, col)
+    }
+
+    #[test]
+    fn the_cursor_walk_matches_stepping_byte_by_byte() {
+        let mut rng = StdRng::seed_from_u64(10);
+        for case in 0..5_000 {
+            let cols: u16 = rng.random_range(1..=100);
+            let col = rng.random_range(0..=usize::from(cols));
+            let mut text = Vec::new();
+            for _ in 0..rng.random_range(0..6) {
+                text_line(&mut rng, cols, &mut text);
+            }
+            let cols = usize::from(cols);
+            assert_eq!(cursor_walk(&text, col, cols), cursor_walk_byte_by_byte(&text, col, cols), "case {case}");
+        }
+    }
+
     #[test]
     fn skipping_leaves_the_same_screen_as_parsing_everything() {
         const CASES: u64 = 3000;
