@@ -6,6 +6,11 @@
 //! forwards each chunk first and hands it to this worker, which parses on
 //! its own thread in stream order (docs/ARCHITECTURE.md, "The output path").
 //!
+//! Batches: chunks are handed over [`FEED_BATCH`] bytes at a time (they are
+//! `Bytes` shared with the output ring, so holding them copies nothing), and
+//! whatever is still held goes first when a snapshot or a resize is asked
+//! for. One wake-up of the thread per batch instead of one per PTY read.
+//!
 //! Exactness: jobs are handled strictly in the order they were queued, so
 //! a snapshot asked for after the chunk ending at offset N is the screen at
 //! exactly N, however far behind the parser was when it was asked.
@@ -21,15 +26,18 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::screen::{GridSize, ScreenModel};
 
-/// Chunks queued for the parser. Each is at most one PTY read plus a
-/// held-back tail (~16 KiB), so this lets the parser lag by about 1 MiB:
-/// enough to absorb bursts, small next to the output ring.
-const QUEUED_CHUNKS: usize = 64;
+/// Output held by the terminal task before it is handed to the thread.
+const FEED_BATCH: usize = 64 * 1024;
+/// Jobs queued for the parser. A batch is at most [`FEED_BATCH`] plus one
+/// PTY read and a held-back tail (~80 KiB), so this lets the parser lag by
+/// about 1.3 MiB: enough to absorb bursts, small next to what a program
+/// writes in a second.
+const QUEUED_JOBS: usize = 16;
 /// vt100 keeps its state on the heap; the stack only holds the parser's frames.
 const THREAD_STACK_BYTES: usize = 256 * 1024;
 
 enum Job {
-    Feed(Bytes),
+    Feed(Vec<Bytes>),
     Resize(GridSize),
     Snapshot(oneshot::Sender<Bytes>),
 }
@@ -37,6 +45,9 @@ enum Job {
 /// The terminal task's handle on its screen thread. Dropping it ends the thread.
 pub struct ScreenWorker {
     jobs: mpsc::Sender<Job>,
+    /// Output not handed to the thread yet, in order, and its length.
+    held: Vec<Bytes>,
+    held_bytes: usize,
     /// The size the model has once every queued job is done.
     size: GridSize,
 }
@@ -44,22 +55,37 @@ pub struct ScreenWorker {
 impl ScreenWorker {
     /// Starts the thread with a blank screen of `size`.
     pub fn start(name: String, size: GridSize) -> io::Result<Self> {
-        let (jobs, queue) = mpsc::channel(QUEUED_CHUNKS);
+        let (jobs, queue) = mpsc::channel(QUEUED_JOBS);
         std::thread::Builder::new()
             .name(name)
             .stack_size(THREAD_STACK_BYTES)
             .spawn(move || run(ScreenModel::new(size), queue))?;
-        Ok(Self { jobs, size })
+        Ok(Self { jobs, held: Vec::new(), held_bytes: 0, size })
     }
 
-    /// Queues output for the model, waiting while the queue is full.
-    pub async fn feed(&self, data: Bytes) {
+    /// Takes output for the model; a full batch is queued, waiting while
+    /// the queue is full.
+    pub async fn feed(&mut self, data: Bytes) {
+        self.held_bytes += data.len();
+        self.held.push(data);
+        if self.held_bytes >= FEED_BATCH {
+            self.hand_over().await;
+        }
+    }
+
+    /// Queues the output held so far.
+    async fn hand_over(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        self.held_bytes = 0;
         // A send fails only if the thread died; snapshots then say so.
-        let _ = self.jobs.send(Job::Feed(data)).await;
+        let _ = self.jobs.send(Job::Feed(std::mem::take(&mut self.held))).await;
     }
 
-    /// Resizes the model after the output queued so far.
+    /// Resizes the model after the output taken so far.
     pub async fn resize(&mut self, size: GridSize) {
+        self.hand_over().await;
         self.size = size;
         let _ = self.jobs.send(Job::Resize(size)).await;
     }
@@ -68,11 +94,12 @@ impl ScreenWorker {
         self.size
     }
 
-    /// The screen after everything queued so far (see [`ScreenModel::snapshot`]).
+    /// The screen after all output taken so far (see [`ScreenModel::snapshot`]).
     /// If the parser thread is gone (it panicked on some input), a blank
     /// repaint: a viewer then sees an empty screen that fills with the
     /// output that follows, which beats no terminal at all.
-    pub async fn snapshot(&self) -> Bytes {
+    pub async fn snapshot(&mut self) -> Bytes {
+        self.hand_over().await;
         let (answer, answered) = oneshot::channel();
         if self.jobs.send(Job::Snapshot(answer)).await.is_ok() {
             if let Ok(snapshot) = answered.await {
@@ -88,9 +115,11 @@ fn run(mut model: ScreenModel, mut queue: mpsc::Receiver<Job>) {
     let (mut fed_bytes, mut skipped_bytes) = (0usize, 0usize);
     while let Some(job) = queue.blocking_recv() {
         match job {
-            Job::Feed(data) => {
-                fed_bytes += data.len();
-                skipped_bytes += model.process(&data);
+            Job::Feed(batch) => {
+                for data in batch {
+                    fed_bytes += data.len();
+                    skipped_bytes += model.process(&data);
+                }
             }
             Job::Resize(size) => model.resize(size),
             Job::Snapshot(answer) => {

@@ -405,7 +405,7 @@ impl TerminalTask {
         }
     }
 
-    async fn final_frames(&self, child_exit: ChildExit, started_at: Instant) -> FinalFrames {
+    async fn final_frames(&mut self, child_exit: ChildExit, started_at: Instant) -> FinalFrames {
         let size = self.screen.size();
         let terminal_id = self.terminal_id.clone();
         let wall = child_exit.ended_at.saturating_duration_since(started_at);
