@@ -157,10 +157,13 @@ pub struct DaemonHandle {
     detach: Recipient<DetachArbiter>,
     request: Recipient<DaemonRequest>,
     close: Recipient<CloseDaemon>,
+    /// The thread the connection runs on; its terminals' arbiters start
+    /// there, so output and input pass between them without a thread hop.
+    thread: ArbiterHandle,
 }
 
 impl DaemonHandle {
-    /// The handle of a connection actor.
+    /// The handle of a connection actor, made on the connection's thread.
     pub fn of<A>(conn: &Addr<A>) -> Self
     where
         A: Actor
@@ -184,7 +187,13 @@ impl DaemonHandle {
             detach: conn.clone().recipient(),
             request: conn.clone().recipient(),
             close: conn.clone().recipient(),
+            thread: Arbiter::current(),
         }
+    }
+
+    /// The thread the connection runs on.
+    pub fn thread(&self) -> &ArbiterHandle {
+        &self.thread
     }
 
     /// A frame that needs no answer (input, resize, kill, credit).

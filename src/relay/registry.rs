@@ -411,20 +411,25 @@ pub struct OpenTerminal {
 impl Handler<OpenTerminal> for HostRegistry {
     type Result = MessageResult<OpenTerminal>;
     fn handle(&mut self, msg: OpenTerminal, ctx: &mut Context<Self>) -> Self::Result {
-        if let Some(entry) = self.terminals.get(&msg.terminal_id) {
+        // An arbiter whose thread ended (a worker that died) is replaced.
+        if let Some(entry) = self.terminals.get(&msg.terminal_id).filter(|entry| entry.addr.connected()) {
             return MessageResult(entry.link.clone());
         }
-        let online = self.hosts.get(&msg.host_id).and_then(|e| e.ready.clone().map(HostOnline));
+        let host = self.hosts.get(&msg.host_id);
+        let online = host.and_then(|e| e.ready.clone().map(HostOnline));
         let id = ArbiterId::next();
-        let arbiter = TerminalArbiter::new(
-            msg.terminal_id,
-            id,
-            self.arbiter_config.clone(),
-            self.store.clone(),
-            ctx.address().recipient(),
-            online,
-        )
-        .start();
+        let (config, store, registry) = (self.arbiter_config.clone(), self.store.clone(), ctx.address().recipient());
+        let terminal_id = msg.terminal_id;
+        let make = move |_: &mut Context<TerminalArbiter>| {
+            TerminalArbiter::new(terminal_id, id, config, store, registry, online)
+        };
+        // On the thread of the host's connection when it is here: the
+        // daemon's output and the viewers' input then reach the arbiter
+        // without waking another thread.
+        let arbiter = match host {
+            Some(entry) => TerminalArbiter::start_in_arbiter(entry.conn.thread(), make),
+            None => TerminalArbiter::create(make),
+        };
         let link = ArbiterLink::of(id, &arbiter);
         let entry = ArbiterEntry { host_id: msg.host_id, addr: arbiter, link: link.clone() };
         self.terminals.insert(msg.terminal_id, entry);
