@@ -292,6 +292,9 @@ impl Default for AuthSettings {
 #[serde(default, deny_unknown_fields)]
 pub struct DaemonSettings {
     pub hello_timeout_ms: u64,
+    /// A connected daemon that sends no frame this long is closed 1008
+    /// (it pings every 30 s).
+    pub idle_timeout_ms: u64,
     /// Flow control: bytes of one terminal's output a daemon may send ahead
     /// of what was handed to its viewers (docs/PROTOCOL.md, "Flow control").
     pub window_bytes: u64,
@@ -302,7 +305,7 @@ pub struct DaemonSettings {
 
 impl Default for DaemonSettings {
     fn default() -> Self {
-        Self { hello_timeout_ms: 10_000, window_bytes: 256 * 1024, max_pending_requests: 64 }
+        Self { hello_timeout_ms: 10_000, idle_timeout_ms: 95_000, window_bytes: 256 * 1024, max_pending_requests: 64 }
     }
 }
 
@@ -551,7 +554,7 @@ impl Settings {
                 return Err(invalid("cluster.secret", "must be at least 16 characters"));
             }
         }
-        let positive: [(&'static str, u64); 33] = [
+        let positive: [(&'static str, u64); 34] = [
             ("http.handshake_timeout_ms", self.http.handshake_timeout_ms),
             ("terminals.max_per_host", self.terminals.max_per_host),
             ("terminals.max_per_user", self.terminals.max_per_user),
@@ -573,6 +576,7 @@ impl Settings {
             ("sweep.stale_host_ms", self.sweep.stale_host_ms),
             ("sweep.launch_timeout_ms", self.sweep.launch_timeout_ms),
             ("daemon.hello_timeout_ms", self.daemon.hello_timeout_ms),
+            ("daemon.idle_timeout_ms", self.daemon.idle_timeout_ms),
             ("viewer.in_use_ms", self.viewer.in_use_ms),
             ("viewer.fresh_ms", self.viewer.fresh_ms),
             ("viewer.ping_timeout_ms", self.viewer.ping_timeout_ms),

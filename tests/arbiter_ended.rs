@@ -28,7 +28,7 @@ use tether::relay::arbiter::{ArbiterConfig, TerminalArbiter};
 use tether::relay::grid::GridTimings;
 use tether::relay::{
     ArbiterId, ArbiterIdle, ArbiterLink, AttachArbiter, CloseDaemon, DaemonHandle, DaemonLink, DaemonRequest,
-    DetachArbiter, HostOnline, Join, NotJoined, Retire, SpawnTerminal, ToDaemon, ViewerOut,
+    DetachArbiter, Heard, HostOnline, Join, NotJoined, Retire, SpawnTerminal, ToDaemon, ViewerOut,
 };
 use tether::store::{sqlite::SqliteStore, ExitStatus, NewTerminal, Store, TerminalSnapshot};
 
@@ -150,8 +150,11 @@ async fn an_arbiter_started_after_the_exit_says_so_and_goes_away() {
     let daemon = DaemonStandIn(seen.clone()).start();
     let registry = RegistryStandIn(seen.clone()).start();
     let viewer = ViewerStandIn(seen).start();
-    let link =
-        DaemonLink { daemon: DaemonHandle::of(&daemon), queue: Arc::new(AtomicUsize::new(0)), flow_control: true };
+    let link = DaemonLink {
+        daemon: DaemonHandle::of(&daemon, Heard::now()),
+        queue: Arc::new(AtomicUsize::new(0)),
+        flow_control: true,
+    };
     let id = ArbiterId::next();
     let arbiter =
         TerminalArbiter::new(terminal_id, id, config(), store.clone(), registry.recipient(), Some(HostOnline(link)))

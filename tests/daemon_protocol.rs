@@ -44,6 +44,40 @@ async fn no_hello_in_time_is_4408() {
     assert_eq!(sock.expect_close().await, Some(4408));
 }
 
+/// A connected daemon that sends no frame for `daemon.idle_timeout_ms` is
+/// closed 1008 by the registry's one idle check; one that pings stays.
+#[actix_rt::test]
+async fn a_silent_daemon_is_closed_1008_and_a_pinging_one_stays() {
+    let server = TetherServer::start(&[("TETHER_DAEMON__IDLE_TIMEOUT_MS", "1500")], &[]).await;
+    let (ann, ann_host) = user_with_host(&server, "ann").await;
+    let (bob, bob_host) = user_with_host(&server, "bob").await;
+    let mut silent = connected_daemon(&server, &ann, &ann_host).await;
+    let mut pinging = connected_daemon(&server, &bob, &bob_host).await;
+    let started = std::time::Instant::now();
+    let closed = async {
+        let code = silent.expect_close().await;
+        (code, started.elapsed())
+    };
+    let pings = async {
+        for _ in 0..12 {
+            pinging.send_frame(daemon_frame::Frame::Ping(Default::default())).await;
+            match pinging.next_server_frame().await {
+                server_frame::Frame::Pong(_) => {}
+                other => panic!("expected Pong, got {other:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    let ((code, after), ()) = tokio::join!(closed, pings);
+    assert_eq!(code, Some(1008));
+    assert!(after >= Duration::from_millis(1500), "closed after {after:?}, before the idle timeout");
+    // The pinging daemon outlived the silent one by over 2 s and still answers.
+    pinging.send_frame(daemon_frame::Frame::Ping(Default::default())).await;
+    assert!(matches!(pinging.next_server_frame().await, server_frame::Frame::Pong(_)));
+    let (_, body) = bob.get(&format!("/api/v1/hosts/{bob_host}")).await;
+    assert_eq!(body["host"]["state"], "online", "{body}");
+}
+
 #[actix_rt::test]
 async fn bad_or_missing_token_is_4401() {
     let server = server().await;

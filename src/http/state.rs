@@ -110,6 +110,7 @@ impl AppState {
             instance.instance_id.clone(),
             ms(settings.lease.ttl_ms),
             ms(settings.lease.renew_ms),
+            ms(settings.daemon.idle_timeout_ms),
             arbiter_config,
             bus.clone(),
         )

@@ -147,6 +147,35 @@ pub enum LifecycleEvent {
     Exited { status: ExitStatus, snapshot: Option<(Bytes, u16, u16)> },
 }
 
+/// When a daemon connection last received a frame: stamped by the
+/// connection, read by the registry's one idle check (every
+/// `IDLE_CHECK`), which replaces a timer per connection.
+#[derive(Clone)]
+pub struct Heard(std::sync::Arc<AtomicU64>);
+
+impl Heard {
+    /// Milliseconds since the first call in this process.
+    fn clock() -> u64 {
+        static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+        u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Heard just now.
+    pub fn now() -> Self {
+        Self(std::sync::Arc::new(AtomicU64::new(Self::clock())))
+    }
+
+    pub fn stamp(&self) {
+        self.0.store(Self::clock(), Ordering::Relaxed);
+    }
+
+    /// How long since the last stamp.
+    pub fn silence(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(Self::clock().saturating_sub(self.0.load(Ordering::Relaxed)))
+    }
+}
+
 /// A daemon connection as the registry, the arbiters and the request path
 /// reach it: one recipient per message it takes.
 #[derive(Clone)]
@@ -160,11 +189,13 @@ pub struct DaemonHandle {
     /// The thread the connection runs on; its terminals' arbiters start
     /// there, so output and input pass between them without a thread hop.
     thread: ArbiterHandle,
+    heard: Heard,
 }
 
 impl DaemonHandle {
-    /// The handle of a connection actor, made on the connection's thread.
-    pub fn of<A>(conn: &Addr<A>) -> Self
+    /// The handle of a connection actor, made on the connection's thread;
+    /// the connection stamps `heard` with every frame.
+    pub fn of<A>(conn: &Addr<A>, heard: Heard) -> Self
     where
         A: Actor
             + Handler<ToDaemon>
@@ -188,7 +219,13 @@ impl DaemonHandle {
             request: conn.clone().recipient(),
             close: conn.clone().recipient(),
             thread: Arbiter::current(),
+            heard,
         }
+    }
+
+    /// How long the connection has received nothing.
+    pub fn silence(&self) -> std::time::Duration {
+        self.heard.silence()
     }
 
     /// The thread the connection runs on.

@@ -33,6 +33,10 @@ use crate::store::{host_lease_key, LeaseHolder, Store};
 
 /// How soon a failed lease renewal is tried again.
 const RENEW_RETRY: Duration = Duration::from_millis(250);
+/// How often at most the registry looks for silent connections (one pass
+/// over all of them, instead of a timer per connection); a third of
+/// `daemon.idle_timeout_ms` when that is shorter.
+const IDLE_CHECK: Duration = Duration::from_secs(30);
 
 struct HostEntry {
     conn_no: u64,
@@ -53,6 +57,8 @@ pub struct HostRegistry {
     instance_id: String,
     lease_ttl: Duration,
     renew_every: Duration,
+    /// `daemon.idle_timeout_ms`: a connection silent this long is closed.
+    idle_limit: Duration,
     arbiter_config: ArbiterConfig,
     next_conn: u64,
     hosts: HashMap<Uuid, HostEntry>,
@@ -69,6 +75,7 @@ impl HostRegistry {
         instance_id: String,
         lease_ttl: Duration,
         renew_every: Duration,
+        idle_limit: Duration,
         arbiter_config: ArbiterConfig,
         bus: Arc<Bus>,
     ) -> Self {
@@ -77,6 +84,7 @@ impl HostRegistry {
             instance_id,
             lease_ttl,
             renew_every,
+            idle_limit,
             arbiter_config,
             next_conn: 0,
             hosts: HashMap::new(),
@@ -117,6 +125,14 @@ impl HostRegistry {
     /// The lease holder of one of this instance's connections.
     pub fn holder(instance_id: &str, conn_no: u64) -> LeaseHolder {
         LeaseHolder::connection(instance_id, conn_no)
+    }
+
+    /// Closes the connections that received nothing for `idle_limit`.
+    fn close_silent(&self) {
+        for (host_id, entry) in self.hosts.iter().filter(|(_, entry)| entry.conn.silence() > self.idle_limit) {
+            tracing::info!(%host_id, "tether_daemon_idle");
+            entry.conn.close(close::POLICY, "no frame within daemon.idle_timeout_ms");
+        }
     }
 
     fn renew(&mut self, ctx: &mut Context<Self>) {
@@ -180,6 +196,7 @@ impl Actor for HostRegistry {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.run_interval(self.renew_every, |act, ctx| act.renew(ctx));
+        ctx.run_interval(IDLE_CHECK.min(self.idle_limit / 3), |act, _| act.close_silent());
         if let Some(bus) = self.bus.take() {
             self.watch = WaitingWatch::start(bus, ctx.address());
         }

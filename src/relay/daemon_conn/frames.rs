@@ -44,7 +44,7 @@ impl Handler<Inbound> for DaemonConn {
     type Result = AtomicResponse<Self, ()>;
 
     fn handle(&mut self, msg: Inbound, ctx: &mut Context<Self>) -> Self::Result {
-        self.last_heard = Instant::now();
+        self.heard.stamp();
         let done = || AtomicResponse::new(Box::pin(actix::fut::ready(())));
         let Some(host_id) = self.host_id() else { return done() };
         let Some(frame) = msg.0.frame else { return done() };

@@ -120,11 +120,11 @@ impl Handler<Hello> for DaemonConn {
     type Result = AtomicResponse<Self, bool>;
 
     fn handle(&mut self, msg: Hello, ctx: &mut Context<Self>) -> Self::Result {
-        self.last_heard = Instant::now();
+        self.heard.stamp();
         let hello = msg.0;
         let relay = self.relay.clone();
         let principal = self.principal.clone();
-        let conn = DaemonHandle::of(&ctx.address());
+        let conn = DaemonHandle::of(&ctx.address(), self.heard.clone());
         let queue = self.outbox.queued_counter();
         let host_id = Uuid::parse_str(&hello.host_id).ok();
         let fut = async move {

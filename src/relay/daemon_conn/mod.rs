@@ -55,8 +55,6 @@ const EARLY_FRAMES: usize = 256;
 const EARLY_BYTES: usize = 4 * 1024 * 1024;
 /// Bytes queued towards a daemon before it counts as not reading.
 const OUTBOUND_LIMIT: usize = 8 * 1024 * 1024;
-/// A daemon pings every 30 s; three missed pings end the connection.
-const IDLE_LIMIT: Duration = Duration::from_secs(95);
 
 /// The host this connection serves, once its hello was accepted.
 struct HostSession {
@@ -88,7 +86,9 @@ pub struct DaemonConn {
     owned: HashMap<Uuid, Owned>,
     attached: HashMap<Uuid, ArbiterLink>,
     pending: HashMap<String, (DaemonRequestKind, oneshot::Sender<Result<DaemonAnswer, RequestError>>)>,
-    last_heard: Instant,
+    /// When it last received a frame; the registry closes it after
+    /// `IDLE_LIMIT` of silence.
+    heard: Heard,
     closed: bool,
     /// The close code this side sent, for the cell's seat (docs/CELLS.md,
     /// "Admission": a host closed 4409 is not remembered).
@@ -120,7 +120,7 @@ impl DaemonConn {
             owned: HashMap::new(),
             attached: HashMap::new(),
             pending: HashMap::new(),
-            last_heard: Instant::now(),
+            heard: Heard::now(),
             closed: false,
             close_code: None,
             seated: false,
@@ -324,12 +324,6 @@ impl Actor for DaemonConn {
         metrics::gauge!("tether_daemon_connections").increment(1.0);
         self.watched = Some(self.relay.tokens.watch(self.principal.token_id, ctx.address().recipient()));
         self.start_reader(ctx);
-        ctx.run_interval(Duration::from_secs(30), |act, ctx| {
-            if act.last_heard.elapsed() > IDLE_LIMIT {
-                tracing::info!("tether_daemon_idle");
-                act.close(close::POLICY, "no frame in 95 s", ctx);
-            }
-        });
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
