@@ -313,7 +313,7 @@ impl DaemonConn {
         let addr = ctx.address();
         let outbox = self.outbox.clone();
         let hello_timeout = Duration::from_millis(self.relay.settings.daemon.hello_timeout_ms);
-        actix_rt::spawn(read_loop(addr, stream, outbox, hello_timeout));
+        actix_rt::spawn(read_loop(addr, stream, outbox, self.heard.clone(), hello_timeout));
     }
 }
 

@@ -1,6 +1,9 @@
 //! The socket reader of a daemon connection: decodes frames and hands
 //! them to the actor one at a time, waiting for each, so frames are
-//! handled strictly in order and a fast daemon is slowed by TCP.
+//! handled strictly in order and a fast daemon is slowed by TCP. After the
+//! hello it answers the daemon's 30 s pings itself: a Pong needs nothing
+//! of the actor, and a trip through its mailbox per ping is most of what
+//! thousands of idle daemons cost (docs/BENCHMARKS.md).
 
 use super::*;
 
@@ -47,6 +50,7 @@ pub(super) async fn read_loop(
     addr: Addr<DaemonConn>,
     mut stream: AggregatedMessageStream,
     outbox: Outbox,
+    heard: Heard,
     hello_timeout: Duration,
 ) {
     let deadline = tokio::time::Instant::now() + hello_timeout;
@@ -100,6 +104,15 @@ pub(super) async fn read_loop(
     }
     loop {
         match decode(stream.next().await, &outbox) {
+            Read::Frame(DaemonFrame { frame: Some(daemon_frame::Frame::Ping(_)) }, _) => {
+                heard.stamp();
+                let pong = ServerFrame { frame: Some(server_frame::Frame::Pong(crate::proto::v1::Pong {})) };
+                if outbox.push(Frame::Binary(Bytes::from(pong.encode_to_vec()))).is_err() {
+                    tracing::warn!("tether_daemon_not_reading");
+                    addr.do_send(Fail(close::POLICY, "daemon is not reading"));
+                    return;
+                }
+            }
             Read::Frame(frame, _) => {
                 if addr.send(Inbound(frame)).await.is_err() {
                     return;
