@@ -13,6 +13,7 @@
 //! still holds the PTY open; it ends when that process closes it.
 
 use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -121,7 +122,7 @@ pub fn spawn(dir: &Path, argv: &[String], size: GridSize) -> Result<PtyProcess, 
         return Err(PtyError::Threads(err));
     }
     let io_threads = (|| {
-        let reader = master.try_clone_reader().map_err(io::Error::other)?;
+        let reader = clone_master(master.as_ref())?;
         let writer = master.take_writer().map_err(io::Error::other)?;
         let (output_tx, output) = mpsc::channel(OUTPUT_CHANNEL_CHUNKS);
         let (tx, input_rx) = mpsc::unbounded_channel();
@@ -180,19 +181,53 @@ fn start_thread(name: String, body: impl FnOnce() + Send + 'static) -> io::Resul
     std::thread::Builder::new().name(name).stack_size(THREAD_STACK_BYTES).spawn(body).map(drop)
 }
 
-fn read_loop(mut reader: Box<dyn Read + Send>, output: mpsc::Sender<Bytes>) {
+/// A handle of its own on the PTY master for the reader thread, which may
+/// outlive the daemon's (see the module docs).
+fn clone_master(master: &dyn MasterPty) -> io::Result<std::fs::File> {
+    let fd = master.as_raw_fd().ok_or_else(|| io::Error::other("the pty master has no fd"))?;
+    // SAFETY: `fd` is the master's open descriptor for the whole call;
+    // dup(2) returns a new one that the File then owns.
+    let dup = unsafe { libc::dup(fd) };
+    if dup < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `dup` is a fresh descriptor nobody else owns.
+    Ok(std::fs::File::from(unsafe { std::os::fd::OwnedFd::from_raw_fd(dup) }))
+}
+
+/// Whether a read of `file` would return at once.
+fn readable_now(file: &std::fs::File) -> bool {
+    let mut poll = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one pollfd on the stack, a zero timeout.
+    unsafe { libc::poll(&mut poll, 1, 0) == 1 && poll.revents & libc::POLLIN != 0 }
+}
+
+/// Reads the PTY until it hangs up. Reads that are already waiting behind
+/// one (the n_tty buffer hands out at most 4 KiB at a time) join it, up to
+/// `READ_CHUNK`, so a busy program costs the terminal task fewer wake-ups;
+/// a read that finds nothing more waiting is sent at once, so an echo is
+/// never held back.
+fn read_loop(mut reader: std::fs::File, output: mpsc::Sender<Bytes>) {
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
-        match reader.read(&mut buf) {
-            // Linux reports a hung-up PTY master (all slave fds closed) as EIO.
-            Ok(0) => return,
-            Ok(n) => {
-                if output.blocking_send(Bytes::copy_from_slice(&buf[..n])).is_err() {
-                    return;
-                }
+        let mut filled = 0;
+        let open = loop {
+            match reader.read(&mut buf[filled..]) {
+                // Linux reports a hung-up PTY master (all slave fds closed) as EIO.
+                Ok(0) => break false,
+                Ok(n) => filled += n,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break false,
             }
-            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return,
+            if filled == buf.len() || !readable_now(&reader) {
+                break true;
+            }
+        };
+        if filled > 0 && output.blocking_send(Bytes::copy_from_slice(&buf[..filled])).is_err() {
+            return;
+        }
+        if !open {
+            return;
         }
     }
 }
