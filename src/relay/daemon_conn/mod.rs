@@ -56,6 +56,11 @@ const EARLY_BYTES: usize = 4 * 1024 * 1024;
 /// Bytes queued towards a daemon before it counts as not reading.
 const OUTBOUND_LIMIT: usize = 8 * 1024 * 1024;
 
+/// A server frame as the outbox sends it.
+fn encoded(frame: server_frame::Frame) -> Frame {
+    Frame::Binary(Bytes::from(ServerFrame { frame: Some(frame) }.encode_to_vec()))
+}
+
 /// The host this connection serves, once its hello was accepted.
 struct HostSession {
     host_id: Uuid,
@@ -87,7 +92,7 @@ pub struct DaemonConn {
     attached: HashMap<Uuid, ArbiterLink>,
     pending: HashMap<String, (DaemonRequestKind, oneshot::Sender<Result<DaemonAnswer, RequestError>>)>,
     /// When it last received a frame; the registry closes it after
-    /// `IDLE_LIMIT` of silence.
+    /// `daemon.idle_timeout_ms` of silence.
     heard: Heard,
     closed: bool,
     /// The close code this side sent, for the cell's seat (docs/CELLS.md,
@@ -131,8 +136,7 @@ impl DaemonConn {
     }
 
     fn send(&mut self, frame: server_frame::Frame, ctx: &mut Context<Self>) {
-        let bytes = ServerFrame { frame: Some(frame) }.encode_to_vec();
-        if self.outbox.push(Frame::Binary(Bytes::from(bytes))).is_err() {
+        if self.outbox.push(encoded(frame)).is_err() {
             tracing::warn!("tether_daemon_not_reading");
             self.close(close::POLICY, "daemon is not reading", ctx);
         }

@@ -106,8 +106,7 @@ pub(super) async fn read_loop(
         match decode(stream.next().await, &outbox) {
             Read::Frame(DaemonFrame { frame: Some(daemon_frame::Frame::Ping(_)) }, _) => {
                 heard.stamp();
-                let pong = ServerFrame { frame: Some(server_frame::Frame::Pong(crate::proto::v1::Pong {})) };
-                if outbox.push(Frame::Binary(Bytes::from(pong.encode_to_vec()))).is_err() {
+                if outbox.push(encoded(server_frame::Frame::Pong(crate::proto::v1::Pong {}))).is_err() {
                     tracing::warn!("tether_daemon_not_reading");
                     addr.do_send(Fail(close::POLICY, "daemon is not reading"));
                     return;
