@@ -412,7 +412,7 @@ impl Host {
             return;
         }
         // The PTY is resized here, before any later Input of the same
-        // connection reaches the writer thread, so `stty size` typed after a
+        // connection reaches the writer task, so `stty size` typed after a
         // Resize sees the new size.
         if let Err(error) = pty::resize(&*entry.master, size) {
             tracing::warn!(terminal_id, %error, "tether_daemon_resize_failed");

@@ -1,19 +1,24 @@
-//! Starting a process on a fresh PTY, and the OS threads that serve it.
+//! Starting a process on a fresh PTY, and what serves it.
 //!
-//! PTY I/O and `wait4` block, so each terminal gets three small threads:
-//! - reader: blocking reads from the master into a bounded channel. When the
-//!   channel is full the thread blocks, the PTY stops being drained, and the
-//!   child blocks on its next write: that is the backpressure path.
-//! - writer: drains a bounded channel of input into the master.
-//! - waiter: `wait4` on the child, which yields both the exit status (with
-//!   the signal number, which portable-pty only reports as a name) and the
-//!   child's rusage for the Usage frame.
+//! The master is read and written without blocking, by two tasks on the
+//! daemon's runtime (a non-blocking descriptor registered with its
+//! reactor), so an output chunk or a keystroke reaches the terminal task
+//! without waking another thread (docs/ARCHITECTURE.md, "The output path"):
+//! - reader: reads from the master into a bounded channel. When the channel
+//!   is full the task waits, the PTY stops being drained, and the child
+//!   blocks on its next write: that is the backpressure path.
+//! - writer: drains a channel of input into the master, bounded in bytes.
+//!
+//! `wait4` blocks, so one small thread per terminal (the waiter) reaps the
+//! child, which yields both the exit status (with the signal number, which
+//! portable-pty only reports as a name) and the child's rusage for the
+//! Usage frame.
 //!
 //! A reader can outlive its terminal only while some background process
 //! still holds the PTY open; it ends when that process closes it.
 
 use std::io::{self, Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,15 +26,17 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use portable_pty::{CommandBuilder, MasterPty, PtySize};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tokio::sync::{mpsc, oneshot};
 
 use super::screen::GridSize;
 
 /// Bytes per PTY read; also the largest Output chunk a single read yields.
 pub const READ_CHUNK: usize = 16 * 1024;
-/// Reads in flight between the reader thread and the terminal task.
+/// Reads in flight between the reader task and the terminal task.
 const OUTPUT_CHANNEL_CHUNKS: usize = 4;
-/// Input bytes queued for the writer thread while the program does not
+/// Input bytes queued for the writer task while the program does not
 /// read; beyond this input is refused. Counted in bytes, not frames: a
 /// browser or a fast typist sends one frame per keystroke, and a busy
 /// shell must not lose a burst of them.
@@ -43,8 +50,10 @@ pub enum PtyError {
     Open(String),
     #[error("cannot start {program}: {reason}")]
     Spawn { program: String, reason: String },
-    #[error("cannot start the pty threads: {0}")]
-    Threads(io::Error),
+    #[error("cannot start the pty waiter thread: {0}")]
+    Waiter(io::Error),
+    #[error("cannot watch the pty: {0}")]
+    Watch(io::Error),
 }
 
 /// How a child ended, with what it cost.
@@ -57,14 +66,14 @@ pub struct ChildExit {
     pub ended_at: Instant,
 }
 
-/// A running child on a PTY and the channels to its threads.
+/// A running child on a PTY and the channels to its reader and writer.
 pub struct PtyProcess {
     pub pid: u32,
     /// Kept for resizing; dropping it closes the daemon's main handle.
     pub master: Box<dyn MasterPty + Send>,
     /// Output chunks in order; closes at EOF (every slave fd closed).
     pub output: mpsc::Receiver<Bytes>,
-    /// Input for the writer thread.
+    /// Input for the writer task.
     pub input: InputQueue,
     /// Fires once when the child has been reaped.
     pub exit: oneshot::Receiver<ChildExit>,
@@ -72,6 +81,8 @@ pub struct PtyProcess {
 }
 
 /// Starts `argv` (empty: the user's login shell) in `dir` on a PTY of `size`.
+/// Must be called on a Tokio runtime with I/O enabled (the reader and
+/// writer are tasks on it).
 pub fn spawn(dir: &Path, argv: &[String], size: GridSize) -> Result<PtyProcess, PtyError> {
     let pair =
         portable_pty::native_pty_system().openpty(pty_size(size)).map_err(|err| PtyError::Open(format!("{err:#}")))?;
@@ -119,26 +130,20 @@ pub fn spawn(dir: &Path, argv: &[String], size: GridSize) -> Result<PtyProcess, 
         let _ = exit_tx.send(wait_for_exit(pid));
     }) {
         kill_and_reap(pid);
-        return Err(PtyError::Threads(err));
+        return Err(PtyError::Waiter(err));
     }
-    let io_threads = (|| {
-        let reader = clone_master(master.as_ref())?;
-        let writer = master.take_writer().map_err(io::Error::other)?;
-        let (output_tx, output) = mpsc::channel(OUTPUT_CHANNEL_CHUNKS);
-        let (tx, input_rx) = mpsc::unbounded_channel();
-        let input = InputQueue { tx, queued: Arc::new(AtomicUsize::new(0)) };
-        let queued = input.queued.clone();
-        start_thread(format!("tether-pty-out-{pid}"), move || read_loop(reader, output_tx))?;
-        start_thread(format!("tether-pty-in-{pid}"), move || write_loop(writer, input_rx, queued))?;
-        Ok((output, input))
-    })();
-    let (output, input) = match io_threads {
-        Ok(channels) => channels,
+    let pty = match watch_master(master.as_ref()) {
+        Ok(pty) => Arc::new(pty),
         Err(err) => {
             let _ = send_signal(pid, libc::SIGKILL);
-            return Err(PtyError::Threads(err));
+            return Err(PtyError::Watch(err));
         }
     };
+    let (output_tx, output) = mpsc::channel(OUTPUT_CHANNEL_CHUNKS);
+    let (tx, input_rx) = mpsc::unbounded_channel();
+    let input = InputQueue { tx, queued: Arc::new(AtomicUsize::new(0)) };
+    tokio::spawn(read_loop(pty.clone(), output_tx));
+    tokio::spawn(write_loop(pty, input_rx, input.queued.clone()));
     Ok(PtyProcess { pid, master, output, input, exit, started_at })
 }
 
@@ -181,25 +186,31 @@ fn start_thread(name: String, body: impl FnOnce() + Send + 'static) -> io::Resul
     std::thread::Builder::new().name(name).stack_size(THREAD_STACK_BYTES).spawn(body).map(drop)
 }
 
-/// A handle of its own on the PTY master for the reader thread, which may
-/// outlive the daemon's (see the module docs).
-fn clone_master(master: &dyn MasterPty) -> io::Result<std::fs::File> {
+/// A descriptor of its own on the PTY master for the reader and writer
+/// (the reader may outlive the daemon's handle, see the module docs),
+/// non-blocking and registered with the runtime's reactor. The flag is on
+/// the open file the master's handle shares; the daemon only resizes and
+/// queries through that handle, which does not mind it.
+fn watch_master(master: &dyn MasterPty) -> io::Result<AsyncFd<std::fs::File>> {
     let fd = master.as_raw_fd().ok_or_else(|| io::Error::other("the pty master has no fd"))?;
     // SAFETY: `fd` is the master's open descriptor for the whole call;
-    // dup(2) returns a new one that the File then owns.
+    // dup(2) returns a new one that the OwnedFd then owns.
     let dup = unsafe { libc::dup(fd) };
     if dup < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: `dup` is a fresh descriptor nobody else owns.
-    Ok(std::fs::File::from(unsafe { std::os::fd::OwnedFd::from_raw_fd(dup) }))
-}
-
-/// Whether a read of `file` would return at once.
-fn readable_now(file: &std::fs::File) -> bool {
-    let mut poll = libc::pollfd { fd: file.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    // SAFETY: one pollfd on the stack, a zero timeout.
-    unsafe { libc::poll(&mut poll, 1, 0) == 1 && poll.revents & libc::POLLIN != 0 }
+    let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(dup) });
+    // SAFETY: fcntl on a descriptor we own, with integer arguments only.
+    let flags = unsafe { libc::fcntl(dup, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(dup, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the File owns the descriptor and keeps it open, and its
+    // `as_raw_fd` returns that one, for as long as the AsyncFd holds it.
+    unsafe { AsyncFd::register_with_interest(file, Interest::READABLE | Interest::WRITABLE) }
+        .map_err(|e| e.into_parts().1)
 }
 
 /// Reads the PTY until it hangs up. Reads that are already waiting behind
@@ -207,23 +218,29 @@ fn readable_now(file: &std::fs::File) -> bool {
 /// `READ_CHUNK`, so a busy program costs the terminal task fewer wake-ups;
 /// a read that finds nothing more waiting is sent at once, so an echo is
 /// never held back.
-fn read_loop(mut reader: std::fs::File, output: mpsc::Sender<Bytes>) {
+async fn read_loop(pty: Arc<AsyncFd<std::fs::File>>, output: mpsc::Sender<Bytes>) {
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
         let mut filled = 0;
         let open = loop {
-            match reader.read(&mut buf[filled..]) {
+            let Ok(mut ready) = pty.readable().await else { break false };
+            match ready.try_io(|fd| fd.get_ref().read(&mut buf[filled..])) {
                 // Linux reports a hung-up PTY master (all slave fds closed) as EIO.
-                Ok(0) => break false,
-                Ok(n) => filled += n,
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-                Err(_) => break false,
-            }
-            if filled == buf.len() || !readable_now(&reader) {
-                break true;
+                Ok(Ok(0)) => break false,
+                Ok(Ok(n)) => {
+                    filled += n;
+                    if filled == buf.len() {
+                        break true;
+                    }
+                }
+                Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
+                Ok(Err(_)) => break false,
+                // Nothing more waiting: what was read goes now.
+                Err(_would_block) if filled > 0 => break true,
+                Err(_would_block) => {}
             }
         };
-        if filled > 0 && output.blocking_send(Bytes::copy_from_slice(&buf[..filled])).is_err() {
+        if filled > 0 && output.send(Bytes::copy_from_slice(&buf[..filled])).await.is_err() {
             return;
         }
         if !open {
@@ -254,15 +271,35 @@ impl InputQueue {
     }
 }
 
-fn write_loop(mut writer: Box<dyn Write + Send>, mut input: mpsc::UnboundedReceiver<Bytes>, queued: Arc<AtomicUsize>) {
-    while let Some(data) = input.blocking_recv() {
-        let written = writer.write_all(&data).and_then(|()| writer.flush());
+async fn write_loop(
+    pty: Arc<AsyncFd<std::fs::File>>,
+    mut input: mpsc::UnboundedReceiver<Bytes>,
+    queued: Arc<AtomicUsize>,
+) {
+    while let Some(data) = input.recv().await {
+        let written = write_all(&pty, &data).await;
         queued.fetch_sub(data.len(), Ordering::Relaxed);
         if let Err(err) = written {
             tracing::debug!(error = %err, "tether_daemon_pty_write_failed");
             return;
         }
     }
+}
+
+/// Writes all of `data`, waiting while the PTY's input buffer is full (the
+/// program is not reading).
+async fn write_all(pty: &AsyncFd<std::fs::File>, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        let mut ready = pty.writable().await?;
+        match ready.try_io(|fd| fd.get_ref().write(data)) {
+            Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(Ok(n)) => data = &data[n..],
+            Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
+            Ok(Err(err)) => return Err(err),
+            Err(_would_block) => {}
+        }
+    }
+    Ok(())
 }
 
 fn wait_for_exit(pid: u32) -> ChildExit {

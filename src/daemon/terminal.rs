@@ -19,7 +19,7 @@
 //!
 //! Backpressure: while attached, unsent bytes wait in the ring. The task
 //! stops taking chunks from the reader when one more chunk could evict
-//! unsent bytes; the reader thread then blocks and so does the child.
+//! unsent bytes; the reader task then waits and so does the child.
 //!
 //! Flow control (docs/PROTOCOL.md, "Flow control"): when the server gives
 //! the Attach a window, Output is sent only up to the limit that window and
