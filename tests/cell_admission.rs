@@ -2,7 +2,9 @@
 //! store: a booked hello and a redial from memory are admitted in reserve
 //! mode with no store query at all (`queries_total` unchanged); anything
 //! else, and every hello in db mode, is checked in the database, and a host
-//! assigned to another cell is sent there with its URL.
+//! assigned to another cell is sent there with its URL. The check of a
+//! bound daemon token takes the host its token's lookup brought, while
+//! fresh, instead of reading it again.
 //! SQLite by default; PostgreSQL with `TETHER_TEST_BACKEND=postgres`.
 
 mod support;
@@ -11,13 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tether::auth::Principal;
-use tether::cell::admission::{admit, Verdict};
+use tether::cell::admission::{admit, Prefetched, Verdict, PREFETCH_FRESH};
 use tether::cell::bookings::{AdmittedBy, ReserveItem};
 use tether::cell::state::{CellState, CellStatus};
 use tether::cell::AdmitMode;
 use tether::director::ticket::{TicketKey, TicketSubject};
 use tether::proto::v1::Booking;
-use tether::store::{CellRow, NewToken, Store};
+use tether::store::{CellRow, HostAdmission, NewToken, Store, TokenScope};
 use uuid::Uuid;
 
 const SECRET: &[u8] = b"cell-admission-secret-0123";
@@ -67,13 +69,13 @@ async fn a_booked_hello_is_admitted_without_a_store_query() {
     book(&f, 3);
     let before = f.store.queries_total();
     let verdict =
-        admit(&f.cell, f.store.as_ref(), &f.principal, f.host, Some(&booking(f.host, 3)), Instant::now()).await;
+        admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, Some(&booking(f.host, 3)), Instant::now()).await;
     assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Booking, epoch: 3 });
     assert_eq!(f.store.queries_total(), before, "the booked hello read nothing");
 
     // The booking admits once; the same hello again is checked in the database.
     let verdict =
-        admit(&f.cell, f.store.as_ref(), &f.principal, f.host, Some(&booking(f.host, 3)), Instant::now()).await;
+        admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, Some(&booking(f.host, 3)), Instant::now()).await;
     assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Database, epoch: 3 });
     assert!(f.store.queries_total() > before, "the database check is counted");
 }
@@ -83,12 +85,12 @@ async fn a_redial_at_the_same_epoch_is_admitted_from_memory_without_a_store_quer
     let f = fixture(AdmitMode::Reserve).await;
     book(&f, 2);
     let now = Instant::now();
-    admit(&f.cell, f.store.as_ref(), &f.principal, f.host, Some(&booking(f.host, 2)), now).await;
+    admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, Some(&booking(f.host, 2)), now).await;
     f.cell.seats().seated(f.host, 2, 7, AdmittedBy::Booking);
     f.cell.seats().left(now, f.host, 7, 1006);
 
     let before = f.store.queries_total();
-    let verdict = admit(&f.cell, f.store.as_ref(), &f.principal, f.host, Some(&booking(f.host, 2)), now).await;
+    let verdict = admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, Some(&booking(f.host, 2)), now).await;
     assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Memory, epoch: 2 });
     assert_eq!(f.store.queries_total(), before, "the redial read nothing");
 }
@@ -105,7 +107,7 @@ async fn a_forged_ticket_or_db_mode_goes_to_the_database() {
         ),
     };
     let before = f.store.queries_total();
-    let verdict = admit(&f.cell, f.store.as_ref(), &f.principal, f.host, Some(&forged), Instant::now()).await;
+    let verdict = admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, Some(&forged), Instant::now()).await;
     assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Database, epoch: 1 });
     assert!(f.store.queries_total() > before);
 
@@ -113,7 +115,8 @@ async fn a_forged_ticket_or_db_mode_goes_to_the_database() {
     book(&db, 1);
     let before = db.store.queries_total();
     let verdict =
-        admit(&db.cell, db.store.as_ref(), &db.principal, db.host, Some(&booking(db.host, 1)), Instant::now()).await;
+        admit(&db.cell, db.store.as_ref(), &db.principal, None, db.host, Some(&booking(db.host, 1)), Instant::now())
+            .await;
     assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Database, epoch: 1 });
     assert!(db.store.queries_total() > before, "db mode always reads");
 }
@@ -130,7 +133,7 @@ async fn a_host_assigned_to_another_cell_is_sent_there_with_its_url() {
     };
     f.store.register_cell(&row).await.expect("register");
     f.store.assign_host(f.host, "cell-b").await.expect("assign");
-    let verdict = admit(&f.cell, f.store.as_ref(), &f.principal, f.host, None, Instant::now()).await;
+    let verdict = admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, None, Instant::now()).await;
     assert_eq!(
         verdict,
         Verdict::WrongCell { cell_id: "cell-b".into(), url: Some("https://cell-b.relay.example:8443".into()) }
@@ -143,6 +146,43 @@ async fn a_host_assigned_to_another_cell_is_sent_there_with_its_url() {
     let other = f.store.ensure_user("bob").await.expect("bob");
     let token = f.store.insert_token(&NewToken::full(other.id, &tether::auth::hash_token("b"))).await.expect("token");
     let bob = Principal::new(other, &token);
-    let verdict = admit(&f.cell, f.store.as_ref(), &bob, f.host, None, Instant::now()).await;
+    let verdict = admit(&f.cell, f.store.as_ref(), &bob, None, f.host, None, Instant::now()).await;
     assert_eq!(verdict, Verdict::Refuse { code: 4403, reason: "unknown or foreign host" });
+}
+
+#[actix_rt::test]
+async fn a_fresh_prefetched_host_is_not_read_again() {
+    let f = fixture(AdmitMode::Db).await;
+    let user = f.principal.user.clone();
+    let new = NewToken { scope: TokenScope::Daemon, ..NewToken::full(user.id, &tether::auth::hash_token("d")) };
+    let token = f.store.insert_token(&new).await.expect("token");
+    assert_eq!(f.store.bind_token_host(token.id, f.host).await.expect("bind"), Some(f.host));
+    let found = f.store.token_by_hash(&tether::auth::hash_token("d"), chrono::Utc::now()).await.expect("lookup");
+    let found = found.expect("usable");
+    let daemon = Principal::new(found.user, &found.token);
+    let host = found.bound_host.expect("the lookup brought the bound host");
+    assert_eq!(host, HostAdmission { user_id: user.id, assignment: None });
+    let other = support::store_host(f.store.as_ref(), &user, "box-2").await.id;
+    let now = Instant::now();
+    let fresh = Prefetched { host_id: f.host, host: host.clone(), read_at: now };
+
+    let before = f.store.queries_total();
+    let verdict = admit(&f.cell, f.store.as_ref(), &daemon, Some(&fresh), f.host, None, now).await;
+    assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Database, epoch: 0 });
+    assert_eq!(f.store.queries_total(), before, "the hello read nothing the upgrade had read");
+
+    // Too old, or a hello of another host: read again.
+    let late = now + PREFETCH_FRESH + Duration::from_millis(1);
+    let verdict = admit(&f.cell, f.store.as_ref(), &daemon, Some(&fresh), f.host, None, late).await;
+    assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Database, epoch: 0 });
+    assert_eq!(f.store.queries_total(), before + 1, "a stale row is read again");
+    let verdict = admit(&f.cell, f.store.as_ref(), &daemon, Some(&fresh), other, None, now).await;
+    assert_eq!(verdict, Verdict::Refuse { code: 4403, reason: "this daemon token is bound to another host" });
+    assert_eq!(f.store.queries_total(), before + 2);
+
+    // A fresh row that places the host on another cell sends it there.
+    let placed = HostAdmission { user_id: user.id, assignment: Some(("cell-b".into(), 4)) };
+    let moved = Prefetched { host: placed, ..fresh.clone() };
+    let verdict = admit(&f.cell, f.store.as_ref(), &daemon, Some(&moved), f.host, None, now).await;
+    assert_eq!(verdict, Verdict::WrongCell { cell_id: "cell-b".into(), url: None });
 }

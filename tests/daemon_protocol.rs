@@ -428,6 +428,56 @@ async fn a_host_assigned_to_another_cell_is_4409() {
     connected_daemon(&server, &api, &host).await;
 }
 
+/// A daemon token bound to its host brings the host's row with the
+/// token's lookup at the upgrade, and the hello decides on it while it is
+/// fresh (`cell::admission::PREFETCH_FRESH`, 2 s): an assignment written
+/// before the upgrade is seen, and so is one written between the upgrade
+/// and a hello that came later than that.
+#[actix_rt::test]
+async fn a_bound_daemon_tokens_hello_sees_the_assignment_as_it_is() {
+    let server =
+        TetherServer::start(&[("TETHER_CELL__ID", "cell-a"), ("TETHER_DAEMON__HELLO_TIMEOUT_MS", "10000")], &[]).await;
+    let api = Api::new(server.url(), create_token(&server, "ann"));
+    let (status, made) = api.post("/api/v1/tokens", json!({"scope": "daemon"})).await;
+    assert_eq!(status, 201, "{made}");
+    let daemon = Api::new(server.url(), made["secret"].as_str().expect("secret").to_string());
+    let (status, body) = daemon.post("/api/v1/hosts", json!({"hostname": "bound-box"})).await;
+    assert_eq!(status, 201, "{body}");
+    let host = body["host"]["id"].as_str().expect("host id").to_string();
+    let assign = |cell: &str| {
+        format!(
+            "INSERT INTO relay_cells (cell_id, url) VALUES ('{cell}', 'https://{cell}.example') ON CONFLICT DO NOTHING; \
+             DELETE FROM relay_assignments WHERE host_id = '{host}'; \
+             INSERT INTO relay_assignments (host_id, cell_id, epoch, updated_at) VALUES ('{host}', '{cell}', 1, now())"
+        )
+    };
+    let assign_sqlite = |cell: &str| assign(cell).replace("now()", "0");
+    let refused = |sock: &mut Socket| sock.close_reason().map(str::to_string);
+
+    // Placed elsewhere before the upgrade: the row the lookup brought says so.
+    exec_sql(&server, &assign("cell-b"), &assign_sqlite("cell-b")).await;
+    let mut sock = Socket::connect(&daemon_url(&server), Some(&daemon.token), PROTOCOL).await;
+    sock.send_frame(hello(&host)).await;
+    assert_eq!(sock.expect_close().await, Some(4409));
+    assert_eq!(refused(&mut sock).as_deref(), Some("wrong cell: https://cell-b.example"));
+
+    // Placed here at the upgrade, elsewhere by the time of a late hello:
+    // the hello reads the row again.
+    exec_sql(&server, &assign("cell-a"), &assign_sqlite("cell-a")).await;
+    let mut sock = Socket::connect(&daemon_url(&server), Some(&daemon.token), PROTOCOL).await;
+    exec_sql(&server, &assign("cell-c"), &assign_sqlite("cell-c")).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    sock.send_frame(hello(&host)).await;
+    assert_eq!(sock.expect_close().await, Some(4409));
+    assert_eq!(refused(&mut sock).as_deref(), Some("wrong cell: https://cell-c.example"));
+
+    // Placed here: admitted.
+    exec_sql(&server, &assign("cell-a"), &assign_sqlite("cell-a")).await;
+    let _connected = connected_daemon(&server, &daemon, &host).await;
+    let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
+    assert_eq!(body["host"]["state"], "online");
+}
+
 #[actix_rt::test]
 async fn a_database_failure_is_1011_for_viewers_and_503_for_rest() {
     let url = support::pg_database().await;

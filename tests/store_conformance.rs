@@ -58,6 +58,7 @@ conformance!(
     terminal_delete_refuses_live,
     hello_reconciliation,
     hello_admission_reads_the_owner_and_the_assignment,
+    token_lookup_brings_the_bound_host,
     parked_terminals_and_stuck_launches,
     snapshots,
     lease_claim_and_renew_check_the_holder,
@@ -134,8 +135,8 @@ async fn users_and_tokens(store: &Arc<dyn Store>) {
     assert_eq!(user(store, "ann").await.id, ann.id, "ensure_user is idempotent");
     let token = store.insert_token(&NewToken::full(ann.id, "hash-1")).await.expect("token");
     assert_eq!((token.scope, token.expires_at, token.revoked_at), (TokenScope::Full, None, None));
-    let (found_user, found) = store.token_by_hash("hash-1", chrono::Utc::now()).await.expect("lookup").expect("found");
-    assert_eq!((found_user.id, found.id), (ann.id, token.id));
+    let found = store.token_by_hash("hash-1", chrono::Utc::now()).await.expect("lookup").expect("found");
+    assert_eq!((found.user.id, found.token.id, found.bound_host), (ann.id, token.id, None));
     assert_eq!(store.token_by_hash("hash-2", chrono::Utc::now()).await.expect("lookup"), None);
 }
 
@@ -242,7 +243,7 @@ async fn token_last_use_is_stamped_once_a_minute(store: &Arc<dyn Store>) {
     let token = store.insert_token(&NewToken::full(ann.id, "hash-1")).await.expect("token");
     let t0 = chrono::Utc::now();
     let touch = |now| async move { store.token_by_hash("hash-1", now).await.expect("lookup").expect("usable") };
-    assert_eq!(touch(t0).await.1.last_used_at, None, "the row as it was read");
+    assert_eq!(touch(t0).await.token.last_used_at, None, "the row as it was read");
     let stamped = |store: Arc<dyn Store>| async move {
         store.token_by_id(token.id).await.expect("read").expect("row").last_used_at.expect("stamped")
     };
@@ -496,6 +497,29 @@ async fn hello_admission_reads_the_owner_and_the_assignment(store: &Arc<dyn Stor
     let epoch = store.assign_host(bx.id, "cell-a").await.expect("assign");
     let assigned = HostAdmission { user_id: ann.id, assignment: Some(("cell-a".to_string(), epoch)) };
     assert_eq!(store.host_admission(bx.id).await.expect("read"), Some(assigned));
+}
+
+/// A token bound to a host brings that host as the hello's check reads it,
+/// in the lookup's own round trip; an unbound token, or one whose host is
+/// gone, brings none.
+async fn token_lookup_brings_the_bound_host(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let bx = host(store, &ann, "box").await;
+    let daemon = |hash: &'static str| NewToken { scope: TokenScope::Daemon, ..NewToken::full(ann.id, hash) };
+    let token = store.insert_token(&daemon("hash-bound")).await.expect("token");
+    let lookup =
+        || async { store.token_by_hash("hash-bound", chrono::Utc::now()).await.expect("lookup").expect("usable") };
+    assert_eq!(lookup().await.bound_host, None, "not bound yet");
+    assert_eq!(store.bind_token_host(token.id, bx.id).await.expect("bind"), Some(bx.id));
+    let found = lookup().await;
+    assert_eq!(found.token.host_id, Some(bx.id));
+    assert_eq!(found.bound_host, Some(HostAdmission { user_id: ann.id, assignment: None }));
+    let epoch = store.assign_host(bx.id, "cell-a").await.expect("assign");
+    let assigned = HostAdmission { user_id: ann.id, assignment: Some(("cell-a".to_string(), epoch)) };
+    assert_eq!(lookup().await.bound_host, Some(assigned.clone()));
+    assert_eq!(store.host_admission(bx.id).await.expect("read"), Some(assigned), "the same row as the check's");
+    assert!(store.delete_host(ann.id, bx.id).await.expect("delete"));
+    assert_eq!(lookup().await.bound_host, None, "the host is gone");
 }
 
 async fn parked_terminals_and_stuck_launches(store: &Arc<dyn Store>) {
@@ -977,13 +1001,13 @@ mod token_migration {
     use super::*;
 
     async fn check_upgraded(store: &dyn Store) {
-        let (user, token) =
+        let FoundToken { user, token, .. } =
             store.token_by_hash("old-hash", chrono::Utc::now()).await.expect("lookup").expect("old token works");
         assert_eq!(user.name, "old");
         assert_eq!((token.scope, token.expires_at, token.revoked_at, token.name), (TokenScope::Full, None, None, None));
-        let (_, other) =
+        let other =
             store.token_by_hash("old-hash-2", chrono::Utc::now()).await.expect("lookup").expect("second old token");
-        assert_ne!(token.id, other.id, "each token gets its own id");
+        assert_ne!(token.id, other.token.id, "each token gets its own id");
     }
 
     #[actix_rt::test]

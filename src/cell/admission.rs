@@ -16,9 +16,14 @@
 //! A daemon token bound to another host never takes the path without the
 //! database, and neither does one not bound yet (binding it is a write).
 //!
+//! The database check of a bound daemon token does not read the host
+//! again when the token's lookup at the upgrade already brought it
+//! ([`Prefetched`], at most [`PREFETCH_FRESH`] old): a hello after a
+//! restart then costs the upgrade's one statement and the hello's one.
+//!
 //! [`CellSeats::admit`]: super::bookings::CellSeats::admit
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
@@ -28,7 +33,30 @@ use crate::auth::Principal;
 use crate::director::ticket::{TicketError, TicketSubject};
 use crate::proto::v1::Booking;
 use crate::relay::close;
-use crate::store::{Store, StoreError, TokenScope};
+use crate::store::{HostAdmission, Store, StoreError, TokenScope};
+
+/// How old a prefetched host may be for the hello to use it: a daemon says
+/// hello one round trip after its upgrade; a later hello reads the host
+/// again, so an assignment changed meanwhile is seen.
+pub const PREFETCH_FRESH: Duration = Duration::from_secs(2);
+
+/// The host a daemon token is bound to, as the token's lookup at the
+/// upgrade read it (`crate::store::Store::token_by_hash`).
+#[derive(Debug, Clone)]
+pub struct Prefetched {
+    pub host_id: Uuid,
+    pub host: HostAdmission,
+    /// When the lookup started (its row is no older than this).
+    pub read_at: Instant,
+}
+
+impl Prefetched {
+    /// The host's row if it is `host_id`'s and fresh at `now`.
+    fn of(&self, host_id: Uuid, now: Instant) -> Option<HostAdmission> {
+        (self.host_id == host_id && now.saturating_duration_since(self.read_at) <= PREFETCH_FRESH)
+            .then(|| self.host.clone())
+    }
+}
 
 /// What the admission step decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,18 +85,29 @@ impl Verdict {
 }
 
 /// Decides the hello of `host_id`, opened with `principal`'s token and
-/// carrying `booking`.
+/// carrying `booking`; `prefetched` is what the upgrade read of the
+/// token's bound host.
 pub async fn admit(
     cell: &CellState,
     store: &dyn Store,
     principal: &Principal,
+    prefetched: Option<&Prefetched>,
     host_id: Uuid,
     booking: Option<&Booking>,
     now: Instant,
 ) -> Verdict {
     let verdict = match admit_without_database(cell, principal, host_id, booking, now) {
         Some(verdict) => verdict,
-        None => match check_database(cell, store, principal, host_id, booking_epoch(booking)).await {
+        None => match check_database(
+            cell,
+            store,
+            principal,
+            prefetched.and_then(|p| p.of(host_id, now)),
+            host_id,
+            booking_epoch(booking),
+        )
+        .await
+        {
             Ok(verdict) => verdict,
             Err(e) => {
                 tracing::error!(error = %e, %host_id, "tether_store_error");
@@ -126,15 +165,21 @@ fn booking_epoch(booking: Option<&Booking>) -> Option<i64> {
     booking.and_then(|b| i64::try_from(b.epoch).ok())
 }
 
-/// The database check: owner, token binding, assignment row.
+/// The database check: owner, token binding, assignment row (the host
+/// read now unless the upgrade's lookup brought it).
 async fn check_database(
     cell: &CellState,
     store: &dyn Store,
     principal: &Principal,
+    prefetched: Option<HostAdmission>,
     host_id: Uuid,
     booking_epoch: Option<i64>,
 ) -> Result<Verdict, StoreError> {
-    let Some(host) = store.host_admission(host_id).await?.filter(|h| h.user_id == principal.user_id()) else {
+    let host = match prefetched {
+        Some(host) => Some(host),
+        None => store.host_admission(host_id).await?,
+    };
+    let Some(host) = host.filter(|h| h.user_id == principal.user_id()) else {
         return Ok(Verdict::Refuse { code: close::FORBIDDEN, reason: "unknown or foreign host" });
     };
     if !crate::auth::speaks_for(store, principal, host_id).await? {

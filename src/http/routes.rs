@@ -179,7 +179,7 @@ async fn authorize(
         };
     }
     let principal = match authenticate(&state, auth::bearer_token(req.request())).await {
-        Ok(principal) => principal,
+        Ok((principal, _)) => principal,
         Err(e) => return Ok(req.into_response(e.error_response()).map_into_right_body()),
     };
     if let Err(denied) = principal.may(spec.access, req.match_info().get("id")) {

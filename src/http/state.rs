@@ -24,7 +24,7 @@ use crate::relay::limiter::AddressLimiter;
 use crate::relay::registry::HostRegistry;
 use crate::relay::requests::{serve_bus, PendingRequests};
 use crate::relay::RelayContext;
-use crate::store::Store;
+use crate::store::{HostAdmission, Store};
 
 /// The role a `tether serve` process plays (docs/ARCHITECTURE.md, "Processes and roles").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -213,12 +213,16 @@ impl AuthUser {
 
 /// The principal of a presented token: 401 unless the token exists, is
 /// not revoked and has not expired. The same round trip stamps the token's
-/// last use (at most once a minute, `store::LAST_USED_EVERY`).
-pub async fn authenticate(state: &AppState, token: Option<String>) -> Result<Principal, ApiError> {
+/// last use (at most once a minute, `store::LAST_USED_EVERY`) and, for a
+/// token bound to a host, reads that host as a daemon's hello checks it.
+pub async fn authenticate(
+    state: &AppState,
+    token: Option<String>,
+) -> Result<(Principal, Option<HostAdmission>), ApiError> {
     let token = token.filter(|t| auth::looks_like_token(t)).ok_or_else(ApiError::unauthorized)?;
     let hash = auth::hash_token(&token);
-    let (user, row) = state.store.token_by_hash(&hash, chrono::Utc::now()).await?.ok_or_else(ApiError::unauthorized)?;
-    Ok(Principal::new(user, &row))
+    let found = state.store.token_by_hash(&hash, chrono::Utc::now()).await?.ok_or_else(ApiError::unauthorized)?;
+    Ok((Principal::new(found.user, &found.token), found.bound_host))
 }
 
 impl FromRequest for AuthUser {

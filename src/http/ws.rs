@@ -9,6 +9,8 @@
 //! one exception is a browser page of a foreign origin (`super::origin`):
 //! it gets 403 and no socket at all, before any token is looked at.
 
+use std::time::Instant;
+
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use actix_ws::{AggregatedMessageStream, Session};
 use serde::Deserialize;
@@ -17,6 +19,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::state::{authenticate, AppState};
 use crate::auth::{self, Access, Principal};
+use crate::cell::admission::Prefetched;
 use crate::relay::limiter::{AddressGuard, Caps};
 use crate::relay::outbox::close_reason;
 use crate::relay::{close, daemon_conn, viewer, MAX_FRAME_BYTES};
@@ -87,6 +90,16 @@ fn upgrade(
     Ok((res, session, stream))
 }
 
+/// A socket whose token was accepted.
+struct Admitted {
+    principal: Principal,
+    /// The host the token is bound to, as its lookup read it.
+    bound_host: Option<Prefetched>,
+    guard: AddressGuard,
+    session: Session,
+    stream: AggregatedMessageStream,
+}
+
 /// The token's principal and a slot under its user's caps for this
 /// request's client (docs/PROTOCOL.md, "What the server enforces");
 /// otherwise the socket is closed with the refusal's code.
@@ -95,9 +108,10 @@ async fn admit(
     state: &AppState,
     session: Session,
     stream: AggregatedMessageStream,
-) -> Option<(Principal, AddressGuard, Session, AggregatedMessageStream)> {
-    let principal = match authenticate(state, auth::websocket_token(req)).await {
-        Ok(principal) => principal,
+) -> Option<Admitted> {
+    let read_at = Instant::now();
+    let (principal, bound_host) = match authenticate(state, auth::websocket_token(req)).await {
+        Ok(found) => found,
         Err(e) if e.status == actix_web::http::StatusCode::UNAUTHORIZED => {
             refuse(session, stream, close::BAD_TOKEN, "bad token");
             return None;
@@ -109,8 +123,9 @@ async fn admit(
     };
     let client = super::client_addr::client_addr(req, &state.trusted_proxies);
     let caps = Caps { per_address: state.settings.http.ws_per_address, per_user: state.settings.http.ws_per_user };
+    let bound_host = principal.bound_host.zip(bound_host).map(|(host_id, host)| Prefetched { host_id, host, read_at });
     match state.limiter.acquire(principal.user_id(), client, caps) {
-        Ok(guard) => Some((principal, guard, session, stream)),
+        Ok(guard) => Some(Admitted { principal, bound_host, guard, session, stream }),
         Err(cap) => {
             refuse(session, stream, close::TOO_MANY, cap.reason());
             None
@@ -127,14 +142,15 @@ pub async fn daemon(
         Ok(upgraded) => upgraded,
         Err(r) => return refused(r),
     };
-    let Some((principal, guard, session, stream)) = admit(&req, &state, session, stream).await else {
+    let Some(Admitted { principal, bound_host, guard, session, stream }) = admit(&req, &state, session, stream).await
+    else {
         return Ok(res);
     };
     if principal.may(Access::DaemonSocket, None).is_err() {
         refuse(session, stream, close::FORBIDDEN, "this token's scope may not connect a daemon");
         return Ok(res);
     }
-    daemon_conn::start(state.relay.clone(), principal, session, stream, guard);
+    daemon_conn::start(state.relay.clone(), principal, bound_host, session, stream, guard);
     Ok(res)
 }
 
@@ -154,7 +170,7 @@ pub async fn terminal(
         Ok(upgraded) => upgraded,
         Err(r) => return refused(r),
     };
-    let Some((principal, guard, session, stream)) = admit(&req, &state, session, stream).await else {
+    let Some(Admitted { principal, guard, session, stream, .. }) = admit(&req, &state, session, stream).await else {
         return Ok(res);
     };
     if principal.may(Access::ViewerSocket, Some(&path)).is_err() {

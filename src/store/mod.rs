@@ -146,8 +146,10 @@ pub trait Store: Send + Sync + 'static {
     /// revoked nor expired (expiry judged by the database's clock); the row
     /// as it was read. In the same round trip, writes `last_used_at = now`
     /// unless the stored stamp is younger than [`LAST_USED_EVERY`] (so at
-    /// most once a minute across instances).
-    async fn token_by_hash(&self, token_hash: &str, now: DateTime<Utc>) -> StoreResult<Option<(User, ApiToken)>>;
+    /// most once a minute across instances). A token bound to a host also
+    /// brings that host as a hello's admission check reads it
+    /// ([`Self::host_admission`]), so a daemon's hello need not read it again.
+    async fn token_by_hash(&self, token_hash: &str, now: DateTime<Utc>) -> StoreResult<Option<FoundToken>>;
     /// A token by id, whoever owns it, revoked or not.
     async fn token_by_id(&self, id: Uuid) -> StoreResult<Option<ApiToken>>;
     /// A user's tokens, oldest first, revoked ones included.

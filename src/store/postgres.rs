@@ -370,13 +370,15 @@ impl Store for PgStore {
         token_row(&row)
     }
 
-    async fn token_by_hash(&self, token_hash: &str, now: DateTime<Utc>) -> StoreResult<Option<(User, ApiToken)>> {
+    async fn token_by_hash(&self, token_hash: &str, now: DateTime<Utc>) -> StoreResult<Option<FoundToken>> {
         let cols: String = TOKEN_COLS.split(", ").map(|c| format!("t.{c}")).collect::<Vec<_>>().join(", ");
         let row = self
             .query_opt(
                 &format!(
-                    "WITH found AS (SELECT {cols}, u.id AS uid, u.name AS uname, u.created_at AS ucreated \
+                    "WITH found AS (SELECT {cols}, u.id AS uid, u.name AS uname, u.created_at AS ucreated, \
+                       h.user_id AS host_user, a.cell_id AS host_cell, a.epoch AS host_epoch \
                        FROM api_tokens t JOIN users u ON u.id = t.user_id \
+                       LEFT JOIN hosts h ON h.id = t.host_id LEFT JOIN relay_assignments a ON a.host_id = t.host_id \
                        WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())), \
                      stamped AS (UPDATE api_tokens a SET last_used_at = $2::timestamptz FROM found \
                        WHERE a.id = found.id AND (a.last_used_at IS NULL \
@@ -388,7 +390,11 @@ impl Store for PgStore {
             .await?;
         let Some(row) = row else { return Ok(None) };
         let user = User { id: row.get(10), name: row.get(11), created_at: row.get(12) };
-        Ok(Some((user, token_row(&row)?)))
+        let bound_host = row.get::<_, Option<Uuid>>(13).map(|user_id| {
+            let assignment = row.get::<_, Option<String>>(14).zip(row.get::<_, Option<i64>>(15));
+            HostAdmission { user_id, assignment }
+        });
+        Ok(Some(FoundToken { user, token: token_row(&row)?, bound_host }))
     }
 
     async fn token_by_id(&self, id: Uuid) -> StoreResult<Option<ApiToken>> {

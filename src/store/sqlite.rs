@@ -407,6 +407,20 @@ fn token_from_raw((mut token, scope): (ApiToken, String)) -> StoreResult<ApiToke
     Ok(token)
 }
 
+/// What a hello's database check reads of a host: its user and its assignment.
+fn host_admission(c: &Connection, host_id: Uuid) -> StoreResult<Option<HostAdmission>> {
+    let row = c
+        .prepare_cached(
+            "SELECT h.user_id, a.cell_id, a.epoch FROM hosts h \
+             LEFT JOIN relay_assignments a ON a.host_id = h.id WHERE h.id = ?1",
+        )?
+        .query_row([host_id.to_string()], |r| {
+            Ok((uuid_col(r, 0)?, r.get::<_, Option<String>>(1)?, r.get::<_, Option<i64>>(2)?))
+        })
+        .optional()?;
+    Ok(row.map(|(user_id, cell, epoch)| HostAdmission { user_id, assignment: cell.zip(epoch) }))
+}
+
 fn token_by(conn: &Connection, clause: &str, args: &[&dyn rusqlite::ToSql]) -> StoreResult<Option<ApiToken>> {
     let sql = format!("SELECT {TOKEN_COLS} FROM api_tokens WHERE {clause}");
     conn.query_row(&sql, args, token_raw).optional()?.map(token_from_raw).transpose()
@@ -514,7 +528,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn token_by_hash(&self, token_hash: &str, now: DateTime<Utc>) -> StoreResult<Option<(User, ApiToken)>> {
+    async fn token_by_hash(&self, token_hash: &str, now: DateTime<Utc>) -> StoreResult<Option<FoundToken>> {
         let hash = token_hash.to_string();
         self.call(move |c| {
             let Some(token) = token_by(c, USABLE_TOKEN_BY_HASH, &[&hash, &now_ms()])? else { return Ok(None) };
@@ -531,7 +545,9 @@ impl Store for SqliteStore {
                     user_row,
                 )
                 .optional()?;
-            Ok(user.map(|u| (u, token)))
+            let Some(user) = user else { return Ok(None) };
+            let bound_host = token.host_id.map(|host_id| host_admission(c, host_id)).transpose()?.flatten();
+            Ok(Some(FoundToken { user, token, bound_host }))
         })
         .await
     }
@@ -1371,18 +1387,7 @@ impl Store for SqliteStore {
     }
 
     async fn host_admission(&self, host_id: Uuid) -> StoreResult<Option<HostAdmission>> {
-        self.call(move |c| {
-            let row = c
-                .query_row(
-                    "SELECT h.user_id, a.cell_id, a.epoch FROM hosts h \
-                     LEFT JOIN relay_assignments a ON a.host_id = h.id WHERE h.id = ?1",
-                    [host_id.to_string()],
-                    |r| Ok((uuid_col(r, 0)?, r.get::<_, Option<String>>(1)?, r.get::<_, Option<i64>>(2)?)),
-                )
-                .optional()?;
-            Ok(row.map(|(user_id, cell, epoch)| HostAdmission { user_id, assignment: cell.zip(epoch) }))
-        })
-        .await
+        self.call(move |c| host_admission(c, host_id)).await
     }
 
     async fn register_cell(&self, cell: &CellRow) -> StoreResult<()> {

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::StoreError;
+use super::{ApiToken, StoreError};
 
 /// An account.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -485,6 +485,16 @@ pub struct HelloTerminal {
     /// Where the stored log of its run ends, when it belongs to a run that
     /// has not finished: the run's capture resumes there.
     pub unfinished_run_log_end: Option<i64>,
+}
+
+/// A usable token as its lookup found it ([`super::Store::token_by_hash`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoundToken {
+    pub user: User,
+    pub token: ApiToken,
+    /// The host the token is bound to, read in the same round trip (None:
+    /// not bound, or no such host).
+    pub bound_host: Option<HostAdmission>,
 }
 
 /// A host as a hello's database check sees it ([`super::Store::host_admission`]).

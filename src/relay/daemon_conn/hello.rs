@@ -124,6 +124,7 @@ impl Handler<Hello> for DaemonConn {
         let hello = msg.0;
         let relay = self.relay.clone();
         let principal = self.principal.clone();
+        let bound_host = self.bound_host.take();
         let conn = DaemonHandle::of(&ctx.address(), self.heard.clone());
         let queue = self.outbox.queued_counter();
         let host_id = Uuid::parse_str(&hello.host_id).ok();
@@ -134,6 +135,7 @@ impl Handler<Hello> for DaemonConn {
                 &relay.cell,
                 relay.store.as_ref(),
                 &principal,
+                bound_host.as_deref(),
                 host_id,
                 hello.booking.as_ref(),
                 Instant::now(),

@@ -43,6 +43,7 @@ use super::registry::{HostRegistry, OpenTerminal, Ready, Register, TerminalLifec
 use super::token_watch::{TokenRevoked, Watched};
 use super::*;
 use crate::auth::Principal;
+use crate::cell::admission::Prefetched;
 use crate::proto::v1::{daemon_frame, server_frame, DaemonFrame, ServerFrame};
 use crate::store::{
     host_lease_key, Capabilities, ExitStatus, HostState, LeaseHolder, RunState, RunUsage, StoreError, TerminalState,
@@ -84,6 +85,9 @@ pub struct DaemonConn {
     /// The token that opened the socket: its user owns the host, a daemon
     /// token is bound to one host (docs/PROTOCOL.md, "What the server enforces").
     principal: Principal,
+    /// The token's bound host as the upgrade read it, for the hello's
+    /// admission (boxed: it lives only until the hello).
+    bound_host: Option<Box<Prefetched>>,
     watched: Option<Watched>,
     outbox: Outbox,
     stream: Option<AggregatedMessageStream>,
@@ -111,6 +115,7 @@ impl DaemonConn {
     pub fn new(
         relay: RelayContext,
         principal: Principal,
+        bound_host: Option<Prefetched>,
         outbox: Outbox,
         stream: AggregatedMessageStream,
         guard: AddressGuard,
@@ -118,6 +123,7 @@ impl DaemonConn {
         Self {
             relay,
             principal,
+            bound_host: bound_host.map(Box::new),
             watched: None,
             outbox,
             stream: Some(stream),
@@ -461,10 +467,11 @@ impl Handler<DetachArbiter> for DaemonConn {
 pub fn start(
     relay: RelayContext,
     principal: Principal,
+    bound_host: Option<Prefetched>,
     session: actix_ws::Session,
     stream: AggregatedMessageStream,
     guard: AddressGuard,
 ) -> Addr<DaemonConn> {
     let outbox = Outbox::start(session, OUTBOUND_LIMIT, None);
-    DaemonConn::new(relay, principal, outbox, stream, guard).start()
+    DaemonConn::new(relay, principal, bound_host, outbox, stream, guard).start()
 }
