@@ -3,7 +3,9 @@
 //! - Clients: `tether daemon` and `tether attach` dial `https://` and
 //!   `wss://` trusting the system's roots plus an optional `--ca-file`
 //!   ([`http_client`]). ALPN offers only HTTP/1.1, because a WebSocket
-//!   upgrade needs it.
+//!   upgrade needs it. Their sockets set TCP_NODELAY ([`NoDelay`]): a
+//!   keystroke or an echo is one small write, and Nagle's algorithm would
+//!   hold it behind an unacknowledged one (awc's connector leaves it on).
 //! - Server: `tether serve` terminates TLS itself when `http.tls_cert_path`
 //!   and `http.tls_key_path` are set ([`server_config`]).
 //! - [`explain`] turns a failed handshake into a message that names the
@@ -16,6 +18,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_rt::net::TcpStream;
+use actix_tls::connect::{ConnectError, ConnectInfo, Connection, ConnectorService};
+use actix_web::dev::Service;
+use awc::http::Uri;
+use futures_util::future::LocalBoxFuture;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -93,10 +100,35 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>
     Ok(Arc::new(config))
 }
 
-/// An awc client that speaks `http://` and, with the roots above, `https://`.
+/// An awc client that speaks `http://` and, with the roots above,
+/// `https://`, over sockets with TCP_NODELAY.
 pub fn http_client(ca_file: Option<&Path>, timeout: Duration) -> Result<awc::Client, TlsError> {
-    let connector = awc::Connector::new().rustls_0_23(client_config(ca_file)?);
+    let connector = awc::Connector::new().connector(NoDelay::default()).rustls_0_23(client_config(ca_file)?);
     Ok(awc::Client::builder().connector(connector).timeout(timeout).finish())
+}
+
+/// awc's TCP connector (actix-tls's, with its default resolver) that sets
+/// TCP_NODELAY on every socket it opens, before TLS or HTTP use it.
+#[derive(Clone, Default)]
+pub struct NoDelay(ConnectorService);
+
+impl Service<ConnectInfo<Uri>> for NoDelay {
+    type Response = Connection<Uri, TcpStream>;
+    type Error = ConnectError;
+    type Future = LocalBoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        Service::<ConnectInfo<Uri>>::poll_ready(&self.0, cx)
+    }
+
+    fn call(&self, req: ConnectInfo<Uri>) -> Self::Future {
+        let connecting = self.0.call(req);
+        Box::pin(async move {
+            let connection = connecting.await?;
+            connection.io_ref().set_nodelay(true).map_err(ConnectError::Io)?;
+            Ok(connection)
+        })
+    }
 }
 
 /// The rustls server configuration from a PEM certificate chain and key.
@@ -183,6 +215,18 @@ mod tests {
         let refused = explain(&"Connection refused (os error 111)");
         assert_eq!(refused, "Connection refused (os error 111)");
         assert!(!is_certificate_problem(&refused));
+    }
+
+    /// awc's own connector leaves Nagle's algorithm on; the clients' one
+    /// turns it off.
+    #[actix_rt::test]
+    async fn client_sockets_set_nodelay() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let uri: Uri = format!("http://{}/", listener.local_addr().unwrap()).parse().unwrap();
+        let plain = ConnectorService::default().call(ConnectInfo::new(uri.clone())).await.expect("connect");
+        assert!(!plain.io_ref().nodelay().unwrap(), "the default leaves Nagle on");
+        let ours = NoDelay::default().call(ConnectInfo::new(uri)).await.expect("connect");
+        assert!(ours.io_ref().nodelay().unwrap());
     }
 
     #[test]
