@@ -46,7 +46,7 @@ pub const PREFETCH_FRESH: Duration = Duration::from_secs(2);
 pub struct Prefetched {
     pub host_id: Uuid,
     pub host: HostAdmission,
-    /// When the lookup started (its row is no older than this).
+    /// When the lookup answered.
     pub read_at: Instant,
 }
 

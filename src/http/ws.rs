@@ -109,7 +109,6 @@ async fn admit(
     session: Session,
     stream: AggregatedMessageStream,
 ) -> Option<Admitted> {
-    let read_at = Instant::now();
     let (principal, bound_host) = match authenticate(state, auth::websocket_token(req)).await {
         Ok(found) => found,
         Err(e) if e.status == actix_web::http::StatusCode::UNAUTHORIZED => {
@@ -123,6 +122,9 @@ async fn admit(
     };
     let client = super::client_addr::client_addr(req, &state.trusted_proxies);
     let caps = Caps { per_address: state.settings.http.ws_per_address, per_user: state.settings.http.ws_per_user };
+    // Fresh from the lookup's answer: the wait for a pooled connection
+    // before it (seconds in a reconnect storm) does not age the row.
+    let read_at = Instant::now();
     let bound_host = principal.bound_host.zip(bound_host).map(|(host_id, host)| Prefetched { host_id, host, read_at });
     match state.limiter.acquire(principal.user_id(), client, caps) {
         Ok(guard) => Some(Admitted { principal, bound_host, guard, session, stream }),
