@@ -505,8 +505,8 @@ async fn hello_admission_reads_the_owner_and_the_assignment(store: &Arc<dyn Stor
 async fn token_lookup_brings_the_bound_host(store: &Arc<dyn Store>) {
     let ann = user(store, "ann").await;
     let bx = host(store, &ann, "box").await;
-    let daemon = |hash: &'static str| NewToken { scope: TokenScope::Daemon, ..NewToken::full(ann.id, hash) };
-    let token = store.insert_token(&daemon("hash-bound")).await.expect("token");
+    let daemon = NewToken { scope: TokenScope::Daemon, ..NewToken::full(ann.id, "hash-bound") };
+    let token = store.insert_token(&daemon).await.expect("token");
     let lookup =
         || async { store.token_by_hash("hash-bound", chrono::Utc::now()).await.expect("lookup").expect("usable") };
     assert_eq!(lookup().await.bound_host, None, "not bound yet");

@@ -376,9 +376,9 @@ impl Store for PgStore {
             .query_opt(
                 &format!(
                     "WITH found AS (SELECT {cols}, u.id AS uid, u.name AS uname, u.created_at AS ucreated, \
-                       h.user_id AS host_user, a.cell_id AS host_cell, a.epoch AS host_epoch \
+                       h.user_id AS host_user, ra.cell_id AS host_cell, ra.epoch AS host_epoch \
                        FROM api_tokens t JOIN users u ON u.id = t.user_id \
-                       LEFT JOIN hosts h ON h.id = t.host_id LEFT JOIN relay_assignments a ON a.host_id = t.host_id \
+                       LEFT JOIN hosts h ON h.id = t.host_id LEFT JOIN relay_assignments ra ON ra.host_id = t.host_id \
                        WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())), \
                      stamped AS (UPDATE api_tokens a SET last_used_at = $2::timestamptz FROM found \
                        WHERE a.id = found.id AND (a.last_used_at IS NULL \
