@@ -269,3 +269,50 @@ async fn a_live_slot_migration_keeps_the_channel() {
     }
     assert_eq!(received, heard, "every message a receiver heard arrived, in order ({deaf} reached nobody)");
 }
+
+/// The subscriber's connections are cut (CLIENT KILL on every node, as a
+/// proxy or a failover would). fred reconnects and the instance subscribes
+/// every channel again by itself: each is heard again without the periodic
+/// re-assertion, which does not run here. Nothing sent on the way is
+/// refused: an empty SUBSCRIBE or PSUBSCRIBE (as fred's own
+/// re-subscription sends on every connection) is counted by Redis as a
+/// rejected call, and on a cluster its stray error used to fail the next
+/// SSUBSCRIBE on that node.
+async fn a_cut_subscriber_subscribes_everything_again(settings: Settings, ports: &[u16]) {
+    let (sender, _) = Bus::from_settings(&settings, "a#000001").expect("bus a");
+    let (receiver, _inbox) = Bus::from_settings(&settings, "b#000002").expect("bus b");
+    let channels: Vec<String> = (0..8).map(|_| receiver.host_channel(uuid::Uuid::new_v4())).collect();
+    for channel in &channels {
+        receiver.subscribe(channel).await.expect("subscribe");
+    }
+    for port in ports {
+        support::redis_command(*port, &["CLIENT", "KILL", "TYPE", "pubsub"]).expect("CLIENT KILL");
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    for channel in &channels {
+        while sender.publish(channel, reply(1)).await.expect("publish") == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "{channel} stayed deaf after the reconnect");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    for port in ports {
+        let refused = support::refused_subscriptions(*port);
+        assert!(refused.is_empty(), "node {port} refused {refused:?}");
+    }
+}
+
+#[actix_rt::test]
+async fn a_cut_subscriber_subscribes_everything_again_on_standalone() {
+    let redis = support::OwnRedis::start();
+    let mut s = Settings::default();
+    s.redis.url = Some(redis.url());
+    a_cut_subscriber_subscribes_everything_again(s, &[redis.port()]).await;
+}
+
+#[actix_rt::test]
+async fn a_cut_subscriber_subscribes_everything_again_on_a_cluster() {
+    let cluster = support::OwnRedisCluster::start();
+    let mut s = Settings::default();
+    s.redis.cluster_nodes = Some(cluster.nodes());
+    a_cut_subscriber_subscribes_everything_again(s, cluster.ports()).await;
+}

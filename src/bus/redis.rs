@@ -15,6 +15,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
+use fred::bytes_utils::Str;
 use fred::clients::SubscriberClient;
 use fred::prelude::*;
 use fred::types::cluster::ClusterRouting;
@@ -82,9 +83,9 @@ impl RedisBus {
             .map_err(invalid)?;
         let messages = subscriber.message_rx();
         let _connection = client.connect();
+        // Before connecting, so that the first connection's announcement is heard.
+        tokio::spawn(resubscribe(subscriber.clone(), clustered));
         let _subscriber_connection = subscriber.connect();
-        // Re-subscribes everything after a reconnect.
-        let _resubscribe = subscriber.manage_subscriptions();
         tokio::spawn(pump(messages, inbox));
         Ok(Some(Self { link: RedisLink { client }, subscriber, clustered }))
     }
@@ -199,6 +200,48 @@ impl RedisBus {
             }
         }
         metrics::counter!("tether_bus_reasserts_total").increment(1);
+    }
+}
+
+/// Subscribes again, after each (re)connection of the subscriber, the
+/// channels fred tracks for it (those subscribed and not unsubscribed).
+///
+/// fred's own `manage_subscriptions` is not used: it sends SUBSCRIBE and
+/// PSUBSCRIBE even with nothing to subscribe, Redis refuses an empty one,
+/// and on a cluster that stray error is taken as the answer to whatever
+/// SSUBSCRIBE waits next on that node's connection, failing it; it also
+/// stops for good when its announcements lag. Here nothing is sent for an
+/// empty set, a cluster node's reconnection subscribes only the channels
+/// whose slots it serves (one per SSUBSCRIBE), and a lag subscribes all.
+async fn resubscribe(subscriber: SubscriberClient, clustered: bool) {
+    let mut reconnects = subscriber.reconnect_rx();
+    loop {
+        let server = match reconnects.recv().await {
+            Ok(server) => Some(server),
+            Err(broadcast::error::RecvError::Lagged(_)) => None,
+            Err(broadcast::error::RecvError::Closed) => return,
+        };
+        if !clustered {
+            let channels: Vec<Key> = subscriber.tracked_channels().into_iter().map(Key::from).collect();
+            if !channels.is_empty() {
+                if let Err(e) = subscriber.subscribe(channels).await {
+                    tracing::warn!(error = %e, "tether_bus_resubscribe_failed");
+                }
+            }
+            continue;
+        }
+        let routing = subscriber.cached_cluster_state();
+        let served_by_server = |channel: &Str| match (&server, &routing) {
+            (Some(server), Some(routing)) => {
+                routing.get_server(ClusterRouting::hash_key(channel.as_bytes())).is_none_or(|owner| owner == server)
+            }
+            _ => true,
+        };
+        for channel in subscriber.tracked_shard_channels().into_iter().filter(served_by_server) {
+            if let Err(e) = subscriber.ssubscribe(channel.clone()).await {
+                tracing::warn!(error = %e, channel = &*channel, "tether_bus_resubscribe_failed");
+            }
+        }
     }
 }
 

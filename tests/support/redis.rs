@@ -99,6 +99,10 @@ impl OwnRedis {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// SIGKILLs the server.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -237,6 +241,11 @@ impl OwnRedisCluster {
         self.ports.iter().map(|p| format!("127.0.0.1:{p}")).collect::<Vec<_>>().join(",")
     }
 
+    /// The masters' ports.
+    pub fn ports(&self) -> &[u16] {
+        &self.ports
+    }
+
     /// (node id, port, owns `slot`) of every master, from CLUSTER NODES.
     fn masters(&self, slot: u16) -> Vec<(String, u16, bool)> {
         let nodes = process::redis_command(self.ports[0], &["CLUSTER", "NODES"]).expect("CLUSTER NODES");
@@ -286,6 +295,21 @@ impl Drop for OwnRedisCluster {
             let _ = node.wait();
         }
     }
+}
+
+/// The subscription commands (SUBSCRIBE, PSUBSCRIBE, SSUBSCRIBE) that the
+/// Redis on `port` refused before running them, from INFO commandstats, as
+/// its `cmdstat_<command>:...` lines; empty when none was.
+pub fn refused_subscriptions(port: u16) -> Vec<String> {
+    let stats = process::redis_command(port, &["INFO", "commandstats"]).expect("INFO commandstats");
+    stats
+        .lines()
+        .filter(|line| {
+            ["cmdstat_subscribe:", "cmdstat_psubscribe:", "cmdstat_ssubscribe:"].iter().any(|c| line.starts_with(c))
+        })
+        .filter(|line| !line.contains("rejected_calls=0,"))
+        .map(str::to_string)
+        .collect()
 }
 
 /// `redis-cli --cluster create`: assigns the slots and joins the nodes.
