@@ -42,6 +42,11 @@
 //! shared` gives them all the user's one full token (a daemon token binds
 //! to the first host it registers, so it cannot be shared).
 //!
+//! `TETHER_BENCH_REDIS_URL` (a standalone Redis) or
+//! `TETHER_BENCH_REDIS_CLUSTER` (a Redis Cluster's nodes, `HOST:PORT,...`)
+//! gives the server that bus (`redis.url`, `redis.cluster_nodes`); without
+//! either it runs on the in-process bus.
+//!
 //! `TETHER_BENCH_DATABASE_URL` (a PostgreSQL server whose server preloads
 //! pg_stat_statements) adds the PostgreSQL run; each run gets a fresh
 //! database. `scripts/scale-bench` starts such a server, builds and runs
@@ -657,6 +662,14 @@ async fn run_store(kind: Kind, opts: &Options, server_url: Option<&str>) -> Figu
         ("TETHER_TERMINALS__MAX_PER_HOST".into(), opts.terminals.max(256).to_string()),
         ("TETHER_TERMINALS__MAX_PER_USER".into(), opts.terminals.max(1024).to_string()),
     ];
+    // The bus between instances, when the caller names a Redis for it.
+    for (bench, key) in
+        [("TETHER_BENCH_REDIS_URL", "TETHER_REDIS__URL"), ("TETHER_BENCH_REDIS_CLUSTER", "TETHER_REDIS__CLUSTER_NODES")]
+    {
+        if let Some(value) = std::env::var(bench).ok().filter(|v| !v.is_empty()) {
+            env.push((key.into(), value));
+        }
+    }
     println!(
         "\n== {} ({}); settings raised for the benchmark: {}",
         kind.label(),

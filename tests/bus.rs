@@ -316,3 +316,33 @@ async fn a_cut_subscriber_subscribes_everything_again_on_a_cluster() {
     s.redis.cluster_nodes = Some(cluster.nodes());
     a_cut_subscriber_subscribes_everything_again(s, cluster.ports()).await;
 }
+
+/// The periodic re-assertion on a standalone Redis sends the instance's
+/// channels in batches, not one SUBSCRIBE per channel: an instance with
+/// 19,000 daemons holds 19,000 host channels, and one command each every
+/// `bus.heartbeat_ms` cost a measurable share of its idle CPU
+/// (docs/BENCHMARKS.md). Every channel is still subscribed afterwards.
+#[actix_rt::test]
+async fn the_reassertion_batches_a_standalone_servers_channels() {
+    let redis = support::OwnRedis::start();
+    let mut s = Settings::default();
+    s.redis.url = Some(redis.url());
+    let (sender, _) = Bus::from_settings(&s, "a#000001").expect("bus a");
+    let (receiver, _inbox) = Bus::from_settings(&s, "b#000002").expect("bus b");
+    let channels: Vec<String> = (0..2_500).map(|_| receiver.host_channel(uuid::Uuid::new_v4())).collect();
+    for channel in &channels {
+        receiver.subscribe(channel).await.expect("subscribe");
+    }
+    support::redis_command(redis.port(), &["CONFIG", "RESETSTAT"]).expect("CONFIG RESETSTAT");
+    receiver.reassert().await;
+    let stats = support::redis_command(redis.port(), &["INFO", "commandstats"]).expect("INFO commandstats");
+    let calls = stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_subscribe:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .expect("SUBSCRIBE calls");
+    assert_eq!(calls, 3, "2,500 channels in SUBSCRIBEs of at most 1,000");
+    for channel in &channels {
+        assert_eq!(sender.publish(channel, reply(1)).await.expect("publish"), 1, "{channel} is subscribed");
+    }
+}

@@ -180,8 +180,7 @@ impl RedisBus {
         self.clustered
     }
 
-    /// Subscribes each channel again, one per command (a batched SSUBSCRIBE
-    /// of channels in different slots would fail with CROSSSLOT).
+    /// Subscribes `channels` again (`subscribe_again`).
     pub async fn reassert(&self, channels: &[String]) {
         if self.clustered {
             // Route by the cluster's current slot map, not a stale one.
@@ -189,17 +188,37 @@ impl RedisBus {
                 tracing::warn!(error = %e, "tether_bus_slot_map_failed");
             }
         }
+        subscribe_again(&self.subscriber, self.clustered, channels.iter().map(|c| Str::from(c.as_str())).collect())
+            .await;
+        metrics::counter!("tether_bus_reasserts_total").increment(1);
+    }
+}
+
+/// Channels per SUBSCRIBE when a standalone server's subscriptions are
+/// sent again.
+const SUBSCRIBE_BATCH: usize = 1000;
+
+/// Subscribes `channels` again: on a standalone server up to
+/// `SUBSCRIBE_BATCH` of them per SUBSCRIBE (fred writes it and expects no
+/// answer, so a batch costs one command, not one per channel); on a
+/// cluster one per SSUBSCRIBE (channels in different slots cannot share
+/// one, and fred takes one answer per SSUBSCRIBE). Sends nothing for no
+/// channels. A failure is logged; the next re-assertion tries again.
+async fn subscribe_again(subscriber: &SubscriberClient, clustered: bool, channels: Vec<Str>) {
+    if clustered {
         for channel in channels {
-            let result = if self.clustered {
-                self.subscriber.ssubscribe(channel.as_str()).await
-            } else {
-                self.subscriber.subscribe(channel.as_str()).await
-            };
-            if let Err(e) = result {
-                tracing::warn!(error = %e, %channel, "tether_bus_reassert_failed");
+            if let Err(e) = subscriber.ssubscribe(channel.clone()).await {
+                tracing::warn!(error = %e, channel = &*channel, "tether_bus_resubscribe_failed");
             }
         }
-        metrics::counter!("tether_bus_reasserts_total").increment(1);
+        return;
+    }
+    let mut channels = channels.into_iter().map(Key::from).peekable();
+    while channels.peek().is_some() {
+        let batch: Vec<Key> = channels.by_ref().take(SUBSCRIBE_BATCH).collect();
+        if let Err(e) = subscriber.subscribe(batch).await {
+            tracing::warn!(error = %e, "tether_bus_resubscribe_failed");
+        }
     }
 }
 
@@ -212,7 +231,7 @@ impl RedisBus {
 /// SSUBSCRIBE waits next on that node's connection, failing it; it also
 /// stops for good when its announcements lag. Here nothing is sent for an
 /// empty set, a cluster node's reconnection subscribes only the channels
-/// whose slots it serves (one per SSUBSCRIBE), and a lag subscribes all.
+/// whose slots it serves, and a lag subscribes all.
 async fn resubscribe(subscriber: SubscriberClient, clustered: bool) {
     let mut reconnects = subscriber.reconnect_rx();
     loop {
@@ -221,27 +240,16 @@ async fn resubscribe(subscriber: SubscriberClient, clustered: bool) {
             Err(broadcast::error::RecvError::Lagged(_)) => None,
             Err(broadcast::error::RecvError::Closed) => return,
         };
-        if !clustered {
-            let channels: Vec<Key> = subscriber.tracked_channels().into_iter().map(Key::from).collect();
-            if !channels.is_empty() {
-                if let Err(e) = subscriber.subscribe(channels).await {
-                    tracing::warn!(error = %e, "tether_bus_resubscribe_failed");
-                }
-            }
-            continue;
-        }
-        let routing = subscriber.cached_cluster_state();
-        let served_by_server = |channel: &Str| match (&server, &routing) {
+        let tracked = if clustered { subscriber.tracked_shard_channels() } else { subscriber.tracked_channels() };
+        // A cluster node's reconnection needs only the channels it serves.
+        let routing = if clustered { subscriber.cached_cluster_state() } else { None };
+        let served = |channel: &Str| match (&server, &routing) {
             (Some(server), Some(routing)) => {
                 routing.get_server(ClusterRouting::hash_key(channel.as_bytes())).is_none_or(|owner| owner == server)
             }
             _ => true,
         };
-        for channel in subscriber.tracked_shard_channels().into_iter().filter(served_by_server) {
-            if let Err(e) = subscriber.ssubscribe(channel.clone()).await {
-                tracing::warn!(error = %e, channel = &*channel, "tether_bus_resubscribe_failed");
-            }
-        }
+        subscribe_again(&subscriber, clustered, tracked.into_iter().filter(served).collect()).await;
     }
 }
 
