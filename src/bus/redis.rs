@@ -19,6 +19,7 @@ use fred::bytes_utils::Str;
 use fred::clients::SubscriberClient;
 use fred::prelude::*;
 use fred::types::cluster::ClusterRouting;
+use fred::types::{ClusterHash, CustomCommand};
 use tokio::sync::broadcast;
 
 use super::{decode, BusError, Inbound, Inbox};
@@ -197,26 +198,43 @@ impl RedisBus {
 /// Channels per SUBSCRIBE when a standalone server's subscriptions are
 /// sent again.
 const SUBSCRIBE_BATCH: usize = 1000;
+/// SSUBSCRIBEs in flight at once when a cluster's subscriptions are sent
+/// again.
+const SSUBSCRIBE_WINDOW: usize = 256;
 
-/// Subscribes `channels` again: on a standalone server up to
-/// `SUBSCRIBE_BATCH` of them per SUBSCRIBE (fred writes it and expects no
-/// answer, so a batch costs one command, not one per channel); on a
-/// cluster one per SSUBSCRIBE (channels in different slots cannot share
-/// one, and fred takes one answer per SSUBSCRIBE). Sends nothing for no
-/// channels. A failure is logged; the next re-assertion tries again.
+/// Subscribes `channels` again. Sends nothing for no channels; a failure is
+/// logged, and the next re-assertion tries again.
+///
+/// - Standalone: up to `SUBSCRIBE_BATCH` channels per SUBSCRIBE. fred
+///   writes a SUBSCRIBE and expects no answer, so a batch is one command.
+/// - Cluster: one channel per SSUBSCRIBE, since channels in different
+///   slots cannot share one. They go pipelined, `SSUBSCRIBE_WINDOW` at a
+///   time, as plain commands that each wait for their one answer (the
+///   `ssubscribe` confirmation, or the error). fred's own `ssubscribe`
+///   waits for each answer before it writes the next command, which made
+///   re-asserting 19,000 channels cost about 40 µs of the instance's CPU
+///   per channel (docs/BENCHMARKS.md). A MOVED answer is followed like any
+///   other command's. The channels were subscribed through fred's
+///   `ssubscribe` first, so fred's set of channels to restore after a
+///   reconnect already holds them.
 async fn subscribe_again(subscriber: &SubscriberClient, clustered: bool, channels: Vec<Str>) {
     if clustered {
-        for channel in channels {
-            if let Err(e) = subscriber.ssubscribe(channel.clone()).await {
-                tracing::warn!(error = %e, channel = &*channel, "tether_bus_resubscribe_failed");
+        let ssubscribe = CustomCommand::new_static("SSUBSCRIBE", ClusterHash::FirstKey, false);
+        for window in channels.chunks(SSUBSCRIBE_WINDOW) {
+            let answers = futures_util::future::join_all(
+                window.iter().map(|channel| subscriber.custom::<Value, _>(ssubscribe.clone(), vec![channel.clone()])),
+            )
+            .await;
+            for (channel, answer) in window.iter().zip(answers) {
+                if let Err(e) = answer {
+                    tracing::warn!(error = %e, channel = &**channel, "tether_bus_resubscribe_failed");
+                }
             }
         }
         return;
     }
-    let mut channels = channels.into_iter().map(Key::from).peekable();
-    while channels.peek().is_some() {
-        let batch: Vec<Key> = channels.by_ref().take(SUBSCRIBE_BATCH).collect();
-        if let Err(e) = subscriber.subscribe(batch).await {
+    for batch in channels.chunks(SUBSCRIBE_BATCH) {
+        if let Err(e) = subscriber.subscribe(batch.to_vec()).await {
             tracing::warn!(error = %e, "tether_bus_resubscribe_failed");
         }
     }
