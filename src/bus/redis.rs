@@ -259,8 +259,14 @@ async fn resubscribe(subscriber: SubscriberClient, clustered: bool) {
             Err(broadcast::error::RecvError::Closed) => return,
         };
         let tracked = if clustered { subscriber.tracked_shard_channels() } else { subscriber.tracked_channels() };
-        // A cluster node's reconnection needs only the channels it serves.
-        let routing = if clustered { subscriber.cached_cluster_state() } else { None };
+        // A cluster node's reconnection needs only the channels it serves;
+        // a node the slot map does not name as a primary gets them all.
+        let routing = match (clustered, &server) {
+            (true, Some(server)) => {
+                subscriber.cached_cluster_state().filter(|r| r.unique_primary_nodes().contains(server))
+            }
+            _ => None,
+        };
         let served = |channel: &Str| match (&server, &routing) {
             (Some(server), Some(routing)) => {
                 routing.get_server(ClusterRouting::hash_key(channel.as_bytes())).is_none_or(|owner| owner == server)
