@@ -261,17 +261,17 @@ async fn resubscribe(subscriber: SubscriberClient, clustered: bool) {
         let tracked = if clustered { subscriber.tracked_shard_channels() } else { subscriber.tracked_channels() };
         // A cluster node's reconnection needs only the channels it serves;
         // a node the slot map does not name as a primary gets them all.
-        let routing = match (clustered, &server) {
-            (true, Some(server)) => {
-                subscriber.cached_cluster_state().filter(|r| r.unique_primary_nodes().contains(server))
-            }
+        let only = match (clustered, server) {
+            (true, Some(server)) => subscriber
+                .cached_cluster_state()
+                .filter(|routing| routing.unique_primary_nodes().contains(&server))
+                .map(|routing| (routing, server)),
             _ => None,
         };
-        let served = |channel: &Str| match (&server, &routing) {
-            (Some(server), Some(routing)) => {
+        let served = |channel: &Str| {
+            only.as_ref().is_none_or(|(routing, server)| {
                 routing.get_server(ClusterRouting::hash_key(channel.as_bytes())).is_none_or(|owner| owner == server)
-            }
-            _ => true,
+            })
         };
         subscribe_again(&subscriber, clustered, tracked.into_iter().filter(served).collect()).await;
     }

@@ -38,9 +38,7 @@ mod tether;
 
 pub use postgres::{pg_connect, pg_database, url_with_database, OwnPostgres};
 pub use process::{clock_ahead_env, free_port, redis_command};
-pub use redis::{
-    redis_cluster_hosts, redis_cluster_nodes, redis_url, refused_subscriptions, OwnRedis, OwnRedisCluster,
-};
+pub use redis::{command_stats, redis_cluster_hosts, redis_cluster_nodes, redis_url, OwnRedis, OwnRedisCluster};
 pub use tether::{tether_cmd, tether_command, TetherServer};
 
 /// A Linux host of `user` called `hostname`, registered straight in the store.

@@ -297,19 +297,19 @@ impl Drop for OwnRedisCluster {
     }
 }
 
-/// The subscription commands (SUBSCRIBE, PSUBSCRIBE, SSUBSCRIBE) that the
-/// Redis on `port` refused before running them, from INFO commandstats, as
-/// its `cmdstat_<command>:...` lines; empty when none was.
-pub fn refused_subscriptions(port: u16) -> Vec<String> {
+/// A command's counters in `INFO commandstats` of the Redis on `port`:
+/// (calls, rejected_calls), both 0 for a command it has not seen.
+pub fn command_stats(port: u16, command: &str) -> (u64, u64) {
     let stats = process::redis_command(port, &["INFO", "commandstats"]).expect("INFO commandstats");
-    stats
-        .lines()
-        .filter(|line| {
-            ["cmdstat_subscribe:", "cmdstat_psubscribe:", "cmdstat_ssubscribe:"].iter().any(|c| line.starts_with(c))
-        })
-        .filter(|line| !line.contains("rejected_calls=0,"))
-        .map(str::to_string)
-        .collect()
+    let prefix = format!("cmdstat_{command}:");
+    let Some(line) = stats.lines().find_map(|line| line.strip_prefix(prefix.as_str())) else { return (0, 0) };
+    let field = |name: &str| {
+        line.split(',')
+            .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {line}"))
+    };
+    (field("calls"), field("rejected_calls"))
 }
 
 /// `redis-cli --cluster create`: assigns the slots and joins the nodes.
