@@ -312,28 +312,25 @@ impl Bus {
     /// that fred does not pass on, so without this a moved channel would
     /// stay deaf until the next periodic re-assertion; what was published
     /// on it meanwhile reached nobody and shows up as a sequence gap. Reads
-    /// the slot map every `every`; returns at once without a cluster.
+    /// the slot map every `every` and looks at the subscriptions only when
+    /// a slot moved since the last read; returns at once without a cluster.
     pub async fn watch_slots(&self, every: std::time::Duration) {
         let Backend::Redis(redis) = &self.backend else { return };
         if !redis.is_clustered() {
             return;
         }
-        let mut owners: HashMap<String, String> = HashMap::new();
+        let mut before: Option<redis::SlotMap> = None;
         let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
-            let channels: Vec<String> = self.subscriptions.lock().await.keys().cloned().collect();
-            let Some(now) = redis.slot_owners(&channels).await else { continue };
-            let mut moved = Vec::new();
-            let mut next = HashMap::with_capacity(channels.len());
-            for (channel, owner) in channels.into_iter().zip(now) {
-                let Some(owner) = owner else { continue };
-                if owners.get(&channel).is_some_and(|before| *before != owner) {
-                    moved.push(channel.clone());
-                }
-                next.insert(channel, owner);
-            }
-            owners = next;
+            let Some(now) = redis.slot_map().await else { continue };
+            let moved_slots = before.as_ref().and_then(|before| now.moved_since(before));
+            before = Some(now);
+            let Some(moved_slots) = moved_slots else { continue };
+            let moved: Vec<String> = (self.subscriptions.lock().await.keys())
+                .filter(|channel| moved_slots[redis::SlotMap::slot_of(channel)])
+                .cloned()
+                .collect();
             if !moved.is_empty() {
                 tracing::info!(channels = moved.len(), "tether_bus_slots_moved");
                 metrics::counter!("tether_bus_slot_moves_total").increment(moved.len() as u64);

@@ -159,10 +159,9 @@ impl RedisBus {
         }
     }
 
-    /// The primary serving each channel's hash slot, from a fresh read of
-    /// the cluster's slot map (one CLUSTER SLOTS); `None` on a standalone
-    /// server or when the map cannot be read now.
-    pub async fn slot_owners(&self, channels: &[String]) -> Option<Vec<Option<String>>> {
+    /// The cluster's slot map, from a fresh read (one CLUSTER SLOTS);
+    /// `None` on a standalone server or when the map cannot be read now.
+    pub async fn slot_map(&self) -> Option<SlotMap> {
         if !self.clustered {
             return None;
         }
@@ -171,10 +170,7 @@ impl RedisBus {
             return None;
         }
         let routing = self.link.client.cached_cluster_state()?;
-        let owner = |channel: &String| {
-            routing.get_server(ClusterRouting::hash_key(channel.as_bytes())).map(|server| server.to_string())
-        };
-        Some(channels.iter().map(owner).collect())
+        Some(SlotMap(routing.slots().iter().map(|r| (r.start, r.end, r.primary.to_string())).collect()))
     }
 
     pub fn is_clustered(&self) -> bool {
@@ -192,6 +188,45 @@ impl RedisBus {
         subscribe_again(&self.subscriber, self.clustered, channels.iter().map(|c| Str::from(c.as_str())).collect())
             .await;
         metrics::counter!("tether_bus_reasserts_total").increment(1);
+    }
+}
+
+/// Hash slots in a Redis Cluster.
+const SLOTS: usize = 16384;
+
+/// A Redis Cluster's slot map as one read showed it: ranges of hash slots,
+/// each with the address of the primary that serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotMap(Vec<(u16, u16, String)>);
+
+impl SlotMap {
+    /// The primary of each hash slot (`None`: no primary serves it).
+    fn owners(&self) -> Vec<Option<&str>> {
+        let mut owners = vec![None; SLOTS];
+        for (start, end, primary) in &self.0 {
+            for owner in owners.iter_mut().take(usize::from(*end) + 1).skip(usize::from(*start)) {
+                *owner = Some(primary.as_str());
+            }
+        }
+        owners
+    }
+
+    /// Which hash slots a primary serves now that another primary (or
+    /// none) served in `before`, indexed by slot; `None` when no slot
+    /// moved. An unchanged map is one comparison of its few ranges, so
+    /// the slot watcher's tick does not grow with the subscriptions.
+    pub fn moved_since(&self, before: &SlotMap) -> Option<Vec<bool>> {
+        if self == before {
+            return None;
+        }
+        let (now, was) = (self.owners(), before.owners());
+        let moved: Vec<bool> = now.iter().zip(&was).map(|(now, was)| now.is_some() && now != was).collect();
+        moved.contains(&true).then_some(moved)
+    }
+
+    /// The hash slot of a channel.
+    pub fn slot_of(channel: &str) -> usize {
+        usize::from(ClusterRouting::hash_key(channel.as_bytes()))
     }
 }
 
@@ -295,5 +330,36 @@ async fn pump(mut messages: broadcast::Receiver<fred::types::Message>, inbox: In
             }
             Err(broadcast::error::RecvError::Closed) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SlotMap;
+
+    fn map(ranges: &[(u16, u16, &str)]) -> SlotMap {
+        SlotMap(ranges.iter().map(|(start, end, primary)| (*start, *end, primary.to_string())).collect())
+    }
+
+    #[test]
+    fn an_unchanged_slot_map_moves_nothing_whatever_the_order_of_its_ranges() {
+        let a = map(&[(0, 5460, "a:1"), (5461, 10922, "b:2"), (10923, 16383, "c:3")]);
+        let reordered = map(&[(10923, 16383, "c:3"), (0, 5460, "a:1"), (5461, 10922, "b:2")]);
+        assert_eq!(a.moved_since(&a.clone()), None);
+        assert_eq!(reordered.moved_since(&a), None);
+    }
+
+    #[test]
+    fn a_migrated_slot_and_a_slot_served_again_are_moved_and_no_other() {
+        let before = map(&[(0, 5460, "a:1"), (5461, 10922, "b:2"), (10923, 16382, "c:3")]);
+        // Slot 100 migrated from a to c; slot 16383 (unserved before) is served now.
+        let now =
+            map(&[(0, 99, "a:1"), (100, 100, "c:3"), (101, 5460, "a:1"), (5461, 10922, "b:2"), (10923, 16383, "c:3")]);
+        let moved = now.moved_since(&before).expect("moved");
+        let slots: Vec<usize> = (0..moved.len()).filter(|s| moved[*s]).collect();
+        assert_eq!(slots, vec![100, 16383]);
+        // A slot no primary serves now is not subscribed anywhere.
+        let unserved = map(&[(0, 5460, "a:1"), (10923, 16382, "c:3")]);
+        assert_eq!(unserved.moved_since(&before), None);
     }
 }
