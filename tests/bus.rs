@@ -270,6 +270,54 @@ async fn a_live_slot_migration_keeps_the_channel() {
     assert_eq!(received, heard, "every message a receiver heard arrived, in order ({deaf} reached nobody)");
 }
 
+/// One stalled subscription does not hold up another channel's: with the
+/// cluster node that serves one channel stopped (SIGSTOP), a subscription
+/// on another node completes while the first waits, and the first
+/// completes once its node runs again. One lock over every subscription,
+/// held across each one's Redis calls, made every hello on an instance
+/// wait for the slowest subscription (a reconnect storm on a cluster was
+/// admitted at the pace of one SSUBSCRIBE and one SHARDNUMSUB at a time);
+/// with it this test times out.
+#[actix_rt::test]
+async fn a_stalled_subscription_does_not_hold_up_another_channels() {
+    let cluster = support::OwnRedisCluster::start();
+    let mut s = Settings::default();
+    s.redis.cluster_nodes = Some(cluster.nodes());
+    s.bus.prefix = support::unique_prefix();
+    let (sender, _) = Bus::from_settings(&s, "a#000001").expect("bus a");
+    let (receiver, _inbox) = Bus::from_settings(&s, "b#000002").expect("bus b");
+    let receiver = std::sync::Arc::new(receiver);
+    let served_by = |port: u16| loop {
+        let channel = receiver.host_channel(uuid::Uuid::new_v4());
+        if cluster.owner(fred::types::cluster::ClusterRouting::hash_key(channel.as_bytes())) == port {
+            break channel;
+        }
+    };
+    let (stopped, running) = (cluster.ports()[0], cluster.ports()[1]);
+    let (stalled, free) = (served_by(stopped), served_by(running));
+    // Both instances connected to every node before one stops.
+    for port in [stopped, running] {
+        let warm = served_by(port);
+        receiver.subscribe(&warm).await.expect("subscribe");
+        assert_eq!(sender.publish(&warm, reply(1)).await.expect("publish"), 1);
+    }
+
+    cluster.pause(stopped);
+    let first = {
+        let (receiver, stalled) = (receiver.clone(), stalled.clone());
+        tokio::spawn(async move { receiver.subscribe(&stalled).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!first.is_finished(), "a subscription on a stopped node completed");
+    let second = tokio::time::timeout(Duration::from_secs(10), receiver.subscribe(&free)).await;
+    cluster.resume(stopped);
+    second.expect("the subscription on a running node waited for the one on the stopped node").expect("subscribe");
+    first.await.expect("join").expect("the stalled subscription, once its node runs again");
+    for channel in [&free, &stalled] {
+        assert_eq!(sender.publish(channel, reply(2)).await.expect("publish"), 1, "{channel} is heard");
+    }
+}
+
 /// The subscriber's connections are cut (CLIENT KILL on every node, as a
 /// proxy or a failover would). fred reconnects and the instance subscribes
 /// every channel again by itself: each is heard again without the periodic

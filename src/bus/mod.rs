@@ -12,7 +12,9 @@
 //! channel (two connections of one host share one), and a subscription
 //! counts only once Redis reports it: `publish` answers how many
 //! subscribers heard a message, and "0 = nobody owns this" must never be
-//! said of a live owner.
+//! said of a live owner. Subscribing and unsubscribing are ordered per
+//! channel, not across channels: one slow subscription (a cluster node
+//! that is slow to answer) does not hold up the hellos of other hosts.
 //!
 //! Received messages go to one bounded inbox, read by the relay's bus
 //! dispatcher (`relay::requests`); a full inbox or a lagging subscriber is
@@ -142,8 +144,11 @@ pub struct Bus {
     backend: Backend,
     instance_id: String,
     prefix: String,
-    /// Subscribers per channel on this instance.
-    subscriptions: tokio::sync::Mutex<HashMap<String, usize>>,
+    /// Subscribers per channel on this instance, each count behind its
+    /// channel's own lock (held across that channel's Redis calls). A
+    /// channel is in the map from its first subscribe until its last
+    /// unsubscribe, or until a failed first subscribe gives it up.
+    subscriptions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<usize>>>>,
     /// Next sequence number per channel this instance publishes on.
     seqs: Mutex<HashMap<String, u64>>,
     inbox: Inbox,
@@ -164,7 +169,7 @@ impl Bus {
             backend,
             instance_id: instance_id.to_string(),
             prefix: settings.bus.prefix.clone(),
-            subscriptions: tokio::sync::Mutex::new(HashMap::new()),
+            subscriptions: Mutex::new(HashMap::new()),
             seqs: Mutex::new(HashMap::new()),
             inbox,
         };
@@ -262,43 +267,80 @@ impl Bus {
     /// Subscribes (once per channel however many callers), returning once
     /// the subscription is confirmed.
     pub async fn subscribe(&self, channel: &str) -> Result<(), BusError> {
-        let mut subscriptions = self.subscriptions.lock().await;
-        if let Some(count) = subscriptions.get_mut(channel) {
-            *count += 1;
-            return Ok(());
+        loop {
+            let slot = self.channels().entry(channel.to_string()).or_default().clone();
+            let mut count = slot.lock().await;
+            if !self.holds(channel, &slot) {
+                // Given up (unsubscribed, or its first subscribe failed)
+                // while this call waited: start over with a fresh entry.
+                continue;
+            }
+            if *count > 0 {
+                *count += 1;
+                return Ok(());
+            }
+            // Before the first message of the new subscription can arrive.
+            self.inbox.deliver(Inbound::Reset { channel: channel.to_string() });
+            let subscribed = match &self.backend {
+                Backend::Local(local) => {
+                    local.subscribe(channel);
+                    Ok(())
+                }
+                Backend::Redis(redis) => redis.subscribe(channel).await,
+            };
+            match subscribed {
+                Ok(()) => *count = 1,
+                Err(_) => self.give_up(channel, &slot),
+            }
+            metrics::gauge!("tether_bus_subscriptions").set(self.channels().len() as f64);
+            return subscribed;
         }
-        // Before the first message of the new subscription can arrive.
-        self.inbox.deliver(Inbound::Reset { channel: channel.to_string() });
-        match &self.backend {
-            Backend::Local(local) => local.subscribe(channel),
-            Backend::Redis(redis) => redis.subscribe(channel).await?,
-        }
-        subscriptions.insert(channel.to_string(), 1);
-        metrics::gauge!("tether_bus_subscriptions").set(subscriptions.len() as f64);
-        Ok(())
     }
 
     /// Drops one subscriber of `channel`; the last one unsubscribes.
     pub async fn unsubscribe(&self, channel: &str) {
-        let mut subscriptions = self.subscriptions.lock().await;
-        let Some(count) = subscriptions.get_mut(channel) else { return };
+        let Some(slot) = self.channels().get(channel).cloned() else { return };
+        let mut count = slot.lock().await;
+        if !self.holds(channel, &slot) || *count == 0 {
+            return;
+        }
         *count -= 1;
         if *count > 0 {
             return;
         }
-        subscriptions.remove(channel);
-        metrics::gauge!("tether_bus_subscriptions").set(subscriptions.len() as f64);
+        // Still holding the channel's lock, so a subscribe that comes now
+        // goes out after this unsubscribe.
         match &self.backend {
             Backend::Local(local) => local.unsubscribe(channel),
             Backend::Redis(redis) => redis.unsubscribe(channel).await,
         }
+        self.give_up(channel, &slot);
+        metrics::gauge!("tether_bus_subscriptions").set(self.channels().len() as f64);
         self.inbox.deliver(Inbound::Reset { channel: channel.to_string() });
+    }
+
+    /// The subscribed channels (and those being subscribed).
+    fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<usize>>>> {
+        self.subscriptions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `slot` is still `channel`'s entry.
+    fn holds(&self, channel: &str, slot: &Arc<tokio::sync::Mutex<usize>>) -> bool {
+        self.channels().get(channel).is_some_and(|s| Arc::ptr_eq(s, slot))
+    }
+
+    /// Removes `channel`'s entry if it is still `slot`.
+    fn give_up(&self, channel: &str, slot: &Arc<tokio::sync::Mutex<usize>>) {
+        let mut channels = self.channels();
+        if channels.get(channel).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            channels.remove(channel);
+        }
     }
 
     /// Subscribes every channel again (after a reconnect or a slot
     /// migration may have dropped one without a word).
     pub async fn reassert(&self) {
-        let channels: Vec<String> = self.subscriptions.lock().await.keys().cloned().collect();
+        let channels: Vec<String> = self.channels().keys().cloned().collect();
         if let Backend::Redis(redis) = &self.backend {
             redis.reassert(&channels).await;
         }
@@ -327,7 +369,7 @@ impl Bus {
             let moved_slots = before.as_ref().and_then(|before| now.moved_since(before));
             before = Some(now);
             let Some(moved_slots) = moved_slots else { continue };
-            let moved: Vec<String> = (self.subscriptions.lock().await.keys())
+            let moved: Vec<String> = (self.channels().keys())
                 .filter(|channel| moved_slots[redis::SlotMap::slot_of(channel)])
                 .cloned()
                 .collect();

@@ -246,6 +246,28 @@ impl OwnRedisCluster {
         &self.ports
     }
 
+    /// The port of the master that serves `slot`.
+    pub fn owner(&self, slot: u16) -> u16 {
+        self.masters(slot).into_iter().find(|m| m.2).map(|m| m.1).expect("the slot's owner")
+    }
+
+    /// Stops (SIGSTOP) the node on `port`: its connections stay open and
+    /// nothing it is sent is answered until [`Self::resume`].
+    pub fn pause(&self, port: u16) {
+        self.signal(port, libc::SIGSTOP);
+    }
+
+    pub fn resume(&self, port: u16) {
+        self.signal(port, libc::SIGCONT);
+    }
+
+    fn signal(&self, port: u16, signal: i32) {
+        let at = self.ports.iter().position(|p| *p == port).expect("a node of this cluster");
+        let pid = i32::try_from(self.nodes[at].id()).expect("pid");
+        // SAFETY: kill(2) with the pid of a child this value owns and waits for.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal {signal} to the node on {port}");
+    }
+
     /// (node id, port, owns `slot`) of every master, from CLUSTER NODES.
     fn masters(&self, slot: u16) -> Vec<(String, u16, bool)> {
         let nodes = process::redis_command(self.ports[0], &["CLUSTER", "NODES"]).expect("CLUSTER NODES");
