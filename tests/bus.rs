@@ -212,6 +212,17 @@ async fn a_full_inbox_reports_the_channel() {
     assert_eq!(received + lost, N, "every message either arrived or was reported lost");
 }
 
+/// Two instances' buses (a sender and a receiver) on a test's own
+/// cluster, and the receiver's inbox.
+fn two_instances_on(cluster: &support::OwnRedisCluster) -> (Bus, std::sync::Arc<Bus>, mpsc::Receiver<Inbound>) {
+    let mut s = Settings::default();
+    s.redis.cluster_nodes = Some(cluster.nodes());
+    s.bus.prefix = support::unique_prefix();
+    let (sender, _) = Bus::from_settings(&s, "a#000001").expect("bus a");
+    let (receiver, inbox) = Bus::from_settings(&s, "b#000002").expect("bus b");
+    (sender, std::sync::Arc::new(receiver), inbox)
+}
+
 /// A live slot migration on a Redis Cluster (the cluster is this test's
 /// own): a channel's slot moves to another master while messages flow on
 /// it. The old owner drops the shard subscription without a word to the
@@ -225,12 +236,7 @@ async fn a_full_inbox_reports_the_channel() {
 #[actix_rt::test]
 async fn a_live_slot_migration_keeps_the_channel() {
     let cluster = support::OwnRedisCluster::start();
-    let mut s = Settings::default();
-    s.redis.cluster_nodes = Some(cluster.nodes());
-    s.bus.prefix = support::unique_prefix();
-    let (sender, _) = Bus::from_settings(&s, "a#000001").expect("bus a");
-    let (receiver, mut inbox) = Bus::from_settings(&s, "b#000002").expect("bus b");
-    let receiver = std::sync::Arc::new(receiver);
+    let (sender, receiver, mut inbox) = two_instances_on(&cluster);
     let channel = receiver.reply_channel("b#000002");
     receiver.subscribe(&channel).await.expect("subscribe");
     let watcher = receiver.clone();
@@ -281,12 +287,7 @@ async fn a_live_slot_migration_keeps_the_channel() {
 #[actix_rt::test]
 async fn a_stalled_subscription_does_not_hold_up_another_channels() {
     let cluster = support::OwnRedisCluster::start();
-    let mut s = Settings::default();
-    s.redis.cluster_nodes = Some(cluster.nodes());
-    s.bus.prefix = support::unique_prefix();
-    let (sender, _) = Bus::from_settings(&s, "a#000001").expect("bus a");
-    let (receiver, _inbox) = Bus::from_settings(&s, "b#000002").expect("bus b");
-    let receiver = std::sync::Arc::new(receiver);
+    let (sender, receiver, _inbox) = two_instances_on(&cluster);
     let served_by = |port: u16| loop {
         let channel = receiver.host_channel(uuid::Uuid::new_v4());
         if cluster.owner(fred::types::cluster::ClusterRouting::hash_key(channel.as_bytes())) == port {
