@@ -369,29 +369,38 @@ async fn a_cut_subscriber_subscribes_everything_again_on_a_cluster() {
 }
 
 /// The periodic re-assertion on a standalone Redis sends the instance's
-/// channels in batches, not one SUBSCRIBE per channel: an instance with
-/// 19,000 daemons holds 19,000 host channels, and one command each every
-/// `bus.heartbeat_ms` cost a measurable share of its idle CPU
-/// (docs/BENCHMARKS.md). Every channel is still subscribed afterwards.
+/// channels in batches, not one SUBSCRIBE per channel, and a slice of them
+/// per heartbeat, each channel once in `REASSERT_SLICES` heartbeats: an
+/// instance with 19,000 daemons holds 19,000 host channels, and one
+/// command each every `bus.heartbeat_ms` cost a measurable share of its
+/// idle CPU (docs/BENCHMARKS.md). Every channel is still subscribed
+/// afterwards.
 #[actix_rt::test]
-async fn the_reassertion_batches_a_standalone_servers_channels() {
+async fn the_reassertion_batches_a_standalone_servers_channels_a_slice_at_a_time() {
+    const CHANNELS: usize = 7_000;
     let redis = support::OwnRedis::start();
     let mut s = Settings::default();
     s.redis.url = Some(redis.url());
     let (sender, _) = Bus::from_settings(&s, "a#000001").expect("bus a");
     let (receiver, _inbox) = Bus::from_settings(&s, "b#000002").expect("bus b");
-    let channels: Vec<String> = (0..2_500).map(|_| receiver.host_channel(uuid::Uuid::new_v4())).collect();
+    let channels: Vec<String> = (0..CHANNELS).map(|_| receiver.host_channel(uuid::Uuid::new_v4())).collect();
     for channel in &channels {
         receiver.subscribe(channel).await.expect("subscribe");
     }
     support::redis_command(redis.port(), &["CONFIG", "RESETSTAT"]).expect("CONFIG RESETSTAT");
-    receiver.reassert().await;
+    let mut slices = Vec::new();
+    for tick in 0..tether::bus::REASSERT_SLICES {
+        slices.push(receiver.reassert(tick).await);
+    }
     // A SUBSCRIBE is done once written; Redis runs one connection's commands
     // in order, so once a later subscription is confirmed, the
     // re-assertion's have all been counted.
     receiver.subscribe(&receiver.host_channel(uuid::Uuid::new_v4())).await.expect("subscribe after");
+    assert_eq!(slices.iter().sum::<usize>(), CHANNELS, "every channel once in {slices:?}");
+    assert!(slices.iter().all(|n| *n < CHANNELS / 3), "a slice at a time: {slices:?}");
+    let batches: usize = slices.iter().map(|n| n.div_ceil(1_000)).sum();
     let (calls, _) = support::command_stats(redis.port(), "subscribe");
-    assert_eq!(calls, 3 + 1, "2,500 channels in SUBSCRIBEs of at most 1,000, then one more");
+    assert_eq!(calls, batches as u64 + 1, "slices {slices:?} in SUBSCRIBEs of at most 1,000, then one more");
     for channel in &channels {
         assert_eq!(sender.publish(channel, reply(1)).await.expect("publish"), 1, "{channel} is subscribed");
     }

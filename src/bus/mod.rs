@@ -140,6 +140,10 @@ enum Backend {
     Redis(redis::RedisBus),
 }
 
+/// Heartbeats in which every subscription is re-asserted once
+/// ([`Bus::reassert`]).
+pub const REASSERT_SLICES: u64 = 6;
+
 pub struct Bus {
     backend: Backend,
     instance_id: String,
@@ -337,13 +341,24 @@ impl Bus {
         }
     }
 
-    /// Subscribes every channel again (after a reconnect or a slot
-    /// migration may have dropped one without a word).
-    pub async fn reassert(&self) {
-        let channels: Vec<String> = self.channels().keys().cloned().collect();
+    /// Subscribes again the channels of slice `tick` of
+    /// [`REASSERT_SLICES`] (a channel's slice is its hash slot's remainder),
+    /// in case something dropped one without a word; returns how many.
+    /// Called every `bus.heartbeat_ms` with the next tick, it re-asserts
+    /// every channel once in `REASSERT_SLICES` heartbeats, a slice at a
+    /// time. Not more often: the slot watcher and the re-subscription
+    /// after a reconnect answer the drops that are known at once, and each
+    /// re-asserted channel costs this instance and Redis a command.
+    pub async fn reassert(&self, tick: u64) -> usize {
+        let slice = usize::try_from(tick % REASSERT_SLICES).unwrap_or(0);
+        let channels: Vec<String> = (self.channels().keys())
+            .filter(|channel| redis::SlotMap::slot_of(channel) % REASSERT_SLICES as usize == slice)
+            .cloned()
+            .collect();
         if let Backend::Redis(redis) = &self.backend {
             redis.reassert(&channels).await;
         }
+        channels.len()
     }
 }
 

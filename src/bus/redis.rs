@@ -238,7 +238,7 @@ const SUBSCRIBE_BATCH: usize = 1000;
 const SSUBSCRIBE_WINDOW: usize = 256;
 
 /// Subscribes `channels` again. Sends nothing for no channels; a failure is
-/// logged, and the next re-assertion tries again.
+/// logged, and a later re-assertion tries again.
 ///
 /// - Standalone: up to `SUBSCRIBE_BATCH` channels per SUBSCRIBE. fred
 ///   writes a SUBSCRIBE and expects no answer, so a batch is one command.

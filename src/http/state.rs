@@ -168,10 +168,11 @@ impl AppState {
 }
 
 /// Subscribes this instance's reply channel, retrying with backoff until
-/// Redis confirms it, then re-asserts every subscription each
-/// `bus.heartbeat_ms` (a slot migration can drop a shard subscription
-/// without a reconnect), and on a Redis Cluster at once when a
-/// subscribed channel's slot moves (`bus.slot_check_ms`).
+/// Redis confirms it, then re-asserts a slice of the subscriptions each
+/// `bus.heartbeat_ms`, every one of them once in `bus::REASSERT_SLICES`
+/// heartbeats (a slot migration can drop a shard subscription without a
+/// reconnect), and on a Redis Cluster at once those whose slot moved
+/// (`bus.slot_check_ms`).
 async fn subscribe_replies(relay: RelayContext, ready: Arc<std::sync::atomic::AtomicBool>) {
     let channel = relay.bus.reply_channel(&relay.instance_id);
     let mut delay = std::time::Duration::from_millis(100);
@@ -194,9 +195,9 @@ async fn subscribe_replies(relay: RelayContext, ready: Arc<std::sync::atomic::At
     tokio::spawn(async move { watcher.bus.watch_slots(ms(watcher.settings.bus.slot_check_ms)).await });
     let mut every = tokio::time::interval(ms(relay.settings.bus.heartbeat_ms));
     every.tick().await;
-    loop {
+    for tick in 0.. {
         every.tick().await;
-        relay.bus.reassert().await;
+        relay.bus.reassert(tick).await;
     }
 }
 
