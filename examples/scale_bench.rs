@@ -47,6 +47,10 @@
 //! gives the server that bus (`redis.url`, `redis.cluster_nodes`); without
 //! either it runs on the in-process bus.
 //!
+//! `TETHER_BENCH_PING_MS` changes the fake daemons' ping period (30 s, the
+//! daemon's), to measure what the pings cost the idle server; past the
+//! server's `daemon.idle_timeout_ms` (95 s) a silent daemon is closed.
+//!
 //! `TETHER_BENCH_DATABASE_URL` (a PostgreSQL server whose server preloads
 //! pg_stat_statements) adds the PostgreSQL run; each run gets a fresh
 //! database. `scripts/scale-bench` starts such a server, builds and runs

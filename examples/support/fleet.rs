@@ -47,6 +47,15 @@ const FIRST_ATTEMPTS_IN_FLIGHT: usize = 32;
 
 /// The daemon's timings (src/daemon/host.rs, src/daemon/supervisor.rs).
 const PING_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The ping period: the daemon's, or `TETHER_BENCH_PING_MS` (to measure
+/// what the pings cost the server).
+fn ping_interval() -> Duration {
+    std::env::var("TETHER_BENCH_PING_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map_or(PING_INTERVAL, Duration::from_millis)
+}
 const SILENCE_LIMIT: Duration = Duration::from_secs(75);
 const HEALTHY_CONNECTION: Duration = Duration::from_secs(10);
 
@@ -189,7 +198,8 @@ impl FakeDaemon {
 
     /// Idles on an admitted socket until it ends.
     async fn idle(framed: &mut Framed) -> End {
-        let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
+        let every = ping_interval();
+        let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         let mut heard = Instant::now();
         loop {
             tokio::select! {
