@@ -19,7 +19,9 @@
 //!   daemons admitted in it spent in the WebSocket upgrade and then waiting
 //!   for HelloAck), store calls per hello (on PostgreSQL
 //!   also pg_stat_statements calls and `pg_stat_database.xact_commit`
-//!   per hello);
+//!   per hello); with `--drain`, SIGTERM instead (a rolling restart: the
+//!   server closes its daemons 4503 and releases their leases before it
+//!   exits), and how long that took;
 //! - `--viewers` idle viewers on `--terminals` terminals (`sleep` in real
 //!   PTYs of one real `tether daemon`) on a fresh server process: server
 //!   RSS per viewer and idle CPU;
@@ -58,7 +60,7 @@
 //!
 //! ```sh
 //! scripts/scale-bench [--stores sqlite,postgres] [--daemons 5000,10000,19000] [--idle 20]
-//!                     [--viewers 10000] [--terminals 1000] [--tokens per-host|shared] [--no-storm] [--perf]
+//!                     [--viewers 10000] [--terminals 1000] [--tokens per-host|shared] [--no-storm] [--drain] [--perf]
 //! ```
 
 mod support;
@@ -92,6 +94,8 @@ struct Options {
     terminals: usize,
     per_host_tokens: bool,
     storm: bool,
+    /// `--drain`: the storm's server stops on SIGTERM, not SIGKILL.
+    drain: bool,
     /// `--perf`: a `perf record` of the server over the idle window at the
     /// largest N and over the storm's first seconds, top symbols printed.
     perf: bool,
@@ -422,7 +426,32 @@ async fn daemons_step(
 /// The first seconds of the storm that `--perf` profiles.
 const STORM_PROFILE: Duration = Duration::from_secs(12);
 
-async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize, profile: bool) -> Storm {
+async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize, drain: bool, profile: bool) -> Storm {
+    let mut server = run.instance.child.take().expect("the server");
+    if drain {
+        if let Some((admin, _)) = &run.pg {
+            pg::reset_statements(admin).await;
+        }
+        let term = Instant::now();
+        // SAFETY: kill(2) with the pid of a child the guard owns and waits for.
+        unsafe { libc::kill(i32::try_from(server.0.id()).expect("pid"), libc::SIGTERM) };
+        let status = loop {
+            if let Ok(Some(status)) = server.0.try_wait() {
+                break status;
+            }
+            assert!(term.elapsed() < STORM_LIMIT, "the server did not exit after SIGTERM");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let drained = term.elapsed().as_secs_f64();
+        let statements = match &run.pg {
+            Some((admin, db)) => {
+                let n: i64 = pg::statements(admin, db).await.iter().map(|r| r.calls).sum();
+                format!(", {n} PostgreSQL statements")
+            }
+            None => String::new(),
+        };
+        println!("{}: SIGTERM: drained and exited ({status}) in {drained:.2} s{statements}", run.kind.label());
+    }
     fleet.poll();
     let ups0 = fleet.ups;
     let xact0 = match &run.pg {
@@ -435,7 +464,7 @@ async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize, profile: bool) -> Sto
     fleet.record(true);
     let listen = run.instance.listen.clone();
     let killed = Instant::now();
-    drop(run.instance.child.take()); // SIGKILL
+    drop(server); // SIGKILL, unless it drained and exited
     let name = match run.kind {
         Kind::Sqlite => "sqlite-restarted",
         Kind::Postgres => "postgres-restarted",
@@ -446,7 +475,7 @@ async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize, profile: bool) -> Sto
     let perf = if profile { perf_record(run.instance.pid(), STORM_PROFILE, &file) } else { None };
     let calls0 = metric(&run.instance.base(), "tether_store_queries_total").await;
     println!(
-        "{}: server SIGKILLed and restarted on the same address, ready after {:.2} s; waiting for {n} redials",
+        "{}: server stopped and restarted on the same address, ready after {:.2} s; waiting for {n} redials",
         run.kind.label(),
         (ready - killed).as_secs_f64()
     );
@@ -719,7 +748,7 @@ async fn run_store(kind: Kind, opts: &Options, server_url: Option<&str>) -> Figu
         have = n;
     }
     if opts.storm && have > 0 {
-        figures.storm = Some(storm(&mut run, &mut fleet, have, opts.perf).await);
+        figures.storm = Some(storm(&mut run, &mut fleet, have, opts.drain, opts.perf).await);
     }
     drop(fleet);
     if opts.viewers > 0 && opts.terminals > 0 {
@@ -799,6 +828,7 @@ async fn main() {
         terminals: arg(&args, "--terminals", 1_000),
         per_host_tokens: arg(&args, "--tokens", "per-host".to_string()) != "shared",
         storm: !args.iter().any(|a| a == "--no-storm"),
+        drain: args.iter().any(|a| a == "--drain"),
         perf: args.iter().any(|a| a == "--perf"),
     };
     let nofile = raise_nofile();
