@@ -11,7 +11,7 @@ use crate::config::{ms, Settings};
 use crate::http::routes::Serving;
 use crate::http::state::{AppState, Instance, Role};
 use crate::relay::registry::DrainAll;
-use crate::store::{self, host_lease_key, HostState, LeaseHolder, StoreError};
+use crate::store::{self, LeaseHolder, StoreError};
 
 /// Why `serve` could not run.
 #[derive(Debug, thiserror::Error)]
@@ -122,26 +122,18 @@ async fn wait_for_stop_signal() {
     }
 }
 
-/// Closes every socket with 4503 and releases this instance's leases.
+/// Closes every socket with 4503 and releases this instance's leases: the
+/// hosts' all in one statement (a connection closed by the drain leaves its
+/// lease to it; docs/CLUSTER.md, "Drain").
 async fn drain(state: &AppState) {
     let held = state.relay.registry.send(DrainAll).await.unwrap_or_default();
     // Viewers whose terminal's host is owned elsewhere go too.
     state.relay.remotes.drain_homes();
     // Let the close frames go out before the listener stops.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    for (host_id, holder) in held {
-        let key = host_lease_key(host_id);
-        match state.store.release_lease(&key, &holder).await {
-            Ok(_) => {
-                if matches!(state.store.lease_holder(&key).await, Ok(None)) {
-                    crate::store::logged(
-                        state.store.set_host_state(host_id, HostState::Offline).await,
-                        "mark host offline",
-                    );
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, %host_id, "tether_drain_release_failed"),
-        }
+    match state.store.release_host_leases(&held).await {
+        Ok(released) => tracing::info!(held = held.len(), released = released.len(), "tether_drain_released"),
+        Err(e) => tracing::warn!(error = %e, held = held.len(), "tether_drain_release_failed"),
     }
     crate::store::logged(
         state

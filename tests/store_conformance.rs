@@ -67,6 +67,7 @@ conformance!(
     lease_seize_replaces_any_holder,
     lease_expiry,
     renewing_a_host_lease_marks_the_host_seen,
+    a_drain_releases_its_host_leases_at_once,
     runs_queue_and_finish,
     run_claims_never_overlap,
     run_log_is_capped,
@@ -656,6 +657,33 @@ async fn renewing_a_host_lease_marks_the_host_seen(store: &Arc<dyn Store>) {
     let (after_mine, after_theirs) = (seen(read(mine.id).await), seen(read(theirs.id).await));
     assert!(after_mine > before.0, "the renewed host was seen: {after_mine} vs {}", before.0);
     assert_eq!(after_theirs, before.1, "the host whose lease was not renewed keeps its last-seen");
+}
+
+/// A draining instance releases all its hosts' leases in one call: those
+/// its connections still hold go, and their hosts read offline; a host
+/// another instance seized meanwhile keeps its lease and stays online.
+async fn a_drain_releases_its_host_leases_at_once(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let (one, two, seized) =
+        (host(store, &ann, "one").await, host(store, &ann, "two").await, host(store, &ann, "seized").await);
+    for (n, host) in [&one, &two, &seized].into_iter().enumerate() {
+        hello(store, host.id, &h("a", n as u64 + 1), &Capabilities::default(), &[], &[]).await;
+    }
+    hello(store, seized.id, &h("b", 1), &Capabilities::default(), &[], &[]).await;
+    let held = [(one.id, h("a", 1)), (two.id, h("a", 2)), (seized.id, h("a", 3))];
+    let mut released = store.release_host_leases(&held).await.expect("release");
+    released.sort();
+    let mut expected = vec![one.id, two.id];
+    expected.sort();
+    assert_eq!(released, expected);
+    let state = |id: Uuid| async move { store.host_by_id(id).await.expect("read").expect("host").state };
+    for host in [&one, &two] {
+        assert_eq!(store.lease_holder(&host_lease_key(host.id)).await.expect("holder"), None);
+        assert_eq!(state(host.id).await, HostState::Offline);
+    }
+    assert_eq!(store.lease_holder(&host_lease_key(seized.id)).await.expect("holder"), Some(h("b", 1)));
+    assert_eq!(state(seized.id).await, HostState::Online);
+    assert_eq!(store.release_host_leases(&[]).await.expect("nothing to release"), Vec::<Uuid>::new());
 }
 
 async fn lease_expiry(store: &Arc<dyn Store>) {

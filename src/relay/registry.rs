@@ -499,9 +499,10 @@ impl Handler<DrainAll> for HostRegistry {
         let mut held = Vec::new();
         for (host_id, entry) in self.hosts.drain() {
             entry.conn.close(close::DRAINING, "instance draining");
-            if entry.ready.is_some() {
-                held.push((host_id, Self::holder(&self.instance_id, entry.conn_no)));
-            }
+            // Every connection's holder: one whose claim is still in flight
+            // has seized nothing yet (releasing by holder then does
+            // nothing) and releases what it seizes itself.
+            held.push((host_id, Self::holder(&self.instance_id, entry.conn_no)));
         }
         for entry in self.terminals.values() {
             entry.addr.do_send(HostOffline);

@@ -288,6 +288,12 @@ pub trait Store: Send + Sync + 'static {
     async fn renew_leases(&self, leases: &[(String, LeaseHolder)], ttl: Duration) -> StoreResult<Vec<String>>;
     /// Releases `key` only if `holder` holds it.
     async fn release_lease(&self, key: &str, holder: &LeaseHolder) -> StoreResult<bool>;
+    /// Releases the lease of each (host, holder) still held by that holder
+    /// and marks those hosts offline, in one statement (one transaction on
+    /// SQLite), so a draining instance lets all its hosts go at once;
+    /// returns the hosts released. A host another connection seized first
+    /// keeps its lease and its state.
+    async fn release_host_leases(&self, leases: &[(Uuid, LeaseHolder)]) -> StoreResult<Vec<Uuid>>;
     /// The live holder of `key`.
     async fn lease_holder(&self, key: &str) -> StoreResult<Option<LeaseHolder>>;
     /// The live holders of several keys in one query, as (key, holder).

@@ -1054,6 +1054,30 @@ impl Store for PgStore {
         Ok(self.execute("DELETE FROM leases WHERE key = $1 AND holder = $2", &[&key, &holder]).await? == 1)
     }
 
+    async fn release_host_leases(&self, leases: &[(Uuid, LeaseHolder)]) -> StoreResult<Vec<Uuid>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = leases.iter().map(|(host_id, _)| host_lease_key(*host_id)).collect();
+        let holders: Vec<String> = leases.iter().map(|(_, h)| h.encode()).collect();
+        // The lease key is the primary key: once this deletes a host's row
+        // no other holder has it, and a seize racing this one waits for its
+        // row lock and sets the host online after.
+        Ok(self
+            .query(
+                "WITH released AS ( \
+                   DELETE FROM leases l USING unnest($1::text[], $2::text[]) AS mine(key, holder) \
+                   WHERE l.key = mine.key AND l.holder = mine.holder RETURNING l.key) \
+                 UPDATE hosts SET state = 'offline', last_seen_at = now() \
+                 WHERE id IN (SELECT substr(key, 6)::uuid FROM released) RETURNING id",
+                &[&keys, &holders],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
     async fn lease_holder(&self, key: &str) -> StoreResult<Option<LeaseHolder>> {
         self.query_opt("SELECT holder FROM leases WHERE key = $1 AND expires_at > now()", &[&key])
             .await?

@@ -1335,6 +1335,39 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn release_host_leases(&self, leases: &[(Uuid, LeaseHolder)]) -> StoreResult<Vec<Uuid>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let pairs = to_json(&leases.iter().map(|(id, h)| [host_lease_key(*id), h.encode()]).collect::<Vec<_>>());
+        self.call(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let keys: Vec<String> = {
+                let mut stmt = tx.prepare_cached(
+                    "DELETE FROM leases WHERE (key, holder) IN \
+                     (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?1)) \
+                     RETURNING key",
+                )?;
+                let keys = stmt.query_map([pairs], |r| r.get(0))?.collect::<Result<_, _>>()?;
+                keys
+            };
+            let now = now_ms();
+            let mut released = Vec::with_capacity(keys.len());
+            {
+                let mut offline =
+                    tx.prepare_cached("UPDATE hosts SET state = 'offline', last_seen_at = ?2 WHERE id = ?1")?;
+                for key in &keys {
+                    let Some(id) = key.strip_prefix("host:").and_then(|id| Uuid::parse_str(id).ok()) else { continue };
+                    offline.execute(params![id.to_string(), now])?;
+                    released.push(id);
+                }
+            }
+            tx.commit()?;
+            Ok(released)
+        })
+        .await
+    }
+
     async fn lease_holder(&self, key: &str) -> StoreResult<Option<LeaseHolder>> {
         let key = key.to_string();
         self.call(move |c| {

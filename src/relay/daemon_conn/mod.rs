@@ -351,6 +351,13 @@ impl Actor for DaemonConn {
             self.relay.cell.seats().left(Instant::now(), host.host_id, host.conn_no, code);
         }
         let relay = self.relay.clone();
+        if host.ready && self.close_code == Some(close::DRAINING) {
+            // The instance is draining: it releases every host's lease in
+            // one statement and exits (`server::drain`), instead of one
+            // connection at a time.
+            relay.registry.do_send(Unregister { host_id: host.host_id, conn_no: host.conn_no });
+            return;
+        }
         // Releases only this connection's own lease, and marks the host
         // offline only when no connection anywhere holds one.
         actix_rt::spawn(async move {
