@@ -359,17 +359,23 @@ impl Actor for DaemonConn {
             return;
         }
         // Releases only this connection's own lease, and marks the host
-        // offline only when no connection anywhere holds one.
+        // offline only when no connection anywhere holds one: in the one
+        // statement of the release when this connection held it, else
+        // (its claim never seized, or the lease lapsed) after a read.
         actix_rt::spawn(async move {
             let _ = relay.registry.send(Unregister { host_id: host.host_id, conn_no: host.conn_no }).await;
             if host.subscribed {
                 relay.bus.unsubscribe(&relay.bus.host_channel(host.host_id)).await;
             }
-            let key = host_lease_key(host.host_id);
-            if let Err(e) = relay.store.release_lease(&key, &host.holder).await {
-                tracing::warn!(error = %e, host_id = %host.host_id, "tether_lease_release_failed");
+            match relay.store.release_host_leases(&[(host.host_id, host.holder.clone())]).await {
+                Ok(released) if !released.is_empty() => {
+                    tracing::info!(host_id = %host.host_id, "tether_daemon_disconnected");
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, host_id = %host.host_id, "tether_lease_release_failed"),
             }
-            match relay.store.lease_holder(&key).await {
+            match relay.store.lease_holder(&host_lease_key(host.host_id)).await {
                 Ok(None) => {
                     if let Err(e) = relay.store.set_host_state(host.host_id, HostState::Offline).await {
                         tracing::warn!(error = %e, "tether_host_state_failed");
