@@ -354,8 +354,12 @@ impl Actor for DaemonConn {
         if host.ready && self.close_code == Some(close::DRAINING) {
             // The instance is draining: it releases every host's lease in
             // one statement and exits (`server::drain`), instead of one
-            // connection at a time.
+            // connection at a time. The channel still goes, so a request
+            // for the host meanwhile finds nobody listening here.
             relay.registry.do_send(Unregister { host_id: host.host_id, conn_no: host.conn_no });
+            if host.subscribed {
+                actix_rt::spawn(async move { relay.bus.unsubscribe(&relay.bus.host_channel(host.host_id)).await });
+            }
             return;
         }
         // Releases only this connection's own lease, and marks the host
