@@ -124,7 +124,7 @@ async fn wait_for_stop_signal() {
 
 /// Closes every socket with 4503 and releases this instance's leases: the
 /// hosts' all in one statement (a connection closed by the drain leaves its
-/// lease to it; docs/CLUSTER.md, "Drain").
+/// lease to it; docs/ARCHITECTURE.md, "Drain").
 async fn drain(state: &AppState) {
     let held = state.relay.registry.send(DrainAll).await.unwrap_or_default();
     // Viewers whose terminal's host is owned elsewhere go too.

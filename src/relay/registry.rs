@@ -488,7 +488,8 @@ impl Handler<TerminalLifecycle> for HostRegistry {
 
 /// Drain (docs/ARCHITECTURE.md, "Drain"): closes every daemon connection with 4503 (the
 /// daemons redial at once, elsewhere) and every viewer with 4503 (they
-/// reattach); returns the leases this instance held, as (host, holder).
+/// reattach); returns every connection's (host, holder), for the drain to
+/// release their leases in one statement.
 #[derive(Message)]
 #[rtype(result = "Vec<(Uuid, LeaseHolder)>")]
 pub struct DrainAll;
