@@ -22,6 +22,10 @@
 //!   per hello); with `--drain`, SIGTERM instead (a rolling restart: the
 //!   server closes its daemons 4503 and releases their leases before it
 //!   exits), and how long that took;
+//! - with `--cut`, a mass disconnect at the end: every fake daemon's
+//!   process is killed at once (as a network cut between the daemons and
+//!   the instance looks to it), and the time until no host reads online,
+//!   the server's CPU seconds and (PostgreSQL) the statements it took;
 //! - `--viewers` idle viewers on `--terminals` terminals (`sleep` in real
 //!   PTYs of one real `tether daemon`) on a fresh server process: server
 //!   RSS per viewer and idle CPU;
@@ -60,7 +64,7 @@
 //!
 //! ```sh
 //! scripts/scale-bench [--stores sqlite,postgres] [--daemons 5000,10000,19000] [--idle 20]
-//!                     [--viewers 10000] [--terminals 1000] [--tokens per-host|shared] [--no-storm] [--drain] [--perf]
+//!                     [--viewers 10000] [--terminals 1000] [--tokens per-host|shared] [--no-storm] [--drain] [--cut] [--perf]
 //! ```
 
 mod support;
@@ -96,6 +100,8 @@ struct Options {
     storm: bool,
     /// `--drain`: the storm's server stops on SIGTERM, not SIGKILL.
     drain: bool,
+    /// `--cut`: every fake daemon's socket closes at once at the end.
+    cut: bool,
     /// `--perf`: a `perf record` of the server over the idle window at the
     /// largest N and over the storm's first seconds, top symbols printed.
     perf: bool,
@@ -562,6 +568,54 @@ async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize, drain: bool, profile:
     Storm { online_after, ..s }
 }
 
+/// Kills every fake daemon's process at once, so the server sees all their
+/// sockets close together, and times it until no host reads online.
+async fn cut(run: &Run, fleet: Fleet, n: usize) {
+    if let Some((admin, _)) = &run.pg {
+        pg::reset_statements(admin).await;
+    }
+    let pid = run.instance.pid();
+    let cpu0 = cpu_ticks(pid);
+    let url = format!("{}/api/v1/hosts?limit=1&state=online", run.instance.base());
+    let cut = Instant::now();
+    drop(fleet);
+    let killed = cut.elapsed().as_secs_f64();
+    let all_offline = loop {
+        let mut online = 0;
+        walk(&url, &run.token, "hosts", |hosts| {
+            online += hosts.len();
+            true
+        })
+        .await;
+        if online == 0 {
+            break Some(cut.elapsed().as_secs_f64());
+        }
+        if cut.elapsed() > STORM_LIMIT {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let cpu = (cpu_ticks(pid) - cpu0) as f64 / ticks_per_second();
+    let statements = match &run.pg {
+        Some((admin, db)) => {
+            let rows = pg::statements(admin, db).await;
+            for r in rows.iter().take(5) {
+                println!("    {:>7} calls {:>8} rows  {}", r.calls, r.rows, &r.query[..r.query.len().min(100)]);
+            }
+            format!(", {} PostgreSQL statements", rows.iter().map(|r| r.calls).sum::<i64>())
+        }
+        None => String::new(),
+    };
+    match all_offline {
+        Some(secs) => println!(
+            "{}: cut: {n} daemons' processes killed in {killed:.2} s; no host online after {secs:.2} s; \
+             server CPU {cpu:.2} s{statements}",
+            run.kind.label()
+        ),
+        None => println!("{}: cut: hosts still online after {} s{statements}", run.kind.label(), STORM_LIMIT.as_secs()),
+    }
+}
+
 /// The real daemon's host (not a fake one), once it is online.
 async fn real_host(base: &str, token: &str) -> Option<String> {
     let url = format!("{base}/api/v1/hosts?limit={PAGE}&state=online");
@@ -750,7 +804,11 @@ async fn run_store(kind: Kind, opts: &Options, server_url: Option<&str>) -> Figu
     if opts.storm && have > 0 {
         figures.storm = Some(storm(&mut run, &mut fleet, have, opts.drain, opts.perf).await);
     }
-    drop(fleet);
+    if opts.cut && have > 0 {
+        cut(&run, fleet, have).await;
+    } else {
+        drop(fleet);
+    }
     if opts.viewers > 0 && opts.terminals > 0 {
         // A fresh server process, so the viewers' memory is not memory the
         // fleet's connections left free.
@@ -829,6 +887,7 @@ async fn main() {
         per_host_tokens: arg(&args, "--tokens", "per-host".to_string()) != "shared",
         storm: !args.iter().any(|a| a == "--no-storm"),
         drain: args.iter().any(|a| a == "--drain"),
+        cut: args.iter().any(|a| a == "--cut"),
         perf: args.iter().any(|a| a == "--perf"),
     };
     let nofile = raise_nofile();
