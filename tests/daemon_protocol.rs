@@ -611,3 +611,105 @@ async fn requests_past_the_pending_cap_are_429() {
     }
     drop(again);
 }
+
+/// A write lock on the server's database, held by the test: the server's
+/// writes wait behind it until it is dropped.
+enum WriteLock {
+    Postgres(tokio_postgres::Client),
+    Sqlite(rusqlite::Connection),
+}
+
+impl WriteLock {
+    async fn take(server: &TetherServer) -> WriteLock {
+        match server.database_url() {
+            Some(url) => {
+                let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+                actix_rt::spawn(conn);
+                client.batch_execute("BEGIN; LOCK TABLE leases IN EXCLUSIVE MODE").await.expect("lock");
+                WriteLock::Postgres(client)
+            }
+            None => {
+                let db = rusqlite::Connection::open(server.scratch_dir().join("tether.db")).expect("open");
+                db.execute_batch("BEGIN IMMEDIATE").expect("lock");
+                WriteLock::Sqlite(db)
+            }
+        }
+    }
+
+    async fn release(self) {
+        match self {
+            WriteLock::Postgres(client) => client.batch_execute("COMMIT").await.expect("commit"),
+            WriteLock::Sqlite(db) => db.execute_batch("COMMIT").expect("commit"),
+        }
+    }
+}
+
+/// Hosts whose row reads online, straight from the server's database (not
+/// through the server, whose store calls the caller is counting).
+async fn online_hosts(server: &TetherServer) -> i64 {
+    match server.database_url() {
+        Some(url) => {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+            actix_rt::spawn(conn);
+            client.query_one("SELECT count(*) FROM hosts WHERE state = 'online'", &[]).await.expect("count").get(0)
+        }
+        None => rusqlite::Connection::open(server.scratch_dir().join("tether.db"))
+            .expect("open")
+            .query_row("SELECT count(*) FROM hosts WHERE state = 'online'", [], |r| r.get(0))
+            .expect("count"),
+    }
+}
+
+/// A value of the server's `/metrics` whose line starts with `prefix`.
+async fn metric_value(api: &Api, prefix: &str) -> f64 {
+    let (_, body) = api.get_bytes("/metrics").await;
+    let text = String::from_utf8_lossy(&body);
+    let line = text.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no {prefix} in {text}"));
+    line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a number")
+}
+
+/// A mass disconnect (a network cut between the daemons and the instance)
+/// releases the ended connections' leases in batches, not a statement per
+/// host: with the database's writes held up while 60 daemons drop at
+/// once, their releases queue and go out together once it is free, and
+/// every host reads offline after.
+#[actix_rt::test]
+async fn a_mass_disconnect_releases_the_leases_in_batches() {
+    const HOSTS: usize = 60;
+    let server = server().await;
+    let api = Api::new(server.url(), create_token(&server, "ann"));
+    let mut daemons = Vec::new();
+    for i in 0..HOSTS {
+        let (status, body) = api.post("/api/v1/hosts", json!({"hostname": format!("box-{i}")})).await;
+        assert_eq!(status, 201, "{body}");
+        let host = body["host"]["id"].as_str().expect("host id").to_string();
+        daemons.push(connected_daemon(&server, &api, &host).await);
+    }
+    assert_eq!(online_hosts(&server).await, HOSTS as i64);
+    let lock = WriteLock::take(&server).await;
+    let calls = metric_value(&api, "tether_store_queries_total{").await;
+    drop(daemons);
+    for _ in 0..200 {
+        if metric_value(&api, "tether_daemon_connections ").await == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(metric_value(&api, "tether_daemon_connections ").await, 0.0, "every connection ended");
+    // Time for the ended connections to queue their releases behind the lock.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    lock.release().await;
+    let mut online = HOSTS as i64;
+    for _ in 0..200 {
+        online = online_hosts(&server).await;
+        if online == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(online, 0, "every host reads offline once its lease is released");
+    let calls = metric_value(&api, "tether_store_queries_total{").await - calls;
+    // A statement per host would be 60 and more; the batches, a renew tick
+    // and the instance's once-a-second polls are a handful.
+    assert!(calls < (HOSTS / 3) as f64, "{calls} store calls to release {HOSTS} hosts' leases");
+}

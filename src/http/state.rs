@@ -135,6 +135,7 @@ impl AppState {
             remotes: Arc::new(crate::relay::remote::Remotes::default()),
             audit: crate::audit::AuditLog::start(store.clone(), instance.instance_id.clone()),
             tokens: Arc::new(crate::relay::token_watch::TokenWatch::default()),
+            releases: crate::relay::releases::LeaseReleases::start(store.clone()),
         };
         actix_rt::spawn(relay.tokens.clone().run(store.clone(), ms(settings.auth.revocation_check_ms)));
         actix_rt::spawn(serve_bus(relay.clone(), inbox));

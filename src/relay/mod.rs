@@ -22,6 +22,7 @@ pub mod limiter;
 pub mod messages;
 pub mod outbox;
 pub mod registry;
+pub mod releases;
 pub mod remote;
 pub mod requests;
 pub mod resume_ring;
@@ -79,4 +80,6 @@ pub struct RelayContext {
     pub audit: crate::audit::AuditLog,
     /// Open sockets by token, closed 4401 when their token stops being usable.
     pub tokens: Arc<token_watch::TokenWatch>,
+    /// Where ended daemon connections queue their host leases.
+    pub releases: releases::LeaseReleases,
 }

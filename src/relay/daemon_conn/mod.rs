@@ -45,9 +45,7 @@ use super::*;
 use crate::auth::Principal;
 use crate::cell::admission::Prefetched;
 use crate::proto::v1::{daemon_frame, server_frame, DaemonFrame, ServerFrame};
-use crate::store::{
-    host_lease_key, Capabilities, ExitStatus, HostState, LeaseHolder, RunState, RunUsage, StoreError, TerminalState,
-};
+use crate::store::{Capabilities, ExitStatus, LeaseHolder, RunState, RunUsage, StoreError, TerminalState};
 use reader::read_loop;
 use writes::{Outcome, Write, WriteQueue};
 
@@ -362,33 +360,14 @@ impl Actor for DaemonConn {
             }
             return;
         }
-        // Releases only this connection's own lease, and marks the host
-        // offline only when no connection anywhere holds one: in the one
-        // statement of the release when this connection held it, else
-        // (its claim never seized, or the lease lapsed) after a read.
+        // Releases only this connection's own lease, batched with the other
+        // connections that ended meanwhile (`super::releases`).
         actix_rt::spawn(async move {
             let _ = relay.registry.send(Unregister { host_id: host.host_id, conn_no: host.conn_no }).await;
             if host.subscribed {
                 relay.bus.unsubscribe(&relay.bus.host_channel(host.host_id)).await;
             }
-            match relay.store.release_host_leases(&[(host.host_id, host.holder.clone())]).await {
-                Ok(released) if !released.is_empty() => {
-                    tracing::info!(host_id = %host.host_id, "tether_daemon_disconnected");
-                    return;
-                }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, host_id = %host.host_id, "tether_lease_release_failed"),
-            }
-            match relay.store.lease_holder(&host_lease_key(host.host_id)).await {
-                Ok(None) => {
-                    if let Err(e) = relay.store.set_host_state(host.host_id, HostState::Offline).await {
-                        tracing::warn!(error = %e, "tether_host_state_failed");
-                    }
-                }
-                Ok(Some(_)) => {}
-                Err(e) => tracing::warn!(error = %e, "tether_lease_read_failed"),
-            }
-            tracing::info!(host_id = %host.host_id, "tether_daemon_disconnected");
+            relay.releases.release(host.host_id, host.holder);
         });
     }
 }
