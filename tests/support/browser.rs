@@ -25,10 +25,12 @@ pub fn web_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("web")
 }
 
-/// Where the cases save their screenshots: docs/images, shown by the README.
+/// Where the cases save their screenshots: under Cargo's target directory,
+/// so a test run leaves the checkout as it was. The README's pictures in
+/// docs/images are copied from here by hand when the page changes.
 pub fn screenshot_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs").join("images");
-    std::fs::create_dir_all(&dir).expect("create docs/images");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("screenshots");
+    std::fs::create_dir_all(&dir).expect("create the screenshot directory");
     dir
 }
 
