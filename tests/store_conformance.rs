@@ -1088,3 +1088,89 @@ mod token_migration {
         check_upgraded(&store).await;
     }
 }
+
+/// A client of the test's PostgreSQL database, its connection running.
+async fn pg_client(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.expect("connect");
+    actix_rt::spawn(connection);
+    client
+}
+
+/// A batch of lease releases that meets another writer of the same lease
+/// rows in the opposite order (as the lease renewal can) is ended by
+/// PostgreSQL as a deadlock; the release runs again, and its hosts go
+/// offline rather than stay online until their leases lapse.
+#[actix_rt::test]
+async fn postgres_a_lease_release_ended_by_a_deadlock_runs_again() {
+    let url = support::pg_database().await;
+    let admin = pg_client(&url).await;
+    let db: String = admin.query_one("SELECT current_database()", &[]).await.expect("name").get(0);
+    // The store's sessions look for a deadlock 3 s after they start to
+    // wait, the other writer's only after 60 s: the release is the one
+    // PostgreSQL ends, and the test has 3 s to close the cycle.
+    admin.batch_execute(&format!("ALTER DATABASE {db} SET deadlock_timeout = '3s'")).await.expect("alter");
+    let store: Arc<dyn Store> = Arc::new(PgStore::connect(&url, 8).await.expect("connect postgres"));
+    store.migrate().await.expect("migrate");
+    let ann = user(&store, "ann").await;
+    let (one, two) = (host(&store, &ann, "one").await, host(&store, &ann, "two").await);
+    hello(&store, one.id, &h("a", 1), &Capabilities::default(), &[], &[]).await;
+    hello(&store, two.id, &h("a", 2), &Capabilities::default(), &[], &[]).await;
+    let other = pg_client(&url).await;
+    let touch =
+        |host_id: Uuid| format!("UPDATE leases SET expires_at = expires_at WHERE key = '{}'", host_lease_key(host_id));
+    other.batch_execute(&format!("SET deadlock_timeout = '60s'; BEGIN; {}", touch(two.id))).await.expect("lock two");
+    let releasing = store.clone();
+    let release =
+        actix_rt::spawn(
+            async move { releasing.release_host_leases(&[(one.id, h("a", 1)), (two.id, h("a", 2))]).await },
+        );
+    // The release has taken the first lease row and waits for the second.
+    let mut waiting = false;
+    for _ in 0..500 {
+        let row = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH released%'",
+                &[],
+            )
+            .await
+            .expect("activity");
+        if row.get::<_, i64>(0) == 1 {
+            waiting = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(waiting, "the release never waited for the second lease row");
+    let deadlocks = |client: tokio_postgres::Client| async move {
+        let row = client
+            .query_one("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()", &[])
+            .await
+            .expect("deadlocks");
+        (client, row.get::<_, i64>(0))
+    };
+    let (admin, before) = deadlocks(admin).await;
+    // The other writer now waits for the first: a cycle, which PostgreSQL
+    // breaks by ending the release's statement.
+    other.batch_execute(&touch(one.id)).await.expect("lock one once the release let go");
+    other.batch_execute("COMMIT").await.expect("commit");
+    let mut released = release.await.expect("join").expect("the release runs again after the deadlock");
+    released.sort();
+    let mut expected = vec![one.id, two.id];
+    expected.sort();
+    assert_eq!(released, expected);
+    for id in [one.id, two.id] {
+        assert_eq!(store.host_by_id(id).await.expect("read").expect("host").state, HostState::Offline);
+    }
+    // PostgreSQL counted the deadlock (its statistics reach the view within a second or so).
+    let mut admin = admin;
+    for _ in 0..100 {
+        let (client, now) = deadlocks(admin).await;
+        admin = client;
+        if now > before {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no deadlock was counted: the test did not make the conflict it is about");
+}

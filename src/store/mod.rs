@@ -32,7 +32,7 @@ pub use types::*;
 /// A failure of the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("postgres: {0}")]
+    #[error("postgres: {}", with_causes(.0))]
     Postgres(#[from] tokio_postgres::Error),
     #[error("postgres pool: {0}")]
     Pool(String),
@@ -51,6 +51,20 @@ pub enum StoreError {
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// An error with the errors that caused it: tokio-postgres says only "db
+/// error" of an error the server reported, and keeps what it was (the
+/// deadlock, the constraint) in its source.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
 
 impl StoreError {
     /// The database could not take the call now and may later: it is

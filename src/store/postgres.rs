@@ -228,6 +228,29 @@ impl PgStore {
         Ok(client.query(&stmt, params).await?)
     }
 
+    /// [`Self::query`] for a statement that writes many rows another one
+    /// may be writing at the same time, in another order (a hello and
+    /// another hello of its host; a batch of lease releases and the lease
+    /// renewal): PostgreSQL may end it as a deadlock or a serialization
+    /// failure, and running it again completes it. `what` names it in the log.
+    async fn query_retrying(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        what: &'static str,
+    ) -> StoreResult<Vec<Row>> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match self.query(sql, params).await {
+                Err(StoreError::Postgres(e)) if attempts < 3 && is_lock_conflict(&e) => {
+                    tracing::info!(error = %e, what, "tether_statement_retried");
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Runs the insert `sql` (a terminal or a run, `RETURNING` its row) in
     /// one transaction after the caps check of `(user, host, caps)`: the
     /// user's row is locked first (`FOR NO KEY UPDATE`, which does not
@@ -734,20 +757,11 @@ impl Store for PgStore {
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
             [&key, &holder, &secs(hello.lease_ttl), &hello.host_id, &caps, &dirs, &hello.running];
         // Two hellos of one host at once take the same lease, host and
-        // terminal rows in one statement each; PostgreSQL may end one of
-        // them as a deadlock or a serialization failure. Run it again: the
-        // hello is newest-wins, so a second run is what it means anyway.
-        let mut attempts = 0;
-        let rows = loop {
-            attempts += 1;
-            match self.query(&sql, &params).await {
-                Err(StoreError::Postgres(e)) if attempts < 3 && is_lock_conflict(&e) => {
-                    tracing::info!(error = %e, "tether_hello_statement_retried");
-                }
-                other => break other?,
-            }
-        };
-        rows.iter()
+        // terminal rows in one statement each. A second run after a lock
+        // conflict is what the hello means anyway: newest wins.
+        self.query_retrying(&sql, &params, "hello")
+            .await?
+            .iter()
             .map(|row| Ok(HelloTerminal { terminal: terminal_row(row)?, unfinished_run_log_end: row.get(18) }))
             .collect()
     }
@@ -1062,15 +1076,19 @@ impl Store for PgStore {
         let holders: Vec<String> = leases.iter().map(|(_, h)| h.encode()).collect();
         // The lease key is the primary key: once this deletes a host's row
         // no other holder has it, and a seize racing this one waits for its
-        // row lock and sets the host online after.
+        // row lock and sets the host online after. The renewal writes the
+        // same lease and host rows in its own order, so the two can meet in
+        // a deadlock; this one runs again rather than leave its hosts online
+        // until their leases lapse.
         Ok(self
-            .query(
+            .query_retrying(
                 "WITH released AS ( \
                    DELETE FROM leases l USING unnest($1::text[], $2::text[]) AS mine(key, holder) \
                    WHERE l.key = mine.key AND l.holder = mine.holder RETURNING l.key) \
                  UPDATE hosts SET state = 'offline', last_seen_at = now() \
                  WHERE id IN (SELECT substr(key, 6)::uuid FROM released) RETURNING id",
                 &[&keys, &holders],
+                "release host leases",
             )
             .await?
             .iter()
