@@ -26,6 +26,9 @@
 //!   process is killed at once (as a network cut between the daemons and
 //!   the instance looks to it), and the time until no host reads online,
 //!   the server's CPU seconds and (PostgreSQL) the statements it took;
+//!   then the same daemons connect again to the same server, and after a
+//!   second cut once more: RSS per daemon growing from round to round
+//!   would be what each round left behind;
 //! - `--viewers` idle viewers on `--terminals` terminals (`sleep` in real
 //!   PTYs of one real `tether daemon`) on a fresh server process: server
 //!   RSS per viewer and idle CPU;
@@ -805,7 +808,17 @@ async fn run_store(kind: Kind, opts: &Options, server_url: Option<&str>) -> Figu
         figures.storm = Some(storm(&mut run, &mut fleet, have, opts.drain, opts.perf).await);
     }
     if opts.cut && have > 0 {
-        cut(&run, fleet, have).await;
+        // Then the same daemons again on the same server, twice: what a
+        // round left behind (a map that kept an entry per connection)
+        // shows as RSS per daemon that grows from round to round.
+        let mut fleet = fleet;
+        for round in 2..=3 {
+            cut(&run, fleet, have).await;
+            println!("{}: round {round}: the same {have} daemons again, after the cut:", kind.label());
+            fleet = Fleet::new();
+            daemons_step(&run, &mut fleet, &tokens, (0, have), rss0, opts.idle, false).await;
+        }
+        drop(fleet);
     } else {
         drop(fleet);
     }
