@@ -1096,6 +1096,15 @@ async fn pg_client(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// The deadlocks PostgreSQL has counted in the client's database.
+async fn deadlocks(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()", &[])
+        .await
+        .expect("deadlocks")
+        .get(0)
+}
+
 /// A batch of lease releases that meets another writer of the same lease
 /// rows in the opposite order (as the lease renewal can) is ended by
 /// PostgreSQL as a deadlock; the release runs again, and its hosts go
@@ -1142,14 +1151,7 @@ async fn postgres_a_lease_release_ended_by_a_deadlock_runs_again() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(waiting, "the release never waited for the second lease row");
-    let deadlocks = |client: tokio_postgres::Client| async move {
-        let row = client
-            .query_one("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()", &[])
-            .await
-            .expect("deadlocks");
-        (client, row.get::<_, i64>(0))
-    };
-    let (admin, before) = deadlocks(admin).await;
+    let before = deadlocks(&admin).await;
     // The other writer now waits for the first: a cycle, which PostgreSQL
     // breaks by ending the release's statement.
     other.batch_execute(&touch(one.id)).await.expect("lock one once the release let go");
@@ -1163,11 +1165,8 @@ async fn postgres_a_lease_release_ended_by_a_deadlock_runs_again() {
         assert_eq!(store.host_by_id(id).await.expect("read").expect("host").state, HostState::Offline);
     }
     // PostgreSQL counted the deadlock (its statistics reach the view within a second or so).
-    let mut admin = admin;
     for _ in 0..100 {
-        let (client, now) = deadlocks(admin).await;
-        admin = client;
-        if now > before {
+        if deadlocks(&admin).await > before {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
