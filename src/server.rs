@@ -124,7 +124,8 @@ async fn wait_for_stop_signal() {
 
 /// Closes every socket with 4503 and releases this instance's leases: the
 /// hosts' all in one statement (a connection closed by the drain leaves its
-/// lease to it; docs/ARCHITECTURE.md, "Drain").
+/// lease to it), after which it waits for the releases of connections that
+/// ended on their own (docs/ARCHITECTURE.md, "Drain").
 async fn drain(state: &AppState) {
     let held = state.relay.registry.send(DrainAll).await.unwrap_or_default();
     // Viewers whose terminal's host is owned elsewhere go too.
@@ -135,6 +136,9 @@ async fn drain(state: &AppState) {
         Ok(released) => tracing::info!(held = held.len(), released = released.len(), "tether_drain_released"),
         Err(e) => tracing::warn!(error = %e, held = held.len(), "tether_drain_release_failed"),
     }
+    // Connections that ended before the drain closed them release their
+    // own leases; the process must not exit with one still queued.
+    state.relay.releases.settled().await;
     crate::store::logged(
         state
             .store

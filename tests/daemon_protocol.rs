@@ -636,12 +636,94 @@ impl WriteLock {
         }
     }
 
+    /// Like `take`, but on PostgreSQL only the lease row of `host_id` is
+    /// locked, so the server's other writes go on; SQLite has no row locks.
+    async fn take_lease(server: &TetherServer, host_id: &str) -> WriteLock {
+        let Some(url) = server.database_url() else { return WriteLock::take(server).await };
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
+        actix_rt::spawn(conn);
+        client.batch_execute("BEGIN").await.expect("begin");
+        let locked = client
+            .execute("SELECT 1 FROM leases WHERE key = $1 FOR UPDATE", &[&format!("host:{host_id}")])
+            .await
+            .expect("lock the lease row");
+        assert_eq!(locked, 1, "the host holds a lease");
+        WriteLock::Postgres(client)
+    }
+
+    /// Waits until one of the server's statements waits for this lock
+    /// (PostgreSQL), or gives an ended connection's release time to reach
+    /// it (SQLite, whose writers wait inside the store's busy handler).
+    async fn until_waited_on(&self) {
+        match self {
+            WriteLock::Postgres(client) => {
+                for _ in 0..200 {
+                    let waiting: i64 = client
+                        .query_one(
+                            "SELECT count(*) FROM pg_stat_activity \
+                             WHERE wait_event_type = 'Lock' AND datname = current_database()",
+                            &[],
+                        )
+                        .await
+                        .expect("pg_stat_activity")
+                        .get(0);
+                    if waiting > 0 {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+                panic!("no statement of the server waited for the lock");
+            }
+            WriteLock::Sqlite(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+
     async fn release(self) {
         match self {
             WriteLock::Postgres(client) => client.batch_execute("COMMIT").await.expect("commit"),
             WriteLock::Sqlite(db) => db.execute_batch("COMMIT").expect("commit"),
         }
     }
+}
+
+/// Connections that ended before a SIGTERM release their leases before the
+/// process exits: one host's release is held up by a lock on its lease row
+/// and a second host's queues behind it when the server is told to stop.
+/// Both hosts read offline once the process is gone; exiting with the
+/// second release still queued would leave its host online until the lease
+/// lapsed. PostgreSQL is the backend that tells: there only the first
+/// host's row is locked and the drain's own writes go through, while on
+/// SQLite the whole database is locked and the drain waits behind it anyway.
+#[actix_rt::test]
+async fn releases_queued_before_a_sigterm_are_done_before_the_exit() {
+    let mut server = server().await;
+    let api = Api::new(server.url(), create_token(&server, "ann"));
+    let mut hosts = Vec::new();
+    for name in ["first", "second"] {
+        let (status, body) = api.post("/api/v1/hosts", json!({"hostname": name})).await;
+        assert_eq!(status, 201, "{body}");
+        hosts.push(body["host"]["id"].as_str().expect("host id").to_string());
+    }
+    let first = connected_daemon(&server, &api, &hosts[0]).await;
+    let second = connected_daemon(&server, &api, &hosts[1]).await;
+    assert_eq!(online_hosts(&server).await, 2);
+
+    let lock = WriteLock::take_lease(&server, &hosts[0]).await;
+    drop(first);
+    lock.until_waited_on().await;
+    drop(second);
+    until_no_daemon_connections(&api).await;
+
+    // The drain itself takes a few hundred milliseconds; the lock goes
+    // well after that.
+    let unlock = actix_rt::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        lock.release().await;
+    });
+    let status = server.terminate_async(Duration::from_secs(15)).await;
+    assert!(status.is_some_and(|s| s.success()), "the drain ended by itself: {status:?}");
+    unlock.await.expect("unlock");
+    assert_eq!(online_hosts(&server).await, 0, "both hosts' leases were released before the exit");
 }
 
 /// Hosts whose row reads online, straight from the server's database (not
@@ -668,6 +750,17 @@ async fn metric_value(api: &Api, prefix: &str) -> f64 {
     line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a number")
 }
 
+/// Waits until the server counts no daemon connection.
+async fn until_no_daemon_connections(api: &Api) {
+    for _ in 0..200 {
+        if metric_value(api, "tether_daemon_connections ").await == 0.0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("daemon connections still open: {}", metric_value(api, "tether_daemon_connections ").await);
+}
+
 /// A mass disconnect (a network cut between the daemons and the instance)
 /// releases the ended connections' leases in batches, not a statement per
 /// host: with the database's writes held up while 60 daemons drop at
@@ -689,13 +782,7 @@ async fn a_mass_disconnect_releases_the_leases_in_batches() {
     let lock = WriteLock::take(&server).await;
     let calls = metric_value(&api, "tether_store_queries_total{").await;
     drop(daemons);
-    for _ in 0..200 {
-        if metric_value(&api, "tether_daemon_connections ").await == 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert_eq!(metric_value(&api, "tether_daemon_connections ").await, 0.0, "every connection ended");
+    until_no_daemon_connections(&api).await;
     // Time for the ended connections to queue their releases behind the lock.
     tokio::time::sleep(Duration::from_millis(500)).await;
     lock.release().await;

@@ -15,11 +15,19 @@
 //! batch's remaining holders. The queue is unbounded because a release
 //! must not be dropped; it holds at most one entry per connection that
 //! ended, so it is bounded by the connections an instance holds.
+//!
+//! A connection takes its [`PendingRelease`] the moment it ends, before it
+//! leaves the registry and its host's channel; the release counts as
+//! unsettled from then until its statement has run. The drain waits for
+//! [`LeaseReleases::settled`] before the process exits, so a connection
+//! that ended just before a SIGTERM does not leave its host online until
+//! the lease lapses.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use uuid::Uuid;
 
 use crate::store::{host_lease_key, HostState, LeaseHolder, Store};
@@ -31,28 +39,94 @@ const BATCH: usize = 2000;
 #[derive(Clone)]
 pub struct LeaseReleases {
     queue: mpsc::UnboundedSender<(Uuid, LeaseHolder)>,
+    unsettled: Arc<Unsettled>,
+}
+
+/// Releases taken by ended connections whose statement has not run yet.
+#[derive(Default)]
+struct Unsettled {
+    count: AtomicUsize,
+    /// Woken whenever `count` drops to zero.
+    none: Notify,
+}
+
+impl Unsettled {
+    fn settle(&self, n: usize) {
+        if n > 0 && self.count.fetch_sub(n, Ordering::AcqRel) == n {
+            self.none.notify_waiters();
+        }
+    }
 }
 
 impl LeaseReleases {
     /// Starts the releasing task on the current runtime.
     pub fn start(store: Arc<dyn Store>) -> Self {
         let (queue, inbox) = mpsc::unbounded_channel();
-        tokio::spawn(release_batches(store, inbox));
-        Self { queue }
+        let unsettled = Arc::new(Unsettled::default());
+        tokio::spawn(release_batches(store, inbox, unsettled.clone()));
+        Self { queue, unsettled }
     }
 
-    /// Queues the lease a connection to `host_id` held as `holder`; never waits.
-    pub fn release(&self, host_id: Uuid, holder: LeaseHolder) {
-        // The task ends only with the runtime, when nothing is left to release.
-        let _ = self.queue.send((host_id, holder));
+    /// The release a connection to `host_id` that held `holder` owes, taken
+    /// the moment the connection ends; queued when it is handed in or dropped.
+    pub fn ended(&self, host_id: Uuid, holder: LeaseHolder) -> PendingRelease {
+        self.unsettled.count.fetch_add(1, Ordering::AcqRel);
+        PendingRelease { releases: self.clone(), lease: Some((host_id, holder)) }
+    }
+
+    /// Returns once every release taken so far has had its statement run
+    /// (the drain waits for it before the process exits).
+    pub async fn settled(&self) {
+        loop {
+            let none = self.unsettled.none.notified();
+            if self.unsettled.count.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            none.await;
+        }
+    }
+}
+
+/// A lease an ended connection has yet to release: queued by
+/// [`PendingRelease::release`], or by its drop if the task holding it is
+/// cancelled first (a worker stopping), so it cannot be lost on the way.
+pub struct PendingRelease {
+    releases: LeaseReleases,
+    lease: Option<(Uuid, LeaseHolder)>,
+}
+
+impl PendingRelease {
+    /// Queues the release; never waits.
+    pub fn release(mut self) {
+        self.queue();
+    }
+
+    fn queue(&mut self) {
+        let Some(lease) = self.lease.take() else { return };
+        // The task ends only with the runtime; a release it will never run
+        // is not waited for.
+        if self.releases.queue.send(lease).is_err() {
+            self.releases.unsettled.settle(1);
+        }
+    }
+}
+
+impl Drop for PendingRelease {
+    fn drop(&mut self) {
+        self.queue();
     }
 }
 
 /// Releases queued leases, a batch per statement, until every handle is gone.
-async fn release_batches(store: Arc<dyn Store>, mut inbox: mpsc::UnboundedReceiver<(Uuid, LeaseHolder)>) {
+async fn release_batches(
+    store: Arc<dyn Store>,
+    mut inbox: mpsc::UnboundedReceiver<(Uuid, LeaseHolder)>,
+    unsettled: Arc<Unsettled>,
+) {
     let mut batch = Vec::with_capacity(BATCH);
     while inbox.recv_many(&mut batch, BATCH).await > 0 {
         release(&*store, &batch).await;
+        unsettled.settle(batch.len());
         batch.clear();
     }
 }

@@ -361,13 +361,15 @@ impl Actor for DaemonConn {
             return;
         }
         // Releases only this connection's own lease, batched with the other
-        // connections that ended meanwhile (`super::releases`).
+        // connections that ended meanwhile (`super::releases`); owed from
+        // now, so a drain starting meanwhile waits for it.
+        let pending = relay.releases.ended(host.host_id, host.holder);
         actix_rt::spawn(async move {
             let _ = relay.registry.send(Unregister { host_id: host.host_id, conn_no: host.conn_no }).await;
             if host.subscribed {
                 relay.bus.unsubscribe(&relay.bus.host_channel(host.host_id)).await;
             }
-            relay.releases.release(host.host_id, host.holder);
+            pending.release();
         });
     }
 }
