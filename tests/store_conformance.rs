@@ -1096,6 +1096,75 @@ async fn pg_client(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// A PostgreSQL store with two hosts whose daemons said hello, on
+/// connections 1 and 2 of instance "a": (store, one, two).
+async fn two_connected_hosts(url: &str) -> (Arc<dyn Store>, Host, Host) {
+    let store: Arc<dyn Store> = Arc::new(PgStore::connect(url, 8).await.expect("connect postgres"));
+    store.migrate().await.expect("migrate");
+    let ann = user(&store, "ann").await;
+    let (one, two) = (host(&store, &ann, "one").await, host(&store, &ann, "two").await);
+    hello(&store, one.id, &h("a", 1), &Capabilities::default(), &[], &[]).await;
+    hello(&store, two.id, &h("a", 2), &Capabilities::default(), &[], &[]).await;
+    (store, one, two)
+}
+
+/// Waits until a statement of the client's database whose text is `LIKE`
+/// `pattern` waits for a lock; panics with `never` if none does.
+async fn until_waiting_for_a_lock(admin: &tokio_postgres::Client, pattern: &str, never: &str) {
+    for _ in 0..500 {
+        let row = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1",
+                &[&pattern],
+            )
+            .await
+            .expect("activity");
+        if row.get::<_, i64>(0) == 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{never}");
+}
+
+/// An instance's lease renewal and its release batches take turns: both
+/// write the lease and host rows of many hosts in orders the planner
+/// picks, and a renewal still naming a connection that just ended shares
+/// rows with that connection's release, so the two at once can deadlock
+/// (it happened in a mass disconnect of 19,000 daemons). While the renewal
+/// waits for a lease row another session holds, the release of another
+/// host waits for the renewal, then goes through.
+#[actix_rt::test]
+async fn postgres_an_instance_renews_and_releases_its_leases_in_turn() {
+    let url = support::pg_database().await;
+    let admin = pg_client(&url).await;
+    let (store, one, two) = two_connected_hosts(&url).await;
+    let other = pg_client(&url).await;
+    other
+        .batch_execute(&format!(
+            "BEGIN; UPDATE leases SET expires_at = expires_at WHERE key = '{}'",
+            host_lease_key(one.id)
+        ))
+        .await
+        .expect("lock one");
+    let renewing = store.clone();
+    let renew =
+        actix_rt::spawn(async move { renewing.renew_leases(&[(host_lease_key(one.id), h("a", 1))], TTL).await });
+    until_waiting_for_a_lock(&admin, "WITH renewed%", "the renewal never waited for the lease row").await;
+    let releasing = store.clone();
+    let mut release = actix_rt::spawn(async move { releasing.release_host_leases(&[(two.id, h("a", 2))]).await });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut release).await.is_err(),
+        "the release ran while the renewal was writing"
+    );
+    other.batch_execute("COMMIT").await.expect("commit");
+    assert_eq!(renew.await.expect("join").expect("renew"), vec![host_lease_key(one.id)]);
+    assert_eq!(release.await.expect("join").expect("release"), vec![two.id]);
+    assert_eq!(store.host_by_id(one.id).await.expect("read").expect("host").state, HostState::Online);
+    assert_eq!(store.host_by_id(two.id).await.expect("read").expect("host").state, HostState::Offline);
+}
+
 /// The deadlocks PostgreSQL has counted in the client's database.
 async fn deadlocks(client: &tokio_postgres::Client) -> i64 {
     client
@@ -1118,12 +1187,7 @@ async fn postgres_a_lease_release_ended_by_a_deadlock_runs_again() {
     // wait, the other writer's only after 60 s: the release is the one
     // PostgreSQL ends, and the test has 3 s to close the cycle.
     admin.batch_execute(&format!("ALTER DATABASE {db} SET deadlock_timeout = '3s'")).await.expect("alter");
-    let store: Arc<dyn Store> = Arc::new(PgStore::connect(&url, 8).await.expect("connect postgres"));
-    store.migrate().await.expect("migrate");
-    let ann = user(&store, "ann").await;
-    let (one, two) = (host(&store, &ann, "one").await, host(&store, &ann, "two").await);
-    hello(&store, one.id, &h("a", 1), &Capabilities::default(), &[], &[]).await;
-    hello(&store, two.id, &h("a", 2), &Capabilities::default(), &[], &[]).await;
+    let (store, one, two) = two_connected_hosts(&url).await;
     let other = pg_client(&url).await;
     let touch =
         |host_id: Uuid| format!("UPDATE leases SET expires_at = expires_at WHERE key = '{}'", host_lease_key(host_id));
@@ -1134,23 +1198,7 @@ async fn postgres_a_lease_release_ended_by_a_deadlock_runs_again() {
             async move { releasing.release_host_leases(&[(one.id, h("a", 1)), (two.id, h("a", 2))]).await },
         );
     // The release has taken the first lease row and waits for the second.
-    let mut waiting = false;
-    for _ in 0..500 {
-        let row = admin
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'WITH released%'",
-                &[],
-            )
-            .await
-            .expect("activity");
-        if row.get::<_, i64>(0) == 1 {
-            waiting = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(waiting, "the release never waited for the second lease row");
+    until_waiting_for_a_lock(&admin, "WITH released%", "the release never waited for the second lease row").await;
     let before = deadlocks(&admin).await;
     // The other writer now waits for the first: a cycle, which PostgreSQL
     // breaks by ending the release's statement.

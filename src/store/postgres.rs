@@ -25,6 +25,12 @@ const TRIP_SLOT_LOCK_KEY: i64 = 0x7465_7468_6572_0002;
 pub struct PgStore {
     pool: Pool,
     queries: QueryCounter,
+    /// Held by this instance's lease renewal and lease release batches
+    /// while their statement runs: both write the lease and host rows of
+    /// many hosts in orders the planner picks, and a renewal still naming
+    /// a connection that just ended shares rows with the release of it, so
+    /// the two at once can deadlock (docs/BENCHMARKS.md, "a mass disconnect").
+    lease_writes: tokio::sync::Mutex<()>,
 }
 
 fn pool_err(e: impl std::fmt::Display) -> StoreError {
@@ -204,7 +210,7 @@ impl PgStore {
         let config: tokio_postgres::Config = url.parse()?;
         let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager).max_size(pool_size).build().map_err(pool_err)?;
-        let store = Self { pool, queries: QueryCounter::default() };
+        let store = Self { pool, queries: QueryCounter::default(), lease_writes: tokio::sync::Mutex::new(()) };
         store.ping().await?;
         Ok(store)
     }
@@ -1044,6 +1050,7 @@ impl Store for PgStore {
         }
         let keys: Vec<&str> = leases.iter().map(|(k, _)| k.as_str()).collect();
         let holders: Vec<String> = leases.iter().map(|(_, h)| h.encode()).collect();
+        let _one_at_a_time = self.lease_writes.lock().await;
         Ok(self
             .query(
                 "WITH renewed AS ( \
@@ -1076,10 +1083,12 @@ impl Store for PgStore {
         let holders: Vec<String> = leases.iter().map(|(_, h)| h.encode()).collect();
         // The lease key is the primary key: once this deletes a host's row
         // no other holder has it, and a seize racing this one waits for its
-        // row lock and sets the host online after. The renewal writes the
-        // same lease and host rows in its own order, so the two can meet in
-        // a deadlock; this one runs again rather than leave its hosts online
-        // until their leases lapse.
+        // row lock and sets the host online after. This instance's renewal
+        // waits for it (`lease_writes`); a writer elsewhere that takes the
+        // same rows in another order can still end it as a deadlock, and it
+        // runs again rather than leave its hosts online until their leases
+        // lapse.
+        let _one_at_a_time = self.lease_writes.lock().await;
         Ok(self
             .query_retrying(
                 "WITH released AS ( \
