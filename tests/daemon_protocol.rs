@@ -678,6 +678,16 @@ impl WriteLock {
         }
     }
 
+    /// Deletes every host lease inside the locked transaction: once it is
+    /// released, the server finds them gone (lapsed and swept).
+    async fn delete_host_leases(&self) {
+        const SQL: &str = "DELETE FROM leases WHERE key LIKE 'host:%'";
+        match self {
+            WriteLock::Postgres(client) => client.batch_execute(SQL).await.expect("delete leases"),
+            WriteLock::Sqlite(db) => db.execute_batch(SQL).expect("delete leases"),
+        }
+    }
+
     async fn release(self) {
         match self {
             WriteLock::Postgres(client) => client.batch_execute("COMMIT").await.expect("commit"),
@@ -768,6 +778,23 @@ async fn until_no_daemon_connections(api: &Api) {
 /// every host reads offline after.
 #[actix_rt::test]
 async fn a_mass_disconnect_releases_the_leases_in_batches() {
+    mass_disconnect(Leases::Held).await;
+}
+
+/// The same when the leases are already gone by the time the releases run
+/// (they lapsed and were swept): the hosts are marked offline in one
+/// statement per batch as well, not a read and then a write per host.
+#[actix_rt::test]
+async fn a_mass_disconnect_of_hosts_whose_leases_are_gone_marks_them_offline_in_batches() {
+    mass_disconnect(Leases::Gone).await;
+}
+
+enum Leases {
+    Held,
+    Gone,
+}
+
+async fn mass_disconnect(leases: Leases) {
     const HOSTS: usize = 60;
     let server = server().await;
     let api = Api::new(server.url(), create_token(&server, "ann"));
@@ -780,6 +807,9 @@ async fn a_mass_disconnect_releases_the_leases_in_batches() {
     }
     assert_eq!(online_hosts(&server).await, HOSTS as i64);
     let lock = WriteLock::take(&server).await;
+    if let Leases::Gone = leases {
+        lock.delete_host_leases().await;
+    }
     let calls = metric_value(&api, "tether_store_queries_total{").await;
     drop(daemons);
     until_no_daemon_connections(&api).await;

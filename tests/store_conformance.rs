@@ -68,6 +68,7 @@ conformance!(
     lease_expiry,
     renewing_a_host_lease_marks_the_host_seen,
     a_drain_releases_its_host_leases_at_once,
+    hosts_without_a_live_lease_are_marked_offline_at_once,
     runs_queue_and_finish,
     run_claims_never_overlap,
     run_log_is_capped,
@@ -684,6 +685,33 @@ async fn a_drain_releases_its_host_leases_at_once(store: &Arc<dyn Store>) {
     assert_eq!(store.lease_holder(&host_lease_key(seized.id)).await.expect("holder"), Some(h("b", 1)));
     assert_eq!(state(seized.id).await, HostState::Online);
     assert_eq!(store.release_host_leases(&[]).await.expect("nothing to release"), Vec::<Uuid>::new());
+}
+
+/// The hosts of ended connections that held no lease are marked offline in
+/// one call, each only if no connection holds a live lease on it then: a
+/// host whose lease was released or lapsed goes offline, one that another
+/// connection holds stays online.
+async fn hosts_without_a_live_lease_are_marked_offline_at_once(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let (held, released, lapsed) =
+        (host(store, &ann, "held").await, host(store, &ann, "released").await, host(store, &ann, "lapsed").await);
+    for (n, host) in [&held, &released, &lapsed].into_iter().enumerate() {
+        hello(store, host.id, &h("a", n as u64 + 1), &Capabilities::default(), &[], &[]).await;
+    }
+    assert!(store.release_lease(&host_lease_key(released.id), &h("a", 2)).await.expect("release"));
+    store.seize_lease(&host_lease_key(lapsed.id), &h("a", 3), Duration::from_millis(10)).await.expect("seize");
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    let mut marked =
+        store.mark_hosts_offline_unless_leased(&[held.id, released.id, lapsed.id]).await.expect("mark offline");
+    marked.sort();
+    let mut expected = vec![released.id, lapsed.id];
+    expected.sort();
+    assert_eq!(marked, expected);
+    let state = |id: Uuid| async move { store.host_by_id(id).await.expect("read").expect("host").state };
+    assert_eq!(state(held.id).await, HostState::Online);
+    assert_eq!(state(released.id).await, HostState::Offline);
+    assert_eq!(state(lapsed.id).await, HostState::Offline);
+    assert_eq!(store.mark_hosts_offline_unless_leased(&[]).await.expect("nothing to mark"), Vec::<Uuid>::new());
 }
 
 async fn lease_expiry(store: &Arc<dyn Store>) {

@@ -11,8 +11,8 @@
 //!
 //! A host is marked offline only when no connection anywhere holds its
 //! lease: in the release's own statement when the ended connection held it,
-//! else (its claim never seized, or the lease lapsed) after one read of the
-//! batch's remaining holders. The queue is unbounded because a release
+//! else (its claim never seized, or the lease lapsed) in one more statement
+//! for the rest of the batch, which checks the leases as it writes. The queue is unbounded because a release
 //! must not be dropped; it holds at most one entry per connection that
 //! ended, so it is bounded by the connections an instance holds.
 //!
@@ -30,7 +30,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, Notify};
 use uuid::Uuid;
 
-use crate::store::{host_lease_key, HostState, LeaseHolder, Store};
+use crate::store::{LeaseHolder, Store};
 
 /// The most leases released in one statement.
 const BATCH: usize = 2000;
@@ -151,20 +151,10 @@ async fn release(store: &dyn Store, batch: &[(Uuid, LeaseHolder)]) {
     if rest.is_empty() {
         return;
     }
-    let keys: Vec<String> = rest.iter().map(|h| host_lease_key(*h)).collect();
-    let held: HashSet<String> = match store.lease_holders(&keys).await {
-        Ok(held) => held.into_iter().map(|(key, _)| key).collect(),
-        Err(e) => {
-            tracing::warn!(error = %e, hosts = rest.len(), "tether_lease_read_failed");
-            return;
-        }
-    };
-    for (host_id, key) in rest.iter().zip(&keys) {
-        if !held.contains(key) {
-            if let Err(e) = store.set_host_state(*host_id, HostState::Offline).await {
-                tracing::warn!(error = %e, %host_id, "tether_host_state_failed");
-            }
-        }
+    if let Err(e) = store.mark_hosts_offline_unless_leased(&rest).await {
+        tracing::warn!(error = %e, hosts = rest.len(), "tether_host_state_failed");
+    }
+    for host_id in &rest {
         tracing::info!(%host_id, "tether_daemon_disconnected");
     }
 }

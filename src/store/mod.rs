@@ -211,8 +211,10 @@ pub trait Store: Send + Sync + 'static {
     async fn host_hello(&self, hello: &HostHello<'_>) -> StoreResult<Vec<HelloTerminal>>;
     /// Updates the allowed dirs the daemon reported.
     async fn set_host_dirs(&self, host_id: Uuid, dirs: &[String]) -> StoreResult<()>;
-    /// Records the last-known state (for alerts; liveness comes from the lease).
-    async fn set_host_state(&self, host_id: Uuid, state: HostState) -> StoreResult<()>;
+    /// Records `offline` as the last-known state (for alerts; liveness
+    /// comes from the lease) of each of `host_ids` whose lease no connection
+    /// holds now, in one statement; returns the hosts it marked.
+    async fn mark_hosts_offline_unless_leased(&self, host_ids: &[Uuid]) -> StoreResult<Vec<Uuid>>;
 
     // ---- terminals
     /// Inserts a `pending` terminal. With `caps`, only when its host and its

@@ -25,8 +25,8 @@ const TRIP_SLOT_LOCK_KEY: i64 = 0x7465_7468_6572_0002;
 pub struct PgStore {
     pool: Pool,
     queries: QueryCounter,
-    /// Held by this instance's lease renewal and lease release batches
-    /// while their statement runs: both write the lease and host rows of
+    /// Held by this instance's lease renewal, lease release batches and
+    /// hosts marked offline while their statement runs: both write the lease and host rows of
     /// many hosts in orders the planner picks, and a renewal still naming
     /// a connection that just ended shares rows with the release of it, so
     /// the two at once can deadlock (docs/BENCHMARKS.md, "a mass disconnect").
@@ -573,10 +573,25 @@ impl Store for PgStore {
         Ok(())
     }
 
-    async fn set_host_state(&self, host_id: Uuid, state: HostState) -> StoreResult<()> {
-        let state = if state == HostState::Online { "online" } else { "offline" };
-        self.execute("UPDATE hosts SET state = $2, last_seen_at = now() WHERE id = $1", &[&host_id, &state]).await?;
-        Ok(())
+    async fn mark_hosts_offline_unless_leased(&self, host_ids: &[Uuid]) -> StoreResult<Vec<Uuid>> {
+        if host_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        // It writes host rows the renewal writes too (`lease_writes`).
+        let _one_at_a_time = self.lease_writes.lock().await;
+        Ok(self
+            .query_retrying(
+                "UPDATE hosts SET state = 'offline', last_seen_at = now() \
+                 WHERE id = ANY($1) AND NOT EXISTS ( \
+                   SELECT 1 FROM leases l WHERE l.key = 'host:' || hosts.id::text AND l.expires_at > now()) \
+                 RETURNING id",
+                &[&host_ids],
+                "mark hosts offline",
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
     }
 
     async fn insert_terminal(&self, new: &NewTerminal, caps: Option<TerminalCaps>) -> StoreResult<Terminal> {

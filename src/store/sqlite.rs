@@ -736,14 +736,20 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn set_host_state(&self, host_id: Uuid, state: HostState) -> StoreResult<()> {
-        let state = if state == HostState::Online { "online" } else { "offline" };
+    async fn mark_hosts_offline_unless_leased(&self, host_ids: &[Uuid]) -> StoreResult<Vec<Uuid>> {
+        if host_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids = to_json(&host_ids.iter().map(Uuid::to_string).collect::<Vec<_>>());
         self.call(move |c| {
-            c.execute(
-                "UPDATE hosts SET state = ?2, last_seen_at = ?3 WHERE id = ?1",
-                params![host_id.to_string(), state, now_ms()],
+            let mut stmt = c.prepare_cached(
+                "UPDATE hosts SET state = 'offline', last_seen_at = ?2 \
+                 WHERE id IN (SELECT value FROM json_each(?1)) AND NOT EXISTS ( \
+                   SELECT 1 FROM leases l WHERE l.key = 'host:' || hosts.id AND l.expires_at > ?2) \
+                 RETURNING id",
             )?;
-            Ok(())
+            let marked = stmt.query_map(params![ids, now_ms()], |r| uuid_col(r, 0))?.collect::<Result<_, _>>()?;
+            Ok(marked)
         })
         .await
     }
