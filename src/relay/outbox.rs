@@ -125,7 +125,12 @@ impl Shared {
 impl Clone for Outbox {
     fn clone(&self) -> Self {
         self.shared.queue().handles += 1;
-        Self { shared: self.shared.clone(), high_water: self.high_water, limit: self.limit, session: self.session.clone() }
+        Self {
+            shared: self.shared.clone(),
+            high_water: self.high_water,
+            limit: self.limit,
+            session: self.session.clone(),
+        }
     }
 }
 

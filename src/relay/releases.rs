@@ -12,9 +12,10 @@
 //! A host is marked offline only when no connection anywhere holds its
 //! lease: in the release's own statement when the ended connection held it,
 //! else (its claim never seized, or the lease lapsed) in one more statement
-//! for the rest of the batch, which checks the leases as it writes. The queue is unbounded because a release
-//! must not be dropped; it holds at most one entry per connection that
-//! ended, so it is bounded by the connections an instance holds.
+//! for the rest of the batch, which checks the leases as it writes. The
+//! queue is unbounded because a release must not be dropped; it holds at
+//! most one entry per connection that ended, so it is bounded by the
+//! connections an instance holds.
 //!
 //! A connection takes its [`PendingRelease`] the moment it ends, before it
 //! leaves the registry and its host's channel; the release counts as

@@ -25,11 +25,12 @@ const TRIP_SLOT_LOCK_KEY: i64 = 0x7465_7468_6572_0002;
 pub struct PgStore {
     pool: Pool,
     queries: QueryCounter,
-    /// Held by this instance's lease renewal, lease release batches and
-    /// hosts marked offline while their statement runs: both write the lease and host rows of
-    /// many hosts in orders the planner picks, and a renewal still naming
-    /// a connection that just ended shares rows with the release of it, so
-    /// the two at once can deadlock (docs/BENCHMARKS.md, "a mass disconnect").
+    /// Held while this instance's lease renewal, a lease release batch or a
+    /// batch of hosts marked offline runs: they write the lease and host
+    /// rows of many hosts in orders the planner picks, and a renewal still
+    /// naming a connection that just ended shares rows with that
+    /// connection's release, so two of them at once can deadlock
+    /// (docs/BENCHMARKS.md, "a mass disconnect").
     lease_writes: tokio::sync::Mutex<()>,
 }
 
