@@ -177,19 +177,25 @@ impl Heard {
 }
 
 /// A daemon connection as the registry, the arbiters and the request path
-/// reach it: one recipient per message it takes.
+/// reach it: one recipient per message it takes, made once and shared by
+/// every copy of the handle (a recipient is two allocations, and the
+/// registry and each of the host's arbiters keep a copy).
 #[derive(Clone)]
 pub struct DaemonHandle {
+    to: std::sync::Arc<DaemonRecipients>,
+    /// The thread the connection runs on; its terminals' arbiters start
+    /// there, so output and input pass between them without a thread hop.
+    thread: ArbiterHandle,
+    heard: Heard,
+}
+
+struct DaemonRecipients {
     frames: Recipient<ToDaemon>,
     spawn: Recipient<SpawnTerminal>,
     attach: Recipient<AttachArbiter>,
     detach: Recipient<DetachArbiter>,
     request: Recipient<DaemonRequest>,
     close: Recipient<CloseDaemon>,
-    /// The thread the connection runs on; its terminals' arbiters start
-    /// there, so output and input pass between them without a thread hop.
-    thread: ArbiterHandle,
-    heard: Heard,
 }
 
 impl DaemonHandle {
@@ -211,16 +217,15 @@ impl DaemonHandle {
             + ToEnvelope<A, DaemonRequest>
             + ToEnvelope<A, CloseDaemon>,
     {
-        Self {
+        let to = DaemonRecipients {
             frames: conn.clone().recipient(),
             spawn: conn.clone().recipient(),
             attach: conn.clone().recipient(),
             detach: conn.clone().recipient(),
             request: conn.clone().recipient(),
             close: conn.clone().recipient(),
-            thread: Arbiter::current(),
-            heard,
-        }
+        };
+        Self { to: std::sync::Arc::new(to), thread: Arbiter::current(), heard }
     }
 
     /// How long the connection has received nothing.
@@ -235,31 +240,31 @@ impl DaemonHandle {
 
     /// A frame that needs no answer (input, resize, kill, credit).
     pub fn frame(&self, frame: crate::proto::v1::server_frame::Frame) {
-        self.frames.do_send(ToDaemon(frame));
+        self.to.frames.do_send(ToDaemon(frame));
     }
 
     /// Queues the spawn in order with every other message to the
     /// connection; the answer says whether Spawn was sent.
     pub fn spawn(&self, terminal_id: Uuid, sent: tokio::sync::oneshot::Sender<bool>) {
-        self.spawn.do_send(SpawnTerminal { terminal_id, sent });
+        self.to.spawn.do_send(SpawnTerminal { terminal_id, sent });
     }
 
     pub fn attach(&self, attach: AttachArbiter) {
-        self.attach.do_send(attach);
+        self.to.attach.do_send(attach);
     }
 
     pub fn detach(&self, terminal_id: Uuid, arbiter: ArbiterId) {
-        self.detach.do_send(DetachArbiter { terminal_id, arbiter });
+        self.to.detach.do_send(DetachArbiter { terminal_id, arbiter });
     }
 
     /// Queues a request in order with every other message to the
     /// connection; its answer arrives on `answer`.
     pub fn request(&self, kind: DaemonRequestKind, answer: DaemonAnswerSender) {
-        self.request.do_send(DaemonRequest { kind, answer });
+        self.to.request.do_send(DaemonRequest { kind, answer });
     }
 
     pub fn close(&self, code: u16, reason: &'static str) {
-        self.close.do_send(CloseDaemon { code, reason });
+        self.to.close.do_send(CloseDaemon { code, reason });
     }
 }
 
