@@ -664,12 +664,7 @@ async fn renewing_a_host_lease_marks_the_host_seen(store: &Arc<dyn Store>) {
 /// its connections still hold go, and their hosts read offline; a host
 /// another instance seized meanwhile keeps its lease and stays online.
 async fn a_drain_releases_its_host_leases_at_once(store: &Arc<dyn Store>) {
-    let ann = user(store, "ann").await;
-    let (one, two, seized) =
-        (host(store, &ann, "one").await, host(store, &ann, "two").await, host(store, &ann, "seized").await);
-    for (n, host) in [&one, &two, &seized].into_iter().enumerate() {
-        hello(store, host.id, &h("a", n as u64 + 1), &Capabilities::default(), &[], &[]).await;
-    }
+    let [one, two, seized] = connected_hosts(store, ["one", "two", "seized"]).await;
     hello(store, seized.id, &h("b", 1), &Capabilities::default(), &[], &[]).await;
     let held = [(one.id, h("a", 1)), (two.id, h("a", 2)), (seized.id, h("a", 3))];
     let mut released = store.release_host_leases(&held).await.expect("release");
@@ -687,17 +682,25 @@ async fn a_drain_releases_its_host_leases_at_once(store: &Arc<dyn Store>) {
     assert_eq!(store.release_host_leases(&[]).await.expect("nothing to release"), Vec::<Uuid>::new());
 }
 
+/// Hosts of user "ann" named `names`, each of whose daemons said hello on
+/// its own connection of instance "a" (connections 1, 2, ... in order).
+async fn connected_hosts<const N: usize>(store: &Arc<dyn Store>, names: [&str; N]) -> [Host; N] {
+    let ann = user(store, "ann").await;
+    let mut hosts = Vec::with_capacity(N);
+    for (n, name) in names.into_iter().enumerate() {
+        let host = host(store, &ann, name).await;
+        hello(store, host.id, &h("a", n as u64 + 1), &Capabilities::default(), &[], &[]).await;
+        hosts.push(host);
+    }
+    hosts.try_into().unwrap_or_else(|_| unreachable!("one host per name"))
+}
+
 /// The hosts of ended connections that held no lease are marked offline in
 /// one call, each only if no connection holds a live lease on it then: a
 /// host whose lease was released or lapsed goes offline, one that another
 /// connection holds stays online.
 async fn hosts_without_a_live_lease_are_marked_offline_at_once(store: &Arc<dyn Store>) {
-    let ann = user(store, "ann").await;
-    let (held, released, lapsed) =
-        (host(store, &ann, "held").await, host(store, &ann, "released").await, host(store, &ann, "lapsed").await);
-    for (n, host) in [&held, &released, &lapsed].into_iter().enumerate() {
-        hello(store, host.id, &h("a", n as u64 + 1), &Capabilities::default(), &[], &[]).await;
-    }
+    let [held, released, lapsed] = connected_hosts(store, ["held", "released", "lapsed"]).await;
     assert!(store.release_lease(&host_lease_key(released.id), &h("a", 2)).await.expect("release"));
     store.seize_lease(&host_lease_key(lapsed.id), &h("a", 3), Duration::from_millis(10)).await.expect("seize");
     tokio::time::sleep(Duration::from_millis(60)).await;
@@ -1129,10 +1132,7 @@ async fn pg_client(url: &str) -> tokio_postgres::Client {
 async fn two_connected_hosts(url: &str) -> (Arc<dyn Store>, Host, Host) {
     let store: Arc<dyn Store> = Arc::new(PgStore::connect(url, 8).await.expect("connect postgres"));
     store.migrate().await.expect("migrate");
-    let ann = user(&store, "ann").await;
-    let (one, two) = (host(&store, &ann, "one").await, host(&store, &ann, "two").await);
-    hello(&store, one.id, &h("a", 1), &Capabilities::default(), &[], &[]).await;
-    hello(&store, two.id, &h("a", 2), &Capabilities::default(), &[], &[]).await;
+    let [one, two] = connected_hosts(&store, ["one", "two"]).await;
     (store, one, two)
 }
 
