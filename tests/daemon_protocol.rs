@@ -621,11 +621,17 @@ enum WriteLock {
 
 impl WriteLock {
     async fn take(server: &TetherServer) -> WriteLock {
+        WriteLock::take_table(server, "leases").await
+    }
+
+    /// Like `take`, but on PostgreSQL the lock is on `table` (its reads
+    /// that lock rows wait too), and the server's other writes go on.
+    async fn take_table(server: &TetherServer, table: &str) -> WriteLock {
         match server.database_url() {
             Some(url) => {
                 let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
                 actix_rt::spawn(conn);
-                client.batch_execute("BEGIN; LOCK TABLE leases IN EXCLUSIVE MODE").await.expect("lock");
+                client.batch_execute(&format!("BEGIN; LOCK TABLE {table} IN EXCLUSIVE MODE")).await.expect("lock");
                 WriteLock::Postgres(client)
             }
             None => {
@@ -787,6 +793,45 @@ async fn a_mass_disconnect_releases_the_leases_in_batches() {
 #[actix_rt::test]
 async fn a_mass_disconnect_of_hosts_whose_leases_are_gone_marks_them_offline_in_batches() {
     mass_disconnect(Leases::Gone).await;
+}
+
+/// A wave of daemon upgrades (a reconnect storm) looks its tokens up in
+/// a statement or two, not one each. The token lookups are held up (on
+/// PostgreSQL by a lock on the token table; on SQLite by the database's
+/// write lock, which the first lookup's stamp of a never-used token waits
+/// for) while 60 sockets upgrade with one token at once; once the lock is
+/// gone every upgrade is answered, for a handful of store calls in all.
+#[actix_rt::test]
+async fn a_wave_of_upgrades_looks_its_tokens_up_together() {
+    const SOCKETS: usize = 60;
+    let server = server().await;
+    let api = Api::new(server.url(), create_token(&server, "ann"));
+    let token = create_token(&server, "ann");
+    let calls = metric_value(&api, "tether_store_queries_total{").await;
+    let lock = WriteLock::take_table(&server, "api_tokens").await;
+    let upgrades: Vec<_> = (0..SOCKETS)
+        .map(|_| {
+            let (url, token) = (daemon_url(&server), token.clone());
+            actix_rt::spawn(async move { Socket::connect(&url, Some(&token), &["tether.daemon.v1"]).await })
+        })
+        .collect();
+    lock.until_waited_on().await;
+    // Time for the rest of the upgrades to reach the server and queue.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    lock.release().await;
+    let mut sockets = Vec::new();
+    for upgrade in upgrades {
+        sockets.push(upgrade.await.expect("upgrade"));
+    }
+    let calls = metric_value(&api, "tether_store_queries_total{").await - calls;
+    // A lookup per upgrade would be 60 and more; the batches, a renew tick
+    // and the instance's once-a-second polls are a handful.
+    assert!(calls < (SOCKETS / 3) as f64, "{calls} store calls to look up the tokens of {SOCKETS} upgrades");
+    // Each was let in: the socket waits for its hello, not closed 4401.
+    for socket in &mut sockets {
+        socket.send_frame(hello("not-a-host-id")).await;
+        assert_eq!(socket.expect_close().await, Some(4403), "refused at the hello, not at the token");
+    }
 }
 
 enum Leases {

@@ -59,6 +59,7 @@ conformance!(
     hello_reconciliation,
     hello_admission_reads_the_owner_and_the_assignment,
     token_lookup_brings_the_bound_host,
+    tokens_are_looked_up_many_at_once,
     parked_terminals_and_stuck_launches,
     snapshots,
     lease_claim_and_renew_check_the_holder,
@@ -522,6 +523,42 @@ async fn token_lookup_brings_the_bound_host(store: &Arc<dyn Store>) {
     assert_eq!(store.host_admission(bx.id).await.expect("read"), Some(assigned), "the same row as the check's");
     assert!(store.delete_host(ann.id, bx.id).await.expect("delete"));
     assert_eq!(lookup().await.bound_host, None, "the host is gone");
+}
+
+/// Many hashes in one lookup: each usable token comes back under its own
+/// hash, with its user and bound host, and is stamped; unknown, revoked and
+/// expired hashes are left out.
+async fn tokens_are_looked_up_many_at_once(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let bob = user(store, "bob").await;
+    let bx = host(store, &bob, "box").await;
+    let now = chrono::Utc::now();
+    let full = store.insert_token(&NewToken::full(ann.id, "hash-ann")).await.expect("token");
+    let daemon = NewToken { scope: TokenScope::Daemon, ..NewToken::full(bob.id, "hash-bob") };
+    let daemon = store.insert_token(&daemon).await.expect("token");
+    assert_eq!(store.bind_token_host(daemon.id, bx.id).await.expect("bind"), Some(bx.id));
+    let revoked = store.insert_token(&NewToken::full(ann.id, "hash-revoked")).await.expect("token");
+    assert!(store.revoke_token(None, revoked.id).await.expect("revoke"));
+    let expired =
+        NewToken { expires_at: Some(now - chrono::Duration::seconds(1)), ..NewToken::full(ann.id, "hash-old") };
+    store.insert_token(&expired).await.expect("token");
+
+    let hashes: Vec<String> =
+        ["hash-ann", "hash-bob", "hash-revoked", "hash-old", "hash-unknown"].map(String::from).to_vec();
+    let mut found = store.tokens_by_hash(&hashes, now).await.expect("lookup");
+    let mut keys: Vec<&String> = found.keys().collect();
+    keys.sort();
+    assert_eq!(keys, ["hash-ann", "hash-bob"], "only the usable tokens");
+    let ann_found = found.remove("hash-ann").expect("ann's");
+    assert_eq!((ann_found.user.id, ann_found.token.id, ann_found.bound_host), (ann.id, full.id, None));
+    let bob_found = found.remove("hash-bob").expect("bob's");
+    assert_eq!((bob_found.user.id, bob_found.token.id), (bob.id, daemon.id));
+    assert_eq!(bob_found.bound_host, Some(HostAdmission { user_id: bob.id, assignment: None }));
+    for id in [full.id, daemon.id] {
+        let stamped = store.token_by_id(id).await.expect("read").expect("row").last_used_at.expect("stamped");
+        assert!((stamped - now).num_milliseconds().abs() < 2, "{stamped} vs {now}");
+    }
+    assert!(store.tokens_by_hash(&[], now).await.expect("no hashes").is_empty());
 }
 
 async fn parked_terminals_and_stuck_launches(store: &Arc<dyn Store>) {

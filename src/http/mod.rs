@@ -10,6 +10,7 @@ pub mod page;
 pub mod rest;
 pub mod routes;
 pub mod state;
+pub mod token_lookups;
 pub mod views;
 pub mod ws;
 

@@ -72,6 +72,8 @@ pub struct AppState {
     pub metrics: Metrics,
     pub relay: RelayContext,
     pub limiter: AddressLimiter,
+    /// Every token lookup of this instance goes through it (folded).
+    pub token_lookups: super::token_lookups::TokenLookups,
     /// `http.trusted_proxies`, parsed.
     pub trusted_proxies: Vec<super::client_addr::Cidr>,
     pub runs: Addr<RunDispatcher>,
@@ -146,6 +148,7 @@ impl AppState {
         crate::jobs::credentials::CredentialsRefresher::new(relay.clone()).start();
         Ok(web::Data::new(Self {
             trusted_proxies: super::client_addr::trusted(&settings.http.trusted_proxies),
+            token_lookups: super::token_lookups::TokenLookups::start(store.clone()),
             settings,
             store,
             instance,
@@ -214,16 +217,18 @@ impl AuthUser {
 }
 
 /// The principal of a presented token: 401 unless the token exists, is
-/// not revoked and has not expired. The same round trip stamps the token's
-/// last use (at most once a minute, `store::LAST_USED_EVERY`) and, for a
-/// token bound to a host, reads that host as a daemon's hello checks it.
+/// not revoked and has not expired. The same round trip (shared with the
+/// lookups of concurrent requests, `super::token_lookups`) stamps the
+/// token's last use (at most once a minute, `store::LAST_USED_EVERY`) and,
+/// for a token bound to a host, reads that host as a daemon's hello checks
+/// it.
 pub async fn authenticate(
     state: &AppState,
     token: Option<String>,
 ) -> Result<(Principal, Option<HostAdmission>), ApiError> {
     let token = token.filter(|t| auth::looks_like_token(t)).ok_or_else(ApiError::unauthorized)?;
     let hash = auth::hash_token(&token);
-    let found = state.store.token_by_hash(&hash, chrono::Utc::now()).await?.ok_or_else(ApiError::unauthorized)?;
+    let found = state.token_lookups.find(hash).await?.ok_or_else(ApiError::unauthorized)?;
     Ok((Principal::new(found.user, &found.token), found.bound_host))
 }
 

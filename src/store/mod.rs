@@ -14,6 +14,7 @@ pub mod sqlite;
 mod tokens;
 mod types;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +49,10 @@ pub enum StoreError {
     /// A new terminal or run over a cap on live terminals.
     #[error(transparent)]
     CapReached(#[from] CapReached),
+    /// The one error of a call made for many callers at once (folded token
+    /// lookups), answered to each of them.
+    #[error(transparent)]
+    Shared(Arc<StoreError>),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -74,6 +79,7 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             StoreError::Pool(_) => true,
+            StoreError::Shared(e) => e.is_transient(),
             StoreError::Postgres(e) => postgres_transient(e),
             StoreError::Sqlite(e) => {
                 use rusqlite::ErrorCode::*;
@@ -99,6 +105,7 @@ impl StoreError {
                     || failure.extended_code == rusqlite::ffi::SQLITE_IOERR_WRITE
             }
             StoreError::Postgres(e) => e.code() == Some(&tokio_postgres::error::SqlState::DISK_FULL),
+            StoreError::Shared(e) => e.is_storage_full(),
             _ => false,
         }
     }
@@ -163,7 +170,18 @@ pub trait Store: Send + Sync + 'static {
     /// most once a minute across instances). A token bound to a host also
     /// brings that host as a hello's admission check reads it
     /// ([`Self::host_admission`]), so a daemon's hello need not read it again.
-    async fn token_by_hash(&self, token_hash: &str, now: DateTime<Utc>) -> StoreResult<Option<FoundToken>>;
+    async fn token_by_hash(&self, token_hash: &str, now: DateTime<Utc>) -> StoreResult<Option<FoundToken>> {
+        Ok(self.tokens_by_hash(&[token_hash.to_string()], now).await?.remove(token_hash))
+    }
+    /// [`Self::token_by_hash`] of many hashes in one round trip (the
+    /// token lookups of concurrent requests, folded by
+    /// `crate::http::token_lookups`): the usable ones, by hash. A stamp
+    /// another transaction is writing is left to it rather than waited for.
+    async fn tokens_by_hash(
+        &self,
+        token_hashes: &[String],
+        now: DateTime<Utc>,
+    ) -> StoreResult<HashMap<String, FoundToken>>;
     /// A token by id, whoever owns it, revoked or not.
     async fn token_by_id(&self, id: Uuid) -> StoreResult<Option<ApiToken>>;
     /// A user's tokens, oldest first, revoked ones included.

@@ -400,31 +400,43 @@ impl Store for PgStore {
         token_row(&row)
     }
 
-    async fn token_by_hash(&self, token_hash: &str, now: DateTime<Utc>) -> StoreResult<Option<FoundToken>> {
+    async fn tokens_by_hash(
+        &self,
+        token_hashes: &[String],
+        now: DateTime<Utc>,
+    ) -> StoreResult<HashMap<String, FoundToken>> {
         let cols: String = TOKEN_COLS.split(", ").map(|c| format!("t.{c}")).collect::<Vec<_>>().join(", ");
-        let row = self
-            .query_opt(
+        // The stamp skips a row another transaction holds (its own stamp,
+        // most likely): a lookup never waits for a lock, and two instances
+        // stamping overlapping tokens in different orders cannot deadlock.
+        let rows = self
+            .query(
                 &format!(
                     "WITH found AS (SELECT {cols}, u.id AS uid, u.name AS uname, u.created_at AS ucreated, \
-                       h.user_id AS host_user, ra.cell_id AS host_cell, ra.epoch AS host_epoch \
+                       h.user_id AS host_user, ra.cell_id AS host_cell, ra.epoch AS host_epoch, t.token_hash AS hash \
                        FROM api_tokens t JOIN users u ON u.id = t.user_id \
                        LEFT JOIN hosts h ON h.id = t.host_id LEFT JOIN relay_assignments ra ON ra.host_id = t.host_id \
-                       WHERE t.token_hash = $1 AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())), \
-                     stamped AS (UPDATE api_tokens a SET last_used_at = $2::timestamptz FROM found \
-                       WHERE a.id = found.id AND (a.last_used_at IS NULL \
-                       OR a.last_used_at <= $2::timestamptz - make_interval(secs => $3))) \
+                       WHERE t.token_hash = ANY($1) AND t.revoked_at IS NULL \
+                       AND (t.expires_at IS NULL OR t.expires_at > now())), \
+                     due AS (SELECT a.id FROM api_tokens a WHERE a.id IN (SELECT id FROM found) \
+                       AND (a.last_used_at IS NULL OR a.last_used_at <= $2::timestamptz - make_interval(secs => $3)) \
+                       FOR UPDATE SKIP LOCKED), \
+                     stamped AS (UPDATE api_tokens a SET last_used_at = $2::timestamptz FROM due WHERE a.id = due.id) \
                      SELECT * FROM found"
                 ),
-                &[&token_hash, &now, &secs(LAST_USED_EVERY)],
+                &[&token_hashes, &now, &secs(LAST_USED_EVERY)],
             )
             .await?;
-        let Some(row) = row else { return Ok(None) };
-        let user = User { id: row.get(10), name: row.get(11), created_at: row.get(12) };
-        let bound_host = row.get::<_, Option<Uuid>>(13).map(|user_id| {
-            let assignment = row.get::<_, Option<String>>(14).zip(row.get::<_, Option<i64>>(15));
-            HostAdmission { user_id, assignment }
-        });
-        Ok(Some(FoundToken { user, token: token_row(&row)?, bound_host }))
+        rows.iter()
+            .map(|row| {
+                let user = User { id: row.get(10), name: row.get(11), created_at: row.get(12) };
+                let bound_host = row.get::<_, Option<Uuid>>(13).map(|user_id| {
+                    let assignment = row.get::<_, Option<String>>(14).zip(row.get::<_, Option<i64>>(15));
+                    HostAdmission { user_id, assignment }
+                });
+                Ok((row.get(16), FoundToken { user, token: token_row(row)?, bound_host }))
+            })
+            .collect()
     }
 
     async fn token_by_id(&self, id: Uuid) -> StoreResult<Option<ApiToken>> {

@@ -421,6 +421,24 @@ fn host_admission(c: &Connection, host_id: Uuid) -> StoreResult<Option<HostAdmis
     Ok(row.map(|(user_id, cell, epoch)| HostAdmission { user_id, assignment: cell.zip(epoch) }))
 }
 
+/// The usable token of a hash, its `last_used_at` stamped when due
+/// ([`Store::token_by_hash`]).
+fn usable_token(c: &Connection, hash: &str, now: DateTime<Utc>) -> StoreResult<Option<FoundToken>> {
+    let Some(token) = token_by(c, USABLE_TOKEN_BY_HASH, &[&hash, &now_ms()])? else { return Ok(None) };
+    let now = now.timestamp_millis();
+    c.prepare_cached(
+        "UPDATE api_tokens SET last_used_at = ?1 \
+         WHERE id = ?2 AND (last_used_at IS NULL OR last_used_at <= ?1 - ?3)",
+    )?
+    .execute(params![now, token.id.to_string(), ttl_ms(LAST_USED_EVERY)])?;
+    let user = c
+        .query_row(&format!("SELECT {USER_COLS} FROM users WHERE id = ?1"), [token.user_id.to_string()], user_row)
+        .optional()?;
+    let Some(user) = user else { return Ok(None) };
+    let bound_host = token.host_id.map(|host_id| host_admission(c, host_id)).transpose()?.flatten();
+    Ok(Some(FoundToken { user, token, bound_host }))
+}
+
 fn token_by(conn: &Connection, clause: &str, args: &[&dyn rusqlite::ToSql]) -> StoreResult<Option<ApiToken>> {
     let sql = format!("SELECT {TOKEN_COLS} FROM api_tokens WHERE {clause}");
     conn.query_row(&sql, args, token_raw).optional()?.map(token_from_raw).transpose()
@@ -528,26 +546,20 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn token_by_hash(&self, token_hash: &str, now: DateTime<Utc>) -> StoreResult<Option<FoundToken>> {
-        let hash = token_hash.to_string();
+    async fn tokens_by_hash(
+        &self,
+        token_hashes: &[String],
+        now: DateTime<Utc>,
+    ) -> StoreResult<HashMap<String, FoundToken>> {
+        let hashes = token_hashes.to_vec();
         self.call(move |c| {
-            let Some(token) = token_by(c, USABLE_TOKEN_BY_HASH, &[&hash, &now_ms()])? else { return Ok(None) };
-            let now = now.timestamp_millis();
-            c.prepare_cached(
-                "UPDATE api_tokens SET last_used_at = ?1 \
-                 WHERE id = ?2 AND (last_used_at IS NULL OR last_used_at <= ?1 - ?3)",
-            )?
-            .execute(params![now, token.id.to_string(), ttl_ms(LAST_USED_EVERY)])?;
-            let user = c
-                .query_row(
-                    &format!("SELECT {USER_COLS} FROM users WHERE id = ?1"),
-                    [token.user_id.to_string()],
-                    user_row,
-                )
-                .optional()?;
-            let Some(user) = user else { return Ok(None) };
-            let bound_host = token.host_id.map(|host_id| host_admission(c, host_id)).transpose()?.flatten();
-            Ok(Some(FoundToken { user, token, bound_host }))
+            let mut found = HashMap::new();
+            for hash in hashes {
+                if let Some(token) = usable_token(c, &hash, now)? {
+                    found.insert(hash, token);
+                }
+            }
+            Ok(found)
         })
         .await
     }
