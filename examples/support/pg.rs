@@ -50,10 +50,12 @@ pub async fn drop_database(admin: &tokio_postgres::Client, db: &str) {
     .await;
 }
 
-/// One row of pg_stat_statements: calls, rows, the normalised statement.
+/// One row of pg_stat_statements: calls, rows, the server's time running
+/// them (ms, all calls), the normalised statement.
 pub struct Statement {
     pub calls: i64,
     pub rows: i64,
+    pub total_ms: f64,
     pub query: String,
 }
 
@@ -62,7 +64,7 @@ pub struct Statement {
 pub async fn statements(admin: &tokio_postgres::Client, db: &str) -> Vec<Statement> {
     admin
         .query(
-            "SELECT s.calls, s.rows, s.query FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
+            "SELECT s.calls, s.rows, s.total_exec_time, s.query FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
              WHERE d.datname = $1 ORDER BY s.calls DESC",
             &[&db],
         )
@@ -72,7 +74,8 @@ pub async fn statements(admin: &tokio_postgres::Client, db: &str) -> Vec<Stateme
         .map(|r| Statement {
             calls: r.get(0),
             rows: r.get(1),
-            query: r.get::<_, &str>(2).split_whitespace().collect::<Vec<_>>().join(" "),
+            total_ms: r.get(2),
+            query: r.get::<_, &str>(3).split_whitespace().collect::<Vec<_>>().join(" "),
         })
         .collect()
 }
