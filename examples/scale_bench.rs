@@ -82,9 +82,9 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use support::fleet::{self, Fleet};
 use support::{
-    api, arg, bound_client, cpu_ticks, create_token, metric, pg, raise_nofile, source_address, start_daemon,
-    start_instance, start_instance_on, ticks_per_second, tie_to_parent, until_live, websocket_via, Guard, Instance,
-    Start,
+    api, arg, bound_client, cpu_ticks, create_token, family_cpu_ticks, metric, pg, raise_nofile, source_address,
+    start_daemon, start_instance, start_instance_on, ticks_per_second, tie_to_parent, until_live, websocket_via, Guard,
+    Instance, Start,
 };
 
 /// Viewers per source address (127.2.x.y).
@@ -489,6 +489,12 @@ async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize, drain: bool, profile:
     let file = run.dir.join("perf-storm.data");
     let perf = if profile { perf_record(run.instance.pid(), STORM_PROFILE, &file) } else { None };
     let calls0 = metric(&run.instance.base(), "tether_store_queries_total").await;
+    let server_cpu0 = cpu_ticks(run.instance.pid());
+    let postmaster = match &run.pg {
+        Some((admin, _)) => Some(pg::postmaster_pid(admin).await),
+        None => None,
+    };
+    let pg_cpu0 = postmaster.map(family_cpu_ticks);
     println!(
         "{}: server stopped and restarted on the same address, ready after {:.2} s; waiting for {n} redials",
         run.kind.label(),
@@ -502,6 +508,8 @@ async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize, drain: bool, profile:
         println!("  ... {} of {n} admitted again", fleet.ups - ups0);
     }
     let calls = metric(&run.instance.base(), "tether_store_queries_total").await.saturating_sub(calls0);
+    let server_cpu = (cpu_ticks(run.instance.pid()) - server_cpu0) as f64 / ticks_per_second();
+    let pg_cpu = postmaster.zip(pg_cpu0).map(|(pid, t0)| (family_cpu_ticks(pid) - t0) as f64 / ticks_per_second());
     if let Some(perf) = perf {
         println!("  (the profile below is of the new server's first {} s)", STORM_PROFILE.as_secs());
         finish_profile(perf, &file).await;
@@ -561,6 +569,12 @@ async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize, drain: bool, profile:
         s.ready_to_all_secs,
         s.calls_per_hello,
         s.pg.map_or(String::new(), |(st, x)| format!(", {st:.2} PostgreSQL statements and {x:.2} commits per hello"))
+    );
+    let per_hello = |secs: f64| secs * 1e6 / admitted.max(1) as f64;
+    println!(
+        "  CPU from ready to the last HelloAck: server {server_cpu:.2} s ({:.0} us per hello){}",
+        per_hello(server_cpu),
+        pg_cpu.map_or(String::new(), |c| format!(", PostgreSQL {c:.2} s ({:.0} us per hello)", per_hello(c)))
     );
     println!("  hellos admitted per second from the first: {per_second:?}");
     // Where the daemons of each second waited: the upgrade (the token is

@@ -69,13 +69,35 @@ pub fn tether_command(env: &[(String, String)], dir: &Path) -> Command {
     cmd
 }
 
-/// utime + stime of a process (all its threads), in clock ticks.
-pub fn cpu_ticks(pid: u32) -> u64 {
+/// The fields of `/proc/{pid}/stat` after the command name (the first is
+/// the state); empty when the process is gone.
+fn stat_fields(pid: u32) -> Vec<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let get = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    after.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0)).collect()
+}
+
+/// utime + stime of a process (all its threads), in clock ticks.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let fields = stat_fields(pid);
+    let get = |i: usize| fields.get(i).copied().unwrap_or(0);
     get(11) + get(12)
+}
+
+/// CPU ticks of a process tree one level deep: `parent` itself, the
+/// children it has reaped (cutime + cstime), and its live children. It
+/// only grows, as children come and go.
+pub fn family_cpu_ticks(parent: u32) -> u64 {
+    let fields = stat_fields(parent);
+    let get = |i: usize| fields.get(i).copied().unwrap_or(0);
+    let mut ticks = get(11) + get(12) + get(13) + get(14);
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        if stat_fields(pid).get(1) == Some(&u64::from(parent)) {
+            ticks += cpu_ticks(pid);
+        }
+    }
+    ticks
 }
 
 /// Raises this process's soft open-file limit to its hard limit (children

@@ -92,3 +92,12 @@ pub async fn xact_commit(admin: &tokio_postgres::Client, db: &str) -> i64 {
         .expect("pg_stat_database")
         .get(0)
 }
+
+/// The pid of the postmaster of the server `admin` is connected to (it
+/// must run on this machine): the parent of `admin`'s backend.
+pub async fn postmaster_pid(admin: &tokio_postgres::Client) -> u32 {
+    let backend: i32 = admin.query_one("SELECT pg_backend_pid()", &[]).await.expect("pg_backend_pid").get(0);
+    let stat = std::fs::read_to_string(format!("/proc/{backend}/stat")).expect("the backend runs on this machine");
+    let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+    after.split_whitespace().nth(1).and_then(|p| p.parse().ok()).expect("the backend's parent")
+}
