@@ -258,15 +258,7 @@ async fn idle_window(run: &Run, window: Duration, profile: Option<&Path>) -> (f6
         Some((admin, db)) => {
             let rows = pg::statements(admin, db).await;
             println!("  pg_stat_statements over the window (utility statements included):");
-            for r in rows.iter().take(8) {
-                println!(
-                    "    {:>7} calls {:>8} rows {:>8.0} ms  {}",
-                    r.calls,
-                    r.rows,
-                    r.total_ms,
-                    &r.query[..r.query.len().min(100)]
-                );
-            }
+            pg::print_top(&rows, 8);
             Some(rows.iter().map(|r| r.calls).sum())
         }
         None => None,
@@ -534,15 +526,7 @@ async fn storm(run: &mut Run, fleet: &mut Fleet, n: usize, drain: bool, profile:
             let rows = pg::statements(admin, db).await;
             let xact = pg::xact_commit(admin, db).await - xact0;
             println!("  pg_stat_statements over the storm (from the kill to the last HelloAck):");
-            for r in rows.iter().take(10) {
-                println!(
-                    "    {:>7} calls {:>8} rows {:>8.0} ms  {}",
-                    r.calls,
-                    r.rows,
-                    r.total_ms,
-                    &r.query[..r.query.len().min(100)]
-                );
-            }
+            pg::print_top(&rows, 10);
             let statements: i64 = rows.iter().map(|r| r.calls).sum();
             Some((statements as f64 / admitted.max(1) as f64, xact as f64 / admitted.max(1) as f64))
         }
@@ -628,15 +612,7 @@ async fn cut(run: &Run, fleet: Fleet, n: usize) {
     let statements = match &run.pg {
         Some((admin, db)) => {
             let rows = pg::statements(admin, db).await;
-            for r in rows.iter().take(5) {
-                println!(
-                    "    {:>7} calls {:>8} rows {:>8.0} ms  {}",
-                    r.calls,
-                    r.rows,
-                    r.total_ms,
-                    &r.query[..r.query.len().min(100)]
-                );
-            }
+            pg::print_top(&rows, 5);
             format!(", {} PostgreSQL statements", rows.iter().map(|r| r.calls).sum::<i64>())
         }
         None => String::new(),

@@ -80,6 +80,14 @@ pub async fn statements(admin: &tokio_postgres::Client, db: &str) -> Vec<Stateme
         .collect()
 }
 
+/// Prints the `n` most called statements of `rows`, one line each.
+pub fn print_top(rows: &[Statement], n: usize) {
+    for r in rows.iter().take(n) {
+        let query = &r.query[..r.query.len().min(100)];
+        println!("    {:>7} calls {:>8} rows {:>8.0} ms  {query}", r.calls, r.rows, r.total_ms);
+    }
+}
+
 pub async fn reset_statements(admin: &tokio_postgres::Client) {
     admin.batch_execute("SELECT pg_stat_statements_reset()").await.expect("reset pg_stat_statements");
 }
