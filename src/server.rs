@@ -63,7 +63,11 @@ impl Bound {
             state.draining.store(true, std::sync::atomic::Ordering::Relaxed);
             handle.pause().await;
             if tokio::time::timeout(grace, drain(&state)).await.is_err() {
-                tracing::warn!("tether_drain_timed_out");
+                tracing::warn!(
+                    releases_left = state.relay.releases.unsettled(),
+                    writes_left = state.relay.writes.count(),
+                    "tether_drain_timed_out"
+                );
             }
             handle.stop(true).await;
             if let Some(metrics_handle) = metrics_handle {
@@ -125,7 +129,8 @@ async fn wait_for_stop_signal() {
 /// Closes every socket with 4503 and releases this instance's leases: the
 /// hosts' all in one statement (a connection closed by the drain leaves its
 /// lease to it), after which it waits for the releases of connections that
-/// ended on their own (docs/ARCHITECTURE.md, "Drain").
+/// ended on their own and for the daemon writes not yet stored
+/// (docs/ARCHITECTURE.md, "Drain").
 async fn drain(state: &AppState) {
     let held = state.relay.registry.send(DrainAll).await.unwrap_or_default();
     // Viewers whose terminal's host is owned elsewhere go too.
@@ -139,6 +144,9 @@ async fn drain(state: &AppState) {
     // Connections that ended before the drain closed them release their
     // own leases; the process must not exit with one still queued.
     state.relay.releases.settled().await;
+    // Daemon writes kept through a database outage (or still running) are
+    // stored if the database takes them within the grace.
+    state.relay.writes.settled().await;
     crate::store::logged(
         state
             .store

@@ -13,6 +13,11 @@
 //! store (status, size, final screen, exit, close 1000). It used to be
 //! told `Retired` and ask the registry again, meeting a new arbiter in the
 //! same state each time, until it gave up with 1011 after 20 tries.
+//!
+//! A captured run that ends has its end owed to the instance's count of
+//! unstored facts until the store takes it, so a drain waits for it
+//! (docs/ARCHITECTURE.md, "Drain"); here the store is held by another
+//! connection's write transaction while the run ends.
 
 mod support;
 
@@ -26,11 +31,13 @@ use uuid::Uuid;
 
 use tether::relay::arbiter::{ArbiterConfig, TerminalArbiter};
 use tether::relay::grid::GridTimings;
+use tether::relay::owed::Owed;
 use tether::relay::{
-    ArbiterId, ArbiterIdle, ArbiterLink, AttachArbiter, CloseDaemon, DaemonHandle, DaemonLink, DaemonRequest,
-    DetachArbiter, Heard, HostOnline, Join, NotJoined, Retire, SpawnTerminal, ToDaemon, ViewerOut,
+    ArbiterId, ArbiterIdle, ArbiterLink, AttachArbiter, CaptureRun, CloseDaemon, DaemonHandle, DaemonLink,
+    DaemonRequest, DetachArbiter, Heard, HostOnline, Join, LifecycleEvent, NotJoined, Retire, SpawnTerminal, ToDaemon,
+    ViewerOut,
 };
-use tether::store::{sqlite::SqliteStore, ExitStatus, NewTerminal, Store, TerminalSnapshot};
+use tether::store::{sqlite::SqliteStore, ExitStatus, NewRun, NewTerminal, RunState, Store, TerminalSnapshot};
 
 /// What the stand-ins saw.
 #[derive(Debug)]
@@ -93,7 +100,7 @@ impl Handler<ArbiterIdle> for RegistryStandIn {
     }
 }
 
-fn config() -> ArbiterConfig {
+fn config(owed_writes: Arc<Owed>) -> ArbiterConfig {
     ArbiterConfig {
         timings: GridTimings {
             in_use: Duration::from_secs(60),
@@ -107,6 +114,7 @@ fn config() -> ArbiterConfig {
         run_log_max_bytes: 1024 * 1024,
         window_bytes: 256 * 1024,
         max_viewers: 256,
+        owed_writes,
     }
 }
 
@@ -156,9 +164,15 @@ async fn an_arbiter_started_after_the_exit_says_so_and_goes_away() {
         flow_control: true,
     };
     let id = ArbiterId::next();
-    let arbiter =
-        TerminalArbiter::new(terminal_id, id, config(), store.clone(), registry.recipient(), Some(HostOnline(link)))
-            .start();
+    let arbiter = TerminalArbiter::new(
+        terminal_id,
+        id,
+        config(Arc::default()),
+        store.clone(),
+        registry.recipient(),
+        Some(HostOnline(link)),
+    )
+    .start();
     let joined = ArbiterLink::of(id, &arbiter)
         .join(Join { out: viewer.recipient(), queued: Arc::new(AtomicUsize::new(0)), resume_from: None })
         .await;
@@ -170,4 +184,62 @@ async fn an_arbiter_started_after_the_exit_says_so_and_goes_away() {
         Seen::Attach => panic!("an ended terminal was attached"),
         Seen::Viewer(out) => panic!("a refused viewer was sent {out:?}"),
     }
+}
+
+#[actix_rt::test]
+async fn a_captured_runs_end_is_owed_until_the_store_takes_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("t.db");
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).expect("store"));
+    store.migrate().await.expect("migrate");
+    let user = store.ensure_user("ann").await.expect("user");
+    let host = support::store_host(store.as_ref(), &user, "box").await;
+    let argv: Vec<String> = vec!["sh".into(), "-c".into(), "exit 7".into()];
+    let run = store
+        .insert_run(&NewRun { user_id: user.id, host_id: host.id, argv: argv.clone(), dir: None }, None)
+        .await
+        .expect("run");
+    let new = NewTerminal {
+        user_id: user.id,
+        host_id: host.id,
+        title: None,
+        dir: None,
+        argv,
+        cols: 80,
+        rows: 24,
+        run_id: Some(run.id),
+    };
+    let terminal = store.insert_terminal(&new, None).await.expect("terminal");
+    assert!(store.claim_launch(host.id, terminal.id).await.expect("launch"));
+    assert!(store.mark_started(host.id, terminal.id).await.expect("started"));
+
+    let (seen, _heard) = mpsc::unbounded_channel();
+    let daemon = DaemonStandIn(seen.clone()).start();
+    let registry = RegistryStandIn(seen).start();
+    let link = DaemonLink {
+        daemon: DaemonHandle::of(&daemon, Heard::now()),
+        queue: Arc::new(AtomicUsize::new(0)),
+        flow_control: true,
+    };
+    let owed = Arc::new(Owed::default());
+    let arbiter = TerminalArbiter::new(
+        terminal.id,
+        ArbiterId::next(),
+        config(owed.clone()),
+        store.clone(),
+        registry.recipient(),
+        Some(HostOnline(link)),
+    )
+    .start();
+    arbiter.send(CaptureRun { run_id: run.id, logged: 0, attach_id: None }).await.expect("capture");
+
+    let holder = rusqlite::Connection::open(&path).expect("open the file");
+    holder.execute_batch("BEGIN IMMEDIATE").expect("hold the store");
+    let exit = ExitStatus { code: Some(7), signal: None };
+    arbiter.send(LifecycleEvent::Exited { status: exit, snapshot: None }).await.expect("exited");
+    assert_eq!(owed.count(), 1, "the run's end is owed while the store cannot take it");
+    holder.execute_batch("ROLLBACK").expect("let the store go");
+    tokio::time::timeout(Duration::from_secs(30), owed.settled()).await.expect("the run's end was stored");
+    let stored = store.get_run(user.id, run.id).await.expect("read the run").expect("the run");
+    assert_eq!((stored.state, stored.exit_code), (RunState::Failed, Some(7)));
 }

@@ -304,6 +304,74 @@ async fn postgres_stopped_for_twenty_seconds() {
     }
 }
 
+/// A terminal and a run end while PostgreSQL is away: the daemon's
+/// connection keeps the terminal's exit and the run's capture keeps the
+/// run's end, and the instance is told to stop before the database is
+/// back. The drain waits for both (within `shutdown.grace_ms`), stores them
+/// once PostgreSQL is back, and only then exits: the terminal reads exited
+/// and the run failed, each with its code, rather than running until the
+/// sweep calls them lost (docs/ARCHITECTURE.md, "Drain").
+#[actix_rt::test]
+async fn a_write_kept_through_an_outage_is_stored_before_a_sigterm_exit() {
+    let mut pg = OwnPostgres::start();
+    let database = pg.database().await;
+    let env =
+        [("TETHER_DATABASE__URL", database.as_str()), ("TETHER_SHUTDOWN__GRACE_MS", "30000"), ("RUST_LOG", "info")];
+    let mut server = TetherServer::start(&env, &[]).await;
+    let token = create_token(&server, "ann");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let _daemon = DaemonProcess::start(&server, &token, &dir.path().join("state"));
+    let api = Api::new(server.url(), token);
+    let host = wait_online(&api).await;
+    let flag = dir.path().join("exit-now");
+    let script = format!("while [ ! -e {} ]; do sleep 0.05; done; exit 7", flag.display());
+    let (status, body) =
+        api.post("/api/v1/terminals", json!({"hostId": host, "argv": ["sh", "-c", script], "dir": "/tmp"})).await;
+    assert_eq!(status, 201, "{body}");
+    let terminal = body["terminal"]["id"].as_str().expect("terminal id").to_string();
+    wait_state(&api, &terminal, "running").await;
+    let run_script = format!("echo run-started; {script}");
+    let (status, body) =
+        api.post("/api/v1/runs", json!({"hostId": host, "argv": ["sh", "-c", run_script], "dir": "/tmp"})).await;
+    assert_eq!(status, 201, "{body}");
+    let run = body["run"]["id"].as_str().expect("run id").to_string();
+    // Its capture is attached once its first output is in its log.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !String::from_utf8_lossy(&api.get_bytes(&format!("/api/v1/runs/{run}/log")).await.1).contains("run-started") {
+        assert!(Instant::now() < deadline, "the run's output never reached its log");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    pg.stop();
+    std::fs::write(&flag, b"").expect("write the flag");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !["tether_daemon_write_kept", "tether_run_finish_kept"].iter().all(|kept| server.log().contains(kept)) {
+        assert!(Instant::now() < deadline, "the ends were never kept: {}", server.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let back_later = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        pg.start_again();
+    };
+    let (exit, ()) = tokio::join!(server.terminate_async(Duration::from_secs(40)), back_later);
+    assert!(exit.is_some_and(|s| s.success()), "a clean exit: {exit:?}\n{}", server.log());
+    assert!(!server.log().contains("tether_drain_timed_out"), "{}", server.log());
+
+    let client = pg_connect(&database).await;
+    let row = client
+        .query_one("SELECT state, exit_code FROM terminals WHERE id = $1::text::uuid", &[&terminal])
+        .await
+        .expect("read the terminal");
+    let (state, code): (String, Option<i32>) = (row.get(0), row.get(1));
+    assert_eq!((state.as_str(), code), ("exited", Some(7)), "the kept exit was stored before the exit");
+    let row = client
+        .query_one("SELECT state, exit_code FROM runs WHERE id = $1::text::uuid", &[&run])
+        .await
+        .expect("read the run");
+    let (state, code): (String, Option<i32>) = (row.get(0), row.get(1));
+    assert_eq!((state.as_str(), code), ("failed", Some(7)), "the run's kept end was stored before the exit");
+}
+
 /// Redis is SIGKILLed and started again on the same port while viewers
 /// stream terminals of hosts on A and on B, each watched from its own
 /// instance and from the other. Viewers on the owner's instance never

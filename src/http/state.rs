@@ -93,6 +93,8 @@ impl AppState {
     ) -> Result<web::Data<Self>, ConfigError> {
         let (bus, inbox) = Bus::from_settings(&settings, &instance.instance_id)?;
         let bus = Arc::new(bus);
+        // Daemon-reported facts not stored yet, waited for by the drain.
+        let owed_writes: Arc<crate::relay::owed::Owed> = Arc::default();
         let arbiter_config = ArbiterConfig {
             timings: GridTimings {
                 in_use: ms(settings.viewer.in_use_ms),
@@ -106,6 +108,7 @@ impl AppState {
             run_log_max_bytes: settings.runs.log_max_bytes,
             window_bytes: settings.daemon.window_bytes,
             max_viewers: settings.viewer.max_per_terminal,
+            owed_writes: owed_writes.clone(),
         };
         let registry = HostRegistry::new(
             store.clone(),
@@ -138,6 +141,7 @@ impl AppState {
             audit: crate::audit::AuditLog::start(store.clone(), instance.instance_id.clone()),
             tokens: Arc::new(crate::relay::token_watch::TokenWatch::default()),
             releases: crate::relay::releases::LeaseReleases::start(store.clone()),
+            writes: owed_writes,
         };
         actix_rt::spawn(relay.tokens.clone().run(store.clone(), ms(settings.auth.revocation_check_ms)));
         actix_rt::spawn(serve_bus(relay.clone(), inbox));

@@ -33,6 +33,7 @@ use super::capture::RunCapture;
 use super::ended::ended_messages;
 use super::grid::{Grid, GridAction, GridTimings};
 use super::outbox::Frame;
+use super::owed::{Owed, OwedOne};
 use super::resume_ring::{Appended, ResumeRing};
 use super::stamp::InteractionStamp;
 use super::*;
@@ -57,6 +58,24 @@ pub struct ArbiterConfig {
     pub window_bytes: u64,
     /// Viewers (local and remote) one terminal takes.
     pub max_viewers: usize,
+    /// The instance's count of daemon-reported facts not stored yet; a
+    /// captured run's end is one until it is stored.
+    pub owed_writes: Arc<Owed>,
+}
+
+/// A captured run's end, stored after its log; owed until then, so the
+/// drain waits for it (docs/ARCHITECTURE.md, "Drain").
+struct RunEnd {
+    state: RunState,
+    code: Option<i32>,
+    _owed: OwedOne,
+}
+
+impl RunEnd {
+    fn new(code: Option<i32>, owed: &Arc<Owed>) -> Self {
+        let state = if code == Some(0) { RunState::Succeeded } else { RunState::Failed };
+        Self { state, code, _owed: owed.one() }
+    }
 }
 
 /// How often a paused stream looks at its lagging viewers' queues again.
@@ -144,7 +163,7 @@ pub struct TerminalArbiter {
     /// The capture's flush timer (every [`CAPTURE_FLUSH`]); only while a
     /// run is captured, so an arbiter without one has no timer.
     capture_timer: Option<SpawnHandle>,
-    finish: Option<(RunState, Option<i32>)>,
+    finish: Option<RunEnd>,
     stamp: InteractionStamp,
     /// The member id the next joining viewer gets.
     next_member: u64,
@@ -308,8 +327,7 @@ impl TerminalArbiter {
                     }
                     act.close_viewers(close::NORMAL, "terminal ended");
                     if act.members.contains_key(&MemberId::Capture) && act.finish.is_none() {
-                        let state = if t.exit_code == Some(0) { RunState::Succeeded } else { RunState::Failed };
-                        act.finish = Some((state, t.exit_code));
+                        act.finish = Some(RunEnd::new(t.exit_code, &act.config.owed_writes));
                         act.flush_capture(ctx);
                     }
                 }
@@ -576,8 +594,8 @@ impl TerminalArbiter {
                     Err(e) => tracing::error!(error = %e, %run_id, "tether_run_log_write_failed"),
                 }
             }
-            if let Some((state, code)) = finish {
-                match store.finish_run(run_id, state, code).await {
+            if let Some(end) = &finish {
+                match store.finish_run(run_id, end.state, end.code).await {
                     Ok(_) => {}
                     Err(e) if e.is_transient() => {
                         tracing::warn!(error = %e, %run_id, "tether_run_finish_kept");
@@ -602,7 +620,7 @@ impl TerminalArbiter {
                     if let Some(Member { kind: Kind::Capture(capture), .. }) = act.members.get_mut(&MemberId::Capture) {
                         capture.put_back(unsent);
                     }
-                    act.finish = act.finish.or(finish);
+                    act.finish = act.finish.take().or(finish);
                 }
             }
         })
@@ -868,8 +886,7 @@ impl Handler<LifecycleEvent> for TerminalArbiter {
                 self.broadcast(&ViewerOut::control(ServerMessage::Exit { exit_code: status.code }));
                 self.close_viewers(close::NORMAL, "terminal exited");
                 if self.members.contains_key(&MemberId::Capture) {
-                    let state = if status.code == Some(0) { RunState::Succeeded } else { RunState::Failed };
-                    self.finish = Some((state, status.code));
+                    self.finish = Some(RunEnd::new(status.code, &self.config.owed_writes));
                     self.flush_capture(ctx);
                 } else {
                     self.maybe_idle(ctx);

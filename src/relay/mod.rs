@@ -21,6 +21,7 @@ pub mod lapse_grace;
 pub mod limiter;
 pub mod messages;
 pub mod outbox;
+pub mod owed;
 pub mod registry;
 pub mod releases;
 pub mod remote;
@@ -82,4 +83,7 @@ pub struct RelayContext {
     pub tokens: Arc<token_watch::TokenWatch>,
     /// Where ended daemon connections queue their host leases.
     pub releases: releases::LeaseReleases,
+    /// Daemon writes not yet stored or failed for good, kept ones included
+    /// (waited for by the drain).
+    pub writes: Arc<owed::Owed>,
 }

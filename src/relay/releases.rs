@@ -25,12 +25,12 @@
 //! the lease lapses.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 use uuid::Uuid;
 
+use super::owed::Owed;
 use crate::store::{LeaseHolder, Store};
 
 /// The most leases released in one statement.
@@ -40,30 +40,15 @@ const BATCH: usize = 2000;
 #[derive(Clone)]
 pub struct LeaseReleases {
     queue: mpsc::UnboundedSender<(Uuid, LeaseHolder)>,
-    unsettled: Arc<Unsettled>,
-}
-
-/// Releases taken by ended connections whose statement has not run yet.
-#[derive(Default)]
-struct Unsettled {
-    count: AtomicUsize,
-    /// Woken whenever `count` drops to zero.
-    none: Notify,
-}
-
-impl Unsettled {
-    fn settle(&self, n: usize) {
-        if n > 0 && self.count.fetch_sub(n, Ordering::AcqRel) == n {
-            self.none.notify_waiters();
-        }
-    }
+    /// Releases taken by ended connections whose statement has not run yet.
+    unsettled: Arc<Owed>,
 }
 
 impl LeaseReleases {
     /// Starts the releasing task on the current runtime.
     pub fn start(store: Arc<dyn Store>) -> Self {
         let (queue, inbox) = mpsc::unbounded_channel();
-        let unsettled = Arc::new(Unsettled::default());
+        let unsettled = Arc::new(Owed::default());
         tokio::spawn(release_batches(store, inbox, unsettled.clone()));
         Self { queue, unsettled }
     }
@@ -71,20 +56,19 @@ impl LeaseReleases {
     /// The release a connection to `host_id` that held `holder` owes, taken
     /// the moment the connection ends; queued when it is handed in or dropped.
     pub fn ended(&self, host_id: Uuid, holder: LeaseHolder) -> PendingRelease {
-        self.unsettled.count.fetch_add(1, Ordering::AcqRel);
+        self.unsettled.add(1);
         PendingRelease { releases: self.clone(), lease: Some((host_id, holder)) }
     }
 
     /// Returns once every release taken so far has had its statement run
     /// (the drain waits for it before the process exits).
     pub async fn settled(&self) {
-        loop {
-            let none = self.unsettled.none.notified();
-            if self.unsettled.count.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            none.await;
-        }
+        self.unsettled.settled().await;
+    }
+
+    /// How many releases taken so far have yet to run.
+    pub fn unsettled(&self) -> usize {
+        self.unsettled.count()
     }
 }
 
@@ -122,7 +106,7 @@ impl Drop for PendingRelease {
 async fn release_batches(
     store: Arc<dyn Store>,
     mut inbox: mpsc::UnboundedReceiver<(Uuid, LeaseHolder)>,
-    unsettled: Arc<Unsettled>,
+    unsettled: Arc<Owed>,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
     while inbox.recv_many(&mut batch, BATCH).await > 0 {

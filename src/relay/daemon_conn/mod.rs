@@ -159,6 +159,7 @@ impl DaemonConn {
     /// database has not taken yet; resolves once that is decided, never
     /// waiting out an outage (docs/OPERATIONS.md, "Faults").
     fn store(&mut self, write: Write) -> ResponseActFuture<Self, Outcome> {
+        let write = write.owed_to(&self.relay.writes);
         if self.writes.busy() {
             self.writes.keep(write);
             return Box::pin(actix::fut::ready(Outcome::Kept));

@@ -16,6 +16,12 @@
 //! them in a task of its own: every daemon-driven write is scoped by host
 //! and compares state, so a write that lands late never overwrites a newer
 //! fact, and a write retried after it did land changes nothing.
+//!
+//! A write handed to the connection's store step is owed
+//! ([`Write::owed_to`], the instance's `RelayContext::writes`) until it is
+//! stored or has failed for good; the instance's drain waits for every owed
+//! write, within `shutdown.grace_ms`, so a SIGTERM during an outage does
+//! not drop the facts kept through it when the database is back in time.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -25,6 +31,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use crate::relay::owed::{Owed, OwedOne};
 use crate::store::{Store, StoreError, StoreResult};
 
 /// Writes kept at most per connection; past that new ones are dropped
@@ -47,6 +54,9 @@ pub struct Write {
     /// A terminal's size: a later size of the same terminal replaces it.
     pub size_of: Option<Uuid>,
     make: Arc<dyn Fn(Arc<dyn Store>) -> WriteFuture + Send + Sync>,
+    /// Settles the instance's count of owed writes when the last copy of
+    /// this write is gone: stored, failed for good, or dropped at the exit.
+    owed: Option<Arc<OwedOne>>,
 }
 
 impl Write {
@@ -55,7 +65,13 @@ impl Write {
         F: Fn(Arc<dyn Store>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = StoreResult<()>> + Send + 'static,
     {
-        Self { what, size_of: None, make: Arc::new(move |store| Box::pin(make(store))) }
+        Self { what, size_of: None, make: Arc::new(move |store| Box::pin(make(store))), owed: None }
+    }
+
+    /// Counts the write in `owed` until it is done with.
+    pub fn owed_to(mut self, owed: &Arc<Owed>) -> Self {
+        self.owed = Some(Arc::new(owed.one()));
+        self
     }
 
     /// Marks the write as terminal `id`'s size.
