@@ -7,7 +7,10 @@
 //! store in batches. A full queue or a database error loses audit events
 //! (counted in `tether_audit_events_dropped_total`, logged), never a
 //! keystroke or a frame of output. Input is recorded as "input started",
-//! at most once a minute per viewer, and never its bytes.
+//! at most once a minute per viewer, and never its bytes. An event counts
+//! as owed from its queueing until its batch's statement has run; the
+//! drain waits for none to be owed ([`AuditLog::written`]), so the events
+//! of an instance's last moments are not lost with the process.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -16,6 +19,7 @@ use chrono::Utc;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+use crate::relay::owed::Owed;
 use crate::store::{self, AuditAction, NewAuditEvent, Store};
 
 /// Events the queue holds before new ones are dropped: several seconds of
@@ -30,6 +34,8 @@ pub const REPEAT_EVERY: Duration = Duration::from_secs(60);
 #[derive(Clone)]
 pub struct AuditLog {
     queue: mpsc::Sender<NewAuditEvent>,
+    /// Events queued whose batch has not been written yet.
+    owed: std::sync::Arc<Owed>,
     instance_id: String,
     /// `input` throttles of REST callers, by (user, terminal): the API's
     /// equivalent of a viewer.
@@ -70,8 +76,20 @@ impl AuditLog {
     /// Starts the writer task on the current runtime.
     pub fn start(store: std::sync::Arc<dyn Store>, instance_id: String) -> Self {
         let (queue, inbox) = mpsc::channel(QUEUE_EVENTS);
-        tokio::spawn(write_batches(store, inbox));
-        Self { queue, instance_id, rest_input: Default::default() }
+        let owed = std::sync::Arc::new(Owed::default());
+        tokio::spawn(write_batches(store, inbox, owed.clone()));
+        Self { queue, owed, instance_id, rest_input: Default::default() }
+    }
+
+    /// Returns once every event queued so far has had its batch written
+    /// (or its write failed).
+    pub async fn written(&self) {
+        self.owed.settled().await;
+    }
+
+    /// Events queued and not written yet.
+    pub fn unwritten(&self) -> usize {
+        self.owed.count()
     }
 
     /// Records `input` for input sent over REST, at most once a minute per
@@ -101,7 +119,10 @@ impl AuditLog {
             instance_id: self.instance_id.clone(),
             detail: subject.detail,
         };
+        // Owed before it is queued, so its write cannot settle it first.
+        self.owed.add(1);
         if self.queue.try_send(event).is_err() {
+            self.owed.settle(1);
             metrics::counter!("tether_audit_events_dropped_total").increment(1);
             tracing::warn!(action = action.as_str(), %user_id, "tether_audit_event_dropped");
         }
@@ -109,7 +130,11 @@ impl AuditLog {
 }
 
 /// Writes queued events until every [`AuditLog`] handle is gone.
-async fn write_batches(store: std::sync::Arc<dyn Store>, mut inbox: mpsc::Receiver<NewAuditEvent>) {
+async fn write_batches(
+    store: std::sync::Arc<dyn Store>,
+    mut inbox: mpsc::Receiver<NewAuditEvent>,
+    owed: std::sync::Arc<Owed>,
+) {
     let mut batch = Vec::with_capacity(BATCH_EVENTS);
     while inbox.recv_many(&mut batch, BATCH_EVENTS).await > 0 {
         let written = batch.len() as u64;
@@ -118,6 +143,7 @@ async fn write_batches(store: std::sync::Arc<dyn Store>, mut inbox: mpsc::Receiv
         } else {
             metrics::counter!("tether_audit_events_dropped_total").increment(written);
         }
+        owed.settle(batch.len());
         batch.clear();
     }
 }

@@ -66,6 +66,7 @@ impl Bound {
                 tracing::warn!(
                     releases_left = state.relay.releases.unsettled(),
                     writes_left = state.relay.writes.count(),
+                    audit_events_left = state.relay.audit.unwritten(),
                     "tether_drain_timed_out"
                 );
             }
@@ -129,8 +130,8 @@ async fn wait_for_stop_signal() {
 /// Closes every socket with 4503 and releases this instance's leases: the
 /// hosts' all in one statement (a connection closed by the drain leaves its
 /// lease to it), after which it waits for the releases of connections that
-/// ended on their own and for the daemon writes not yet stored
-/// (docs/ARCHITECTURE.md, "Drain").
+/// ended on their own, the daemon writes not yet stored and the audit
+/// events not yet written (docs/ARCHITECTURE.md, "Drain").
 async fn drain(state: &AppState) {
     let held = state.relay.registry.send(DrainAll).await.unwrap_or_default();
     // Viewers whose terminal's host is owned elsewhere go too.
@@ -147,6 +148,8 @@ async fn drain(state: &AppState) {
     // Daemon writes kept through a database outage (or still running) are
     // stored if the database takes them within the grace.
     state.relay.writes.settled().await;
+    // The audit events of the last moments (the drain's own detaches too).
+    state.relay.audit.written().await;
     crate::store::logged(
         state
             .store

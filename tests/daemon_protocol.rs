@@ -730,8 +730,42 @@ async fn releases_queued_before_a_sigterm_are_done_before_the_exit() {
     drop(second);
     until_no_daemon_connections(&api).await;
 
-    // The drain itself takes a few hundred milliseconds; the lock goes
-    // well after that.
+    terminate_unlocking_later(&mut server, lock).await;
+    assert_eq!(online_hosts(&server).await, 0, "both hosts' leases were released before the exit");
+}
+
+/// Audit events recorded just before a SIGTERM are written before the
+/// exit: a host is registered while another session locks the audit table,
+/// so its `host_registered` event waits in the audit writer when the server
+/// is told to stop, and the lock goes 1.5 s later, well after the drain's
+/// own work. Exiting without waiting rolled the event's batch back with
+/// the connection. PostgreSQL is the backend that tells; on SQLite the
+/// lock is the whole database, so it is taken after the registration and
+/// the test guards against regressions only.
+#[actix_rt::test]
+async fn audit_events_recorded_before_a_sigterm_are_written_before_the_exit() {
+    let mut server = server().await;
+    let api = Api::new(server.url(), create_token(&server, "ann"));
+    let postgres = server.database_url().is_some();
+    let early = if postgres { Some(WriteLock::take_table(&server, "audit_events").await) } else { None };
+    let (status, body) = api.post("/api/v1/hosts", json!({"hostname": "audited"})).await;
+    assert_eq!(status, 201, "{body}");
+    let lock = match early {
+        Some(lock) => {
+            lock.until_waited_on().await;
+            lock
+        }
+        None => WriteLock::take_table(&server, "audit_events").await,
+    };
+    terminate_unlocking_later(&mut server, lock).await;
+    let written = count_rows(&server, "SELECT count(*) FROM audit_events WHERE action = 'host_registered'").await;
+    assert_eq!(written, 1, "the registration's audit event was written before the exit");
+}
+
+/// Sends the server a SIGTERM and releases `lock` 1.5 s later, well after
+/// the drain's own work (a few hundred milliseconds); the drain must end
+/// by itself once the lock is gone.
+async fn terminate_unlocking_later(server: &mut TetherServer, lock: WriteLock) {
     let unlock = actix_rt::spawn(async move {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         lock.release().await;
@@ -739,21 +773,25 @@ async fn releases_queued_before_a_sigterm_are_done_before_the_exit() {
     let status = server.terminate_async(Duration::from_secs(15)).await;
     assert!(status.is_some_and(|s| s.success()), "the drain ended by itself: {status:?}");
     unlock.await.expect("unlock");
-    assert_eq!(online_hosts(&server).await, 0, "both hosts' leases were released before the exit");
 }
 
 /// Hosts whose row reads online, straight from the server's database (not
 /// through the server, whose store calls the caller is counting).
 async fn online_hosts(server: &TetherServer) -> i64 {
+    count_rows(server, "SELECT count(*) FROM hosts WHERE state = 'online'").await
+}
+
+/// The count a `SELECT count(*)` reads straight from the server's database.
+async fn count_rows(server: &TetherServer, sql: &str) -> i64 {
     match server.database_url() {
         Some(url) => {
             let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.expect("connect");
             actix_rt::spawn(conn);
-            client.query_one("SELECT count(*) FROM hosts WHERE state = 'online'", &[]).await.expect("count").get(0)
+            client.query_one(sql, &[]).await.expect("count").get(0)
         }
         None => rusqlite::Connection::open(server.scratch_dir().join("tether.db"))
             .expect("open")
-            .query_row("SELECT count(*) FROM hosts WHERE state = 'online'", [], |r| r.get(0))
+            .query_row(sql, [], |r| r.get(0))
             .expect("count"),
     }
 }

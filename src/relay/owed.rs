@@ -1,7 +1,8 @@
 //! Work an instance owes before it may exit, counted, and a wait for the
 //! count to reach zero (docs/ARCHITECTURE.md, "Drain"): the lease releases
-//! of connections that ended ([`super::releases`]) and the daemon writes
-//! not yet stored ([`super::daemon_conn::writes`]).
+//! of connections that ended ([`super::releases`]), the daemon writes not
+//! yet stored ([`super::daemon_conn::writes`]) and the audit events not
+//! yet written ([`crate::audit`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
