@@ -19,7 +19,25 @@
 //! column) and then the rest of the run as it is: the last `rows` lines,
 //! which repaint every row the prefix left behind. The model's state after
 //! it is the same as after parsing every byte (`screen_skip` tests compare
-//! the whole vt100 state, not just the snapshot).
+//! the whole vt100 state, not just the snapshot), with one bound on the
+//! count of scrolled lines, below.
+//!
+//! The count of scrolled lines is the exception. vt100 counts a scrolled
+//! line by blanking a row, so a count of `n` costs `n` row resets, which
+//! for `cat` of a large file was the screen thread's largest cost
+//! (docs/BENCHMARKS.md, "the count of scrolled lines"). The count is read
+//! only when a resize makes the screen taller: that many of the added rows
+//! (at most all of them) come in blank at the top, and the count goes down
+//! by as many. So a skip counts every scrolled line only while the model is
+//! known to hold fewer than [`COUNTED_LINES`]; past that it counts a
+//! screen's height, which blanks the screen just as the full count would.
+//! What the model is known to hold goes down with each taller resize and
+//! to zero with `CSI 3 J` and a full reset (both zero the count), and the
+//! next skips count in full again. So the screen differs from a full
+//! parse's only when taller resizes take more rows from the count than
+//! the skips since have counted in full (at least [`COUNTED_LINES`], or all
+//! that scrolled if fewer): then a full parse still has blank rows to
+//! bring in at the top.
 //!
 //! This holds only while the active grid's scroll region is the whole
 //! screen, and only when the run starts in vte's ground state. vt100 does
@@ -45,6 +63,9 @@ const ALTERNATE_SCREEN_CLEARED: u16 = 1049;
 /// At most this much of an unfinished plain run is held back for the next
 /// chunk; a longer one (a huge line without LF) is parsed as it comes.
 const MAX_HELD_BYTES: usize = 64 * 1024;
+/// Scrolled lines a skip keeps counted in the model (module docs): ten
+/// times the tallest grid a terminal may have (`screen::MAX_GRID`).
+const COUNTED_LINES: usize = 10_000;
 
 /// vte 0.15's parser states, mirrored outside ground.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +150,9 @@ pub struct ScrollSkip {
     utf8_pending: bool,
     main_region_full: bool,
     alternate_region_full: bool,
+    /// Scrolled lines the main grid is known to count (a lower bound: only
+    /// the synthetic scrolls add to it); see the module docs.
+    counted: usize,
     synthetic: Vec<u8>,
     /// The end of the input when it is an unfinished plain run: not parsed
     /// yet, because the next chunk may scroll it away too (reads from a
@@ -158,6 +182,7 @@ impl Default for ScrollSkip {
             utf8_pending: false,
             main_region_full: true,
             alternate_region_full: true,
+            counted: 0,
             synthetic: Vec::new(),
             held: Vec::new(),
             open_run: None,
@@ -220,6 +245,7 @@ impl ScrollSkip {
                 Effect::FullReset => {
                     self.main_region_full = true;
                     self.alternate_region_full = true;
+                    self.counted = 0;
                 }
             }
             i += 1;
@@ -238,10 +264,13 @@ impl ScrollSkip {
     /// `Grid::set_size` resets them to the new size; the same size is a no-op).
     pub fn resize(&mut self, parser: &mut Parser, rows: std::num::NonZeroU16, cols: std::num::NonZeroU16) {
         self.flush(parser);
-        if parser.screen().size() != (rows, cols) {
+        let (old_rows, old_cols) = parser.screen().size();
+        if (old_rows, old_cols) != (rows, cols) {
             self.main_region_full = true;
             self.alternate_region_full = true;
         }
+        // A taller screen takes up to the rows it gains from the count.
+        self.counted = self.counted.saturating_sub(usize::from(rows.get().saturating_sub(old_rows.get())));
         parser.set_size(rows, cols);
     }
 
@@ -279,6 +308,14 @@ impl ScrollSkip {
             b'h' => {
                 if private && params.contains(&ALTERNATE_SCREEN_CLEARED) {
                     self.alternate_region_full = true;
+                }
+                false
+            }
+            // ED 3 (and vt100 reads `CSI ? 3 J` the same way) zeroes the
+            // count; an unread parameter list is taken as doing so.
+            b'J' => {
+                if csi.irregular || params.first() == Some(&3) {
+                    self.counted = 0;
                 }
                 false
             }
@@ -426,8 +463,18 @@ impl ScrollSkip {
         self.synthetic.clear();
         self.synthetic.push(b'\r');
         self.synthetic.resize(1 + bottom - row, b'\n');
+        let scrolls = row + advances - bottom;
+        // Any count from `rows` up blanks the screen; the main grid's count
+        // is kept up to COUNTED_LINES (module docs), the alternate grid has
+        // none.
+        let mut scrolls = if screen.alternate_screen() {
+            scrolls.min(rows)
+        } else {
+            let lines = scrolls.min(rows.max(COUNTED_LINES.saturating_sub(self.counted)));
+            self.counted += lines;
+            lines
+        };
         // vt100 scrolls at most a region's height per `CSI n S`.
-        let mut scrolls = row + advances - bottom;
         while scrolls > 0 {
             let lines = scrolls.min(rows);
             push_csi(&mut self.synthetic, lines, b'S');
@@ -513,6 +560,19 @@ mod tests {
         format!("{:?}", parser.screen())
     }
 
+    /// The main grid's count of scrolled lines, read from the state.
+    fn scrolled_count(parser: &Parser) -> usize {
+        let state = state(parser);
+        let (_, after) = state.split_once("unbounded_len: ").expect("the main grid counts");
+        after[..after.find(|c: char| !c.is_ascii_digit()).unwrap_or(after.len())].parse().expect("a count")
+    }
+
+    /// The state with the count of scrolled lines left out.
+    fn state_but_count(parser: &Parser) -> String {
+        let count = format!("unbounded_len: {}", scrolled_count(parser));
+        state(parser).replacen(&count, "unbounded_len: _", 1)
+    }
+
     /// A plain parser and one fed through `ScrollSkip`, side by side.
     struct Pair {
         plain: Parser,
@@ -547,6 +607,13 @@ mod tests {
         fn assert_same(&mut self, context: &str) {
             self.skip.flush(&mut self.skipping);
             assert_eq!(state(&self.plain), state(&self.skipping), "{context}");
+        }
+
+        /// The same state but for the count of scrolled lines, which the
+        /// skipping side keeps up to [`COUNTED_LINES`] (module docs).
+        fn assert_same_but_count(&mut self, context: &str) {
+            self.skip.flush(&mut self.skipping);
+            assert_eq!(state_but_count(&self.plain), state_but_count(&self.skipping), "{context}");
         }
     }
 
@@ -765,13 +832,77 @@ mod tests {
         for chunk in text.chunks(16 * 1024) {
             pair.feed(chunk);
         }
-        pair.assert_same("cat");
+        pair.assert_same_but_count("cat");
         assert!(pair.skipped * 100 > pair.fed * 95, "skipped {} of {}", pair.skipped, pair.fed);
         assert!(pair
             .skipping
             .screen()
             .contents()
             .ends_with("00019999 the quick brown fox jumps over the lazy dog 0123456789"));
+    }
+
+    /// `lines` numbered text lines, as a PTY renders them.
+    fn numbered_lines(lines: std::ops::Range<usize>) -> Vec<u8> {
+        let mut text = Vec::new();
+        for line in lines {
+            text.extend_from_slice(format!("{line:010} the quick brown fox\r\n").as_bytes());
+        }
+        text
+    }
+
+    /// The count of scrolled lines costs a row reset per line, so once a
+    /// long `cat` has COUNTED_LINES of them counted, a chunk adds at most
+    /// two screens (the synthetic scroll and the lines parsed after it)
+    /// instead of all its lines; everything else is as after a full parse.
+    #[test]
+    fn a_long_cat_counts_a_bounded_number_of_scrolled_lines() {
+        let mut pair = Pair::new(24, 80);
+        let text = numbered_lines(0..30_000);
+        let chunks = text.chunks(16 * 1024).len();
+        for chunk in text.chunks(16 * 1024) {
+            pair.feed(chunk);
+        }
+        pair.assert_same_but_count("cat");
+        assert_eq!(scrolled_count(&pair.plain), 30_000 - 23);
+        let counted = scrolled_count(&pair.skipping);
+        assert!(
+            (COUNTED_LINES..=COUNTED_LINES + 2 * 24 * chunks).contains(&counted),
+            "counted {counted} in {chunks} chunks"
+        );
+    }
+
+    /// What the count is read for, a taller screen (blank rows come in at
+    /// the top), reads as after a full parse through resizes that take up
+    /// to COUNTED_LINES rows from it; the count is topped up by the next
+    /// skip, and `CSI 3 J` and a full reset, which zero it, are followed.
+    #[test]
+    fn a_taller_screen_after_a_long_cat_reads_as_after_a_full_parse() {
+        let mut pair = Pair::new(24, 80);
+        pair.feed(&numbered_lines(0..30_000));
+        grow_cycles(&mut pair, "after a cat");
+        pair.feed(&numbered_lines(30_000..45_000));
+        grow_cycles(&mut pair, "after the top-up");
+        // Each right after a long cat, when the count is at its highest.
+        for (reset, what) in [(&b"\x1b[3J"[..], "CSI 3 J"), (b"\x1bc", "a full reset")] {
+            pair.feed(&numbered_lines(0..30_000));
+            pair.feed(reset);
+            pair.assert_same(&format!("{what} zeroes both counts"));
+            pair.feed(&numbered_lines(0..30_000));
+            grow_cycles(&mut pair, &format!("after {what} and a cat"));
+        }
+    }
+
+    /// Grows a 24-row screen to 1,000 rows and back, with the cursor home
+    /// before each shrink so the rows go uncounted: each grow takes 976
+    /// rows from the count, COUNTED_LINES in all.
+    fn grow_cycles(pair: &mut Pair, context: &str) {
+        for cycle in 0..(COUNTED_LINES / 976) {
+            pair.resize(1000, 80);
+            pair.assert_same_but_count(&format!("{context}: grow {cycle}"));
+            pair.feed(b"\x1b[H");
+            pair.resize(24, 80);
+            pair.assert_same_but_count(&format!("{context}: shrink {cycle}"));
+        }
     }
 
     /// vt100 0.18.1 resets a grid's region to the whole new screen on a
