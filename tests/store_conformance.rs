@@ -1065,6 +1065,34 @@ async fn audit_events_are_append_only_postgres() {
     assert_eq!(listed[0].action, AuditAction::Spawn);
 }
 
+/// A batch of audit events (the audit writer's, up to 256) is one INSERT
+/// on PostgreSQL, not a round trip per event: a statement-level trigger
+/// in the test's own database counts the INSERT statements.
+#[actix_rt::test]
+async fn an_audit_batch_is_one_statement_postgres() {
+    let url = support::pg_database().await;
+    let store = PgStore::connect(&url, 2).await.expect("connect");
+    store.migrate().await.expect("migrate");
+    let ann = store.ensure_user("ann").await.expect("user");
+    let client = support::pg_connect(&url).await;
+    client
+        .batch_execute(
+            "CREATE TABLE audit_inserts (n integer NOT NULL); INSERT INTO audit_inserts VALUES (0); \
+             CREATE FUNCTION count_audit_insert() RETURNS trigger LANGUAGE plpgsql AS \
+               $$ BEGIN UPDATE audit_inserts SET n = n + 1; RETURN NULL; END $$; \
+             CREATE TRIGGER count_audit_insert AFTER INSERT ON audit_events \
+               FOR EACH STATEMENT EXECUTE FUNCTION count_audit_insert();",
+        )
+        .await
+        .expect("statement counter");
+    let now = chrono::Utc::now();
+    let batch: Vec<NewAuditEvent> = (0..256).map(|_| audit_event(ann.id, AuditAction::Input, now)).collect();
+    store.insert_audit_events(&batch).await.expect("insert");
+    let inserts: i32 = client.query_one("SELECT n FROM audit_inserts", &[]).await.expect("count").get(0);
+    assert_eq!(inserts, 1, "INSERT statements for a batch of 256 events");
+    assert_eq!(store.list_audit_events(ann.id, None, 1000).await.expect("list").len(), 256);
+}
+
 /// Processes that open a new embedded database at the same moment (say
 /// `tether serve` and `tether token create` on a fresh machine) all get
 /// it: switching the file to WAL waits for the other opener instead of

@@ -1344,33 +1344,25 @@ impl Store for PgStore {
     }
 
     async fn insert_audit_events(&self, events: &[NewAuditEvent]) -> StoreResult<()> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        let stmt = tx
-            .prepare_cached(
-                "INSERT INTO audit_events \
-                 (id, at, user_id, token_id, action, host_id, terminal_id, instance_id, detail) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            )
-            .await?;
-        for e in events {
-            tx.execute(
-                &stmt,
-                &[
-                    &Uuid::new_v4(),
-                    &e.at,
-                    &e.user_id,
-                    &e.token_id,
-                    &e.action.as_str(),
-                    &e.host_id,
-                    &e.terminal_id,
-                    &e.instance_id,
-                    &e.detail,
-                ],
-            )
-            .await?;
-        }
-        tx.commit().await?;
+        // One statement for the whole batch (the audit writer's, up to
+        // 256 events), not a round trip per event.
+        let ids: Vec<Uuid> = events.iter().map(|_| Uuid::new_v4()).collect();
+        let at: Vec<DateTime<Utc>> = events.iter().map(|e| e.at).collect();
+        let user_ids: Vec<Uuid> = events.iter().map(|e| e.user_id).collect();
+        let token_ids: Vec<Option<Uuid>> = events.iter().map(|e| e.token_id).collect();
+        let actions: Vec<&str> = events.iter().map(|e| e.action.as_str()).collect();
+        let host_ids: Vec<Option<Uuid>> = events.iter().map(|e| e.host_id).collect();
+        let terminal_ids: Vec<Option<Uuid>> = events.iter().map(|e| e.terminal_id).collect();
+        let instance_ids: Vec<&str> = events.iter().map(|e| e.instance_id.as_str()).collect();
+        let details: Vec<Option<&str>> = events.iter().map(|e| e.detail.as_deref()).collect();
+        self.execute(
+            "INSERT INTO audit_events \
+             (id, at, user_id, token_id, action, host_id, terminal_id, instance_id, detail) \
+             SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::uuid[], $4::uuid[], $5::text[], \
+                                  $6::uuid[], $7::uuid[], $8::text[], $9::text[])",
+            &[&ids, &at, &user_ids, &token_ids, &actions, &host_ids, &terminal_ids, &instance_ids, &details],
+        )
+        .await?;
         Ok(())
     }
 
