@@ -24,7 +24,9 @@ const SUB: u8 = 0x1a;
 pub fn complete_prefix_len(data: &[u8]) -> usize {
     let start = data.len().saturating_sub(WINDOW);
     let window = &data[start..];
-    if let Some(esc) = window.iter().rposition(|&byte| byte == ESC) {
+    // memrchr, not a byte loop: a whole window is searched for every chunk
+    // of plain output (2 % of the daemon's samples under `cat` before).
+    if let Some(esc) = memchr::memrchr(ESC, window) {
         if !escape_complete(&window[esc..]) {
             return start + esc;
         }
