@@ -450,6 +450,32 @@ async fn redis_killed_and_restarted() {
     }
 }
 
+/// A client that keeps typing into a viewer across instances while Redis
+/// answers nothing (SIGSTOP) does not grow its home's queue without end:
+/// past 4 MiB of messages waiting for the bus the viewer is closed 4503,
+/// to reattach once the bus is back. Before, its messages queued for as
+/// long as the stall lasted, and the socket stayed open.
+#[actix_rt::test]
+async fn typing_across_instances_into_a_stalled_bus_closes_the_viewer_4503() {
+    let redis = OwnRedis::start();
+    let database = pg_database().await;
+    let (a, b) = pair(&database, &redis.url(), &[]).await;
+    let ann = Person::on(&a, &b, "ann").await;
+    let shell = ann.terminal(&["sh"]).await;
+    wait_state(&ann.home, &shell, "running").await;
+    let mut viewer = Viewer::attach_to(&b, ann.token(), &shell, "").await;
+    redis.pause();
+    // 6 MiB of input in 64 KiB messages.
+    let paste = bytes::Bytes::from(vec![b'#'; 64 * 1024]);
+    for _ in 0..96 {
+        viewer.sock.send_binary(paste.clone()).await;
+    }
+    assert_eq!(viewer.sock.expect_close().await, Some(4503));
+    let reason = viewer.sock.close_reason().unwrap_or_default().to_string();
+    redis.resume();
+    assert!(reason.contains("bus"), "{reason}");
+}
+
 /// How far ahead of A's the wall clock of B is, from their HTTP `Date` headers.
 async fn clock_ahead(a: &TetherServer, b: &TetherServer) -> i64 {
     let date = |server: &TetherServer| {

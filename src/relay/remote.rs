@@ -38,6 +38,11 @@ use crate::store::host_lease_key;
 
 /// Client messages a home viewer holds until the owner heard its join.
 const EARLY_EVENTS: usize = 256;
+/// Bytes of a home viewer's messages waiting to be published. While the
+/// bus does not take them (Redis stalled or away) a client that keeps
+/// typing or pasting would grow the queue without end; past this the
+/// viewer is closed 4503 and reattaches once the bus is back.
+const QUEUED_EVENT_BYTES: usize = 4 * MAX_FRAME_BYTES;
 /// How often a home viewer at most reports flow credit to the owner.
 const CREDIT_REPORT: Duration = Duration::from_millis(5);
 /// What a ping frame weighs on both sides of the bus.
@@ -217,7 +222,9 @@ pub struct HomeViewer {
     report_scheduled: bool,
     attached: bool,
     early: VecDeque<FromViewer>,
-    events: mpsc::UnboundedSender<bus::ViewerEvent>,
+    events: mpsc::UnboundedSender<(bus::ViewerEvent, usize)>,
+    /// Encoded bytes in `events` and in the publish under way.
+    events_queued: Arc<AtomicUsize>,
     closed: bool,
 }
 
@@ -233,11 +240,13 @@ impl HomeViewer {
     ) -> Self {
         let key = relay.remotes.next_home.fetch_add(1, Ordering::Relaxed) + 1;
         // One task publishes this viewer's messages, so they keep their order.
-        let (events, mut queue) = mpsc::unbounded_channel::<bus::ViewerEvent>();
+        let (events, mut queue) = mpsc::unbounded_channel::<(bus::ViewerEvent, usize)>();
+        let events_queued = Arc::new(AtomicUsize::new(0));
         let publisher = relay.clone();
+        let queued = events_queued.clone();
         actix_rt::spawn(async move {
             let channel = publisher.bus.host_channel(host_id);
-            while let Some(event) = queue.recv().await {
+            while let Some((event, weight)) = queue.recv().await {
                 let request = bus::HostRequest {
                     request_id: String::new(),
                     reply_to: publisher.instance_id.clone(),
@@ -247,6 +256,7 @@ impl HomeViewer {
                 if let Err(e) = publisher.bus.publish(&channel, envelope::Body::Request(request)).await {
                     tracing::warn!(error = %e, "tether_home_viewer_publish_failed");
                 }
+                queued.fetch_sub(weight, Ordering::Relaxed);
             }
         });
         Self {
@@ -264,6 +274,7 @@ impl HomeViewer {
             attached: false,
             early: VecDeque::new(),
             events,
+            events_queued,
             closed: false,
         }
     }
@@ -273,12 +284,20 @@ impl HomeViewer {
         self.key
     }
 
-    fn publish(&self, event: viewer_event::Event) {
-        let _ = self.events.send(bus::ViewerEvent {
-            terminal_id: self.terminal_id.to_string(),
-            viewer_id: self.key,
-            event: Some(event),
-        });
+    /// Queues `event` for the owner; false when [`QUEUED_EVENT_BYTES`] are
+    /// already waiting (the bus is not taking them), and then it is not.
+    fn publish(&self, event: viewer_event::Event) -> bool {
+        let event =
+            bus::ViewerEvent { terminal_id: self.terminal_id.to_string(), viewer_id: self.key, event: Some(event) };
+        let weight = prost::Message::encoded_len(&event);
+        if self.events_queued.fetch_add(weight, Ordering::Relaxed) + weight > QUEUED_EVENT_BYTES {
+            self.events_queued.fetch_sub(weight, Ordering::Relaxed);
+            return false;
+        }
+        if self.events.send((event, weight)).is_err() {
+            self.events_queued.fetch_sub(weight, Ordering::Relaxed);
+        }
+        true
     }
 
     fn forward(&mut self, msg: FromViewer, ctx: &mut Context<Self>) {
@@ -301,7 +320,10 @@ impl HomeViewer {
                 return;
             }
         };
-        self.publish(event);
+        if !self.publish(event) {
+            tracing::warn!(terminal_id = %self.terminal_id, "tether_home_viewer_bus_backlog");
+            self.close_client(close::HOST_GONE, "the bus is not taking this viewer's messages; reattach", ctx);
+        }
     }
 
     /// Publishes how much of the owner's output the client socket has
@@ -317,7 +339,10 @@ impl HomeViewer {
             let delivered = act.received.saturating_sub(waiting).max(act.reported);
             if delivered > act.reported && act.attached {
                 act.reported = delivered;
-                act.publish(viewer_event::Event::Delivered(delivered));
+                if !act.publish(viewer_event::Event::Delivered(delivered)) {
+                    act.close_client(close::HOST_GONE, "the bus is not taking this viewer's messages; reattach", ctx);
+                    return;
+                }
             }
             if act.reported < act.received {
                 act.schedule_report(ctx);
@@ -356,6 +381,9 @@ impl Actor for HomeViewer {
             Ok(OpAnswer::Spawned(true)) => {
                 act.attached = true;
                 while let Some(msg) = act.early.pop_front() {
+                    if act.closed {
+                        break;
+                    }
                     act.forward(msg, ctx);
                 }
             }
@@ -371,7 +399,9 @@ impl Actor for HomeViewer {
         metrics::gauge!("tether_home_viewers").decrement(1.0);
         lock(&self.relay.remotes.homes).remove(&self.key);
         if self.attached {
-            self.publish(viewer_event::Event::Leave(true));
+            // Past the bound the owner learns of the leave from the next
+            // heartbeat's report instead.
+            let _ = self.publish(viewer_event::Event::Leave(true));
         }
         let relay = self.relay.clone();
         let channel = relay.bus.terminal_channel(self.terminal_id);

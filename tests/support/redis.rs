@@ -111,6 +111,23 @@ impl OwnRedis {
         }
     }
 
+    /// Stops (SIGSTOP) the server: its connections stay open and nothing
+    /// it is sent is answered until [`Self::resume`].
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: i32) {
+        let child = self.child.as_ref().expect("a running redis-server");
+        let pid = i32::try_from(child.id()).expect("pid");
+        // SAFETY: kill(2) with the pid of a child this value owns and waits for.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal {signal} to redis-server");
+    }
+
     /// Starts it again on the same port.
     pub fn start_again(&mut self) {
         self.kill();
