@@ -161,6 +161,7 @@ impl DaemonConn {
     fn store(&mut self, write: Write) -> ResponseActFuture<Self, Outcome> {
         let write = write.owed_to(&self.relay.writes);
         if self.writes.busy() {
+            tracing::debug!(what = write.what, "tether_daemon_write_queued");
             self.writes.keep(write);
             return Box::pin(actix::fut::ready(Outcome::Kept));
         }
