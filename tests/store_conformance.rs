@@ -1051,12 +1051,19 @@ async fn audit_events_are_append_only_sqlite() {
     assert_eq!(listed[0].action, AuditAction::Spawn);
 }
 
-#[actix_rt::test]
-async fn audit_events_are_append_only_postgres() {
+/// A fresh migrated PostgreSQL database (its URL), a store on it and a
+/// user "ann" in it.
+async fn pg_store_with_ann() -> (String, PgStore, User) {
     let url = support::pg_database().await;
     let store = PgStore::connect(&url, 2).await.expect("connect");
     store.migrate().await.expect("migrate");
     let ann = store.ensure_user("ann").await.expect("user");
+    (url, store, ann)
+}
+
+#[actix_rt::test]
+async fn audit_events_are_append_only_postgres() {
+    let (url, store, ann) = pg_store_with_ann().await;
     store.insert_audit_events(&[audit_event(ann.id, AuditAction::Spawn, chrono::Utc::now())]).await.expect("insert");
     let client = support::pg_connect(&url).await;
     let err = client.execute("UPDATE audit_events SET action = 'attach'", &[]).await.expect_err("update refused");
@@ -1070,10 +1077,7 @@ async fn audit_events_are_append_only_postgres() {
 /// in the test's own database counts the INSERT statements.
 #[actix_rt::test]
 async fn an_audit_batch_is_one_statement_postgres() {
-    let url = support::pg_database().await;
-    let store = PgStore::connect(&url, 2).await.expect("connect");
-    store.migrate().await.expect("migrate");
-    let ann = store.ensure_user("ann").await.expect("user");
+    let (url, store, ann) = pg_store_with_ann().await;
     let client = support::pg_connect(&url).await;
     client
         .batch_execute(

@@ -489,8 +489,10 @@ impl ScrollSkip {
     }
 }
 
+/// Printable ASCII, tab, CR or LF; written without branches (`|`, not
+/// `||`) so that [`plain_prefix_len`] vectorises.
 fn is_plain(byte: u8) -> bool {
-    matches!(byte, 0x20..=0x7e | b'\t' | b'\n' | b'\r')
+    (byte.wrapping_sub(0x20) < 0x5f) | (byte == b'\t') | (byte == b'\n') | (byte == b'\r')
 }
 
 /// How many bytes at the start of `bytes` are plain. Whole blocks are
@@ -501,12 +503,9 @@ fn plain_prefix_len(bytes: &[u8]) -> usize {
     const BLOCK: usize = 32;
     let mut at = 0;
     for block in bytes.chunks_exact(BLOCK) {
-        // `is_plain` without branches, so that it vectorises.
         let mut other = 0u8;
         for &byte in block {
-            let printable = byte.wrapping_sub(0x20) < 0x5f;
-            let control = (byte == b'\t') | (byte == b'\n') | (byte == b'\r');
-            other |= u8::from(!(printable | control));
+            other |= u8::from(!is_plain(byte));
         }
         if other != 0 {
             break;

@@ -321,9 +321,15 @@ impl HomeViewer {
             }
         };
         if !self.publish(event) {
-            tracing::warn!(terminal_id = %self.terminal_id, "tether_home_viewer_bus_backlog");
-            self.close_client(close::HOST_GONE, "the bus is not taking this viewer's messages; reattach", ctx);
+            self.close_for_backlog(ctx);
         }
+    }
+
+    /// The bus has not taken [`QUEUED_EVENT_BYTES`] of this viewer's
+    /// messages: the client reattaches once it does.
+    fn close_for_backlog(&mut self, ctx: &mut Context<Self>) {
+        tracing::warn!(terminal_id = %self.terminal_id, "tether_home_viewer_bus_backlog");
+        self.close_client(close::HOST_GONE, "the bus is not taking this viewer's messages; reattach", ctx);
     }
 
     /// Publishes how much of the owner's output the client socket has
@@ -340,7 +346,7 @@ impl HomeViewer {
             if delivered > act.reported && act.attached {
                 act.reported = delivered;
                 if !act.publish(viewer_event::Event::Delivered(delivered)) {
-                    act.close_client(close::HOST_GONE, "the bus is not taking this viewer's messages; reattach", ctx);
+                    act.close_for_backlog(ctx);
                     return;
                 }
             }
