@@ -1,13 +1,20 @@
 //! Starting a process on a fresh PTY, and what serves it.
 //!
 //! The master is read and written without blocking, by two tasks on the
-//! daemon's runtime (a non-blocking descriptor registered with its
-//! reactor), so an output chunk or a keystroke reaches the terminal task
-//! without waking another thread (docs/ARCHITECTURE.md, "The output path"):
-//! - reader: reads from the master into a bounded channel. When the channel
+//! daemon's runtime, each with a non-blocking descriptor of its own, so an
+//! output chunk or a keystroke reaches the terminal task without waking
+//! another thread (docs/ARCHITECTURE.md, "The output path"):
+//! - reader: its descriptor is registered with the reactor for reading
+//!   only; reads from the master into a bounded channel. When the channel
 //!   is full the task waits, the PTY stops being drained, and the child
 //!   blocks on its next write: that is the backpressure path.
 //! - writer: drains a channel of input into the master, bounded in bytes.
+//!   It writes straight away and registers its descriptor for writability
+//!   only while the PTY's input buffer is full. A registration for writing
+//!   that stayed would wake the runtime for nothing on every keystroke: the
+//!   tty layer wakes its pollers without saying why as it moves the input
+//!   through, and an edge-triggered poller then reports "writable" twice
+//!   per key before the echo is readable.
 //!
 //! `wait4` blocks, so one small thread per terminal (the waiter) reaps the
 //! child, which yields both the exit status (with the signal number, which
@@ -18,7 +25,7 @@
 //! still holds the PTY open; it ends when that process closes it.
 
 use std::io::{self, Read, Write};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -132,8 +139,15 @@ pub fn spawn(dir: &Path, argv: &[String], size: GridSize) -> Result<PtyProcess, 
         kill_and_reap(pid);
         return Err(PtyError::Waiter(err));
     }
-    let pty = match watch_master(master.as_ref()) {
-        Ok(pty) => Arc::new(pty),
+    let watched = dup_nonblocking(master.as_ref()).and_then(|reader| {
+        // SAFETY: the File owns the descriptor and keeps it open, and its
+        // `as_raw_fd` returns that one, for as long as the AsyncFd holds it.
+        let reader =
+            unsafe { AsyncFd::register_with_interest(reader, Interest::READABLE) }.map_err(|e| e.into_parts().1)?;
+        Ok((reader, dup_nonblocking(master.as_ref())?))
+    });
+    let (reader, writer) = match watched {
+        Ok(fds) => fds,
         Err(err) => {
             let _ = send_signal(pid, libc::SIGKILL);
             return Err(PtyError::Watch(err));
@@ -142,8 +156,8 @@ pub fn spawn(dir: &Path, argv: &[String], size: GridSize) -> Result<PtyProcess, 
     let (output_tx, output) = mpsc::channel(OUTPUT_CHANNEL_CHUNKS);
     let (tx, input_rx) = mpsc::unbounded_channel();
     let input = InputQueue { tx, queued: Arc::new(AtomicUsize::new(0)) };
-    tokio::spawn(read_loop(pty.clone(), output_tx));
-    tokio::spawn(write_loop(pty, input_rx, input.queued.clone()));
+    tokio::spawn(read_loop(reader, output_tx));
+    tokio::spawn(write_loop(writer, input_rx, input.queued.clone()));
     Ok(PtyProcess { pid, master, output, input, exit, started_at })
 }
 
@@ -186,12 +200,12 @@ fn start_thread(name: String, body: impl FnOnce() + Send + 'static) -> io::Resul
     std::thread::Builder::new().name(name).stack_size(THREAD_STACK_BYTES).spawn(body).map(drop)
 }
 
-/// A descriptor of its own on the PTY master for the reader and writer
-/// (the reader may outlive the daemon's handle, see the module docs),
-/// non-blocking and registered with the runtime's reactor. The flag is on
-/// the open file the master's handle shares; the daemon only resizes and
-/// queries through that handle, which does not mind it.
-fn watch_master(master: &dyn MasterPty) -> io::Result<AsyncFd<std::fs::File>> {
+/// A non-blocking descriptor of its own on the PTY master, for the reader
+/// or the writer (the reader may outlive the daemon's handle, see the
+/// module docs). The flag is on the open file the master's handle shares;
+/// the daemon only resizes and queries through that handle, which does not
+/// mind it.
+fn dup_nonblocking(master: &dyn MasterPty) -> io::Result<std::fs::File> {
     let fd = master.as_raw_fd().ok_or_else(|| io::Error::other("the pty master has no fd"))?;
     // SAFETY: `fd` is the master's open descriptor for the whole call;
     // dup(2) returns a new one that the OwnedFd then owns.
@@ -207,10 +221,7 @@ fn watch_master(master: &dyn MasterPty) -> io::Result<AsyncFd<std::fs::File>> {
     if flags < 0 || unsafe { libc::fcntl(dup, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    // SAFETY: the File owns the descriptor and keeps it open, and its
-    // `as_raw_fd` returns that one, for as long as the AsyncFd holds it.
-    unsafe { AsyncFd::register_with_interest(file, Interest::READABLE | Interest::WRITABLE) }
-        .map_err(|e| e.into_parts().1)
+    Ok(file)
 }
 
 /// Reads the PTY until it hangs up. Reads that are already waiting behind
@@ -218,7 +229,7 @@ fn watch_master(master: &dyn MasterPty) -> io::Result<AsyncFd<std::fs::File>> {
 /// `READ_CHUNK`, so a busy program costs the terminal task fewer wake-ups;
 /// a read that finds nothing more waiting is sent at once, so an echo is
 /// never held back.
-async fn read_loop(pty: Arc<AsyncFd<std::fs::File>>, output: mpsc::Sender<Bytes>) {
+async fn read_loop(pty: AsyncFd<std::fs::File>, output: mpsc::Sender<Bytes>) {
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
         let mut filled = 0;
@@ -271,11 +282,7 @@ impl InputQueue {
     }
 }
 
-async fn write_loop(
-    pty: Arc<AsyncFd<std::fs::File>>,
-    mut input: mpsc::UnboundedReceiver<Bytes>,
-    queued: Arc<AtomicUsize>,
-) {
+async fn write_loop(pty: std::fs::File, mut input: mpsc::UnboundedReceiver<Bytes>, queued: Arc<AtomicUsize>) {
     while let Some(data) = input.recv().await {
         let written = write_all(&pty, &data).await;
         queued.fetch_sub(data.len(), Ordering::Relaxed);
@@ -286,17 +293,31 @@ async fn write_loop(
     }
 }
 
-/// Writes all of `data`, waiting while the PTY's input buffer is full (the
-/// program is not reading).
-async fn write_all(pty: &AsyncFd<std::fs::File>, mut data: &[u8]) -> io::Result<()> {
+/// Writes all of `data`: straight to the master while it takes bytes, and
+/// registered with the reactor for writability only while its input buffer
+/// is full (the program is not reading), until that wait is over.
+async fn write_all(pty: &std::fs::File, mut data: &[u8]) -> io::Result<()> {
+    let mut full: Option<AsyncFd<BorrowedFd<'_>>> = None;
     while !data.is_empty() {
-        let mut ready = pty.writable().await?;
-        match ready.try_io(|fd| fd.get_ref().write(data)) {
-            Ok(Ok(0)) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(Ok(n)) => data = &data[n..],
-            Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
-            Ok(Err(err)) => return Err(err),
-            Err(_would_block) => {}
+        match (&*pty).write(data) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => {
+                // Registering reports the master at once if it became
+                // writable since the write failed, so no wake-up is lost.
+                let watch = match full.as_mut() {
+                    Some(watch) => watch,
+                    // SAFETY: the borrow keeps the descriptor open for as
+                    // long as the AsyncFd holds it, and it is that one.
+                    None => full.insert(
+                        unsafe { AsyncFd::register_with_interest(pty.as_fd(), Interest::WRITABLE) }
+                            .map_err(|e| e.into_parts().1)?,
+                    ),
+                };
+                watch.writable().await?.clear_ready();
+            }
+            Err(err) => return Err(err),
         }
     }
     Ok(())
@@ -350,4 +371,101 @@ fn kill_and_reap(pid: u32) {
     let mut status = 0;
     // SAFETY: waitpid writes only to `status`.
     unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const EPOLLOUT: u32 = 0x4;
+
+    /// The `tty-index` the kernel gives a PTY master descriptor.
+    fn tty_index(fd: &str) -> Option<String> {
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+        info.lines().find_map(|line| line.strip_prefix("tty-index:")).map(|index| index.trim().to_owned())
+    }
+
+    /// What this process's reactors watch on `pty`'s master, as the kernel
+    /// lists it (`/proc/self/fdinfo` of each epoll instance): per watched
+    /// descriptor, whether it is watched for writability.
+    fn pty_watches(pty: &PtyProcess) -> Vec<(String, bool)> {
+        let fd = pty.master.as_raw_fd().expect("the master's fd").to_string();
+        let ours = tty_index(&fd).expect("a PTY master has a tty-index");
+        let link = |fd: &str| std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap_or_default();
+        let mut watches = Vec::new();
+        let mut instances = std::collections::HashSet::new();
+        for entry in std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd").flatten() {
+            let fd = entry.file_name().to_string_lossy().into_owned();
+            if link(&fd).to_string_lossy() != "anon_inode:[eventpoll]" {
+                continue;
+            }
+            let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap_or_default();
+            // A runtime may hold its epoll instance under two descriptors.
+            if !instances.insert(info.lines().find(|line| line.starts_with("ino:")).map(str::to_owned)) {
+                continue;
+            }
+            for line in info.lines().filter(|line| line.starts_with("tfd:")) {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let (watched, events) = (fields[1], u32::from_str_radix(fields[3], 16).expect("events mask"));
+                if tty_index(watched).as_ref() == Some(&ours) {
+                    watches.push((watched.to_owned(), events & EPOLLOUT != 0));
+                }
+            }
+        }
+        watches
+    }
+
+    async fn wait_until(what: &str, pty: &PtyProcess, mut done: impl FnMut(&PtyProcess) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !done(pty) {
+            assert!(tokio::time::Instant::now() < deadline, "gave up waiting until {what}: {:?}", pty_watches(pty));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// While input flows, the master is watched for reading only. The
+    /// writer's descriptor used to stay registered for writability, and the
+    /// tty layer's wake-ups as it moved each key through then reported it
+    /// writable twice before the echo was readable: two wake-ups of the
+    /// runtime for nothing per keystroke.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_typed_key_leaves_the_master_watched_for_reading_only() {
+        let mut pty = spawn(&std::env::temp_dir(), &["cat".to_owned()], GridSize::clamped(80, 24)).expect("spawn cat");
+        for _ in 0..20 {
+            pty.input.push(Bytes::from_static(b"x")).expect("queued");
+            let echo = tokio::time::timeout(Duration::from_secs(10), pty.output.recv()).await;
+            assert_eq!(&echo.expect("an echo within 10 s").expect("the pty is open")[..], b"x");
+        }
+        let watches = pty_watches(&pty);
+        assert_eq!(watches.len(), 1, "the reader's descriptor alone is watched: {watches:?}");
+        assert!(!watches[0].1, "not for writability: {watches:?}");
+        send_signal(pty.pid, libc::SIGKILL).expect("kill cat");
+    }
+
+    /// Input the program does not read yet fills the PTY's buffer; the
+    /// writer then watches its descriptor for writability, and stops
+    /// watching it once the program has taken everything.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_full_input_buffer_is_waited_out_and_then_unwatched() {
+        let script = "stty raw -echo; sleep 1; exec cat > /dev/null".to_owned();
+        let mut pty =
+            spawn(&std::env::temp_dir(), &["sh".to_owned(), "-c".to_owned(), script], GridSize::clamped(80, 24))
+                .expect("spawn sh");
+        // Far more than the tty layer buffers (about 20 KB in raw mode).
+        for _ in 0..100 {
+            pty.input.push(Bytes::from(vec![b'k'; 1000])).expect("queued");
+        }
+        wait_until("the writer waits for writability", &pty, |pty| {
+            pty_watches(pty).iter().any(|(_, writable)| *writable)
+        })
+        .await;
+        wait_until("the program has taken every byte", &pty, |pty| pty.input.queued.load(Ordering::Relaxed) == 0).await;
+        let watches = pty_watches(&pty);
+        assert_eq!(watches.len(), 1, "the writer's watch is gone: {watches:?}");
+        assert!(!watches[0].1, "{watches:?}");
+        let _ = pty.output.try_recv();
+        send_signal(pty.pid, libc::SIGKILL).expect("kill sh");
+    }
 }
