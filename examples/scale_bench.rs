@@ -58,7 +58,13 @@
 //!
 //! `TETHER_BENCH_PING_MS` changes the fake daemons' ping period (30 s, the
 //! daemon's), to measure what the pings cost the idle server; past the
-//! server's `daemon.idle_timeout_ms` (95 s) a silent daemon is closed.
+//! server's `daemon.idle_timeout_ms` (95 s) a silent daemon is closed. RSS
+//! per daemon is also printed at the end of the idle window: a connection's
+//! inbound frames walk through actix-http's 8 KiB read buffer a few bytes
+//! per ping, so its pages become resident one by one, and RSS per daemon
+//! rises until every connection has received about 8 KiB (some 1,000 pings,
+//! eight hours at the daemon's period); fast pings over a long window
+//! (e.g. 50 ms over 300 s) show where it settles.
 //!
 //! `TETHER_BENCH_DATABASE_URL` (a PostgreSQL server whose server preloads
 //! pg_stat_statements) adds the PostgreSQL run; each run gets a fresh
@@ -144,6 +150,9 @@ struct Step {
     failed: u64,
     grow_secs: f64,
     rss_per_daemon_kib: f64,
+    /// The same at the end of the idle window: what the daemons' pings
+    /// have made resident since (see the module docs).
+    rss_per_daemon_after_idle_kib: f64,
     idle_cpu: f64,
     calls_per_tick: f64,
     statements_per_tick: Option<f64>,
@@ -390,6 +399,7 @@ async fn daemons_step(
     let rss = kib_of(run.instance.pid());
     let file = run.dir.join(format!("perf-{n}.data"));
     let (idle_cpu, calls, ticks, statements) = idle_window(run, idle, profile.then_some(file.as_path())).await;
+    let rss_after_idle = kib_of(run.instance.pid());
     let walk = walk_hosts(&run.instance.base(), &run.token).await;
     let all_hosts = count_hosts(&run.instance.base(), &run.token).await;
     fleet.poll();
@@ -399,6 +409,7 @@ async fn daemons_step(
         failed,
         grow_secs,
         rss_per_daemon_kib: (rss as f64 - rss0 as f64) / n as f64,
+        rss_per_daemon_after_idle_kib: (rss_after_idle as f64 - rss0 as f64) / n as f64,
         idle_cpu,
         calls_per_tick: calls as f64 / ticks.max(1) as f64,
         statements_per_tick: statements.map(|s| s as f64 / ticks.max(1) as f64),
@@ -406,9 +417,11 @@ async fn daemons_step(
         all_hosts,
     };
     println!(
-        "  N={n}: RSS {rss} KiB ({:.1} KiB per daemon); idle CPU {:.1} % of a core over {:.0} s; {calls} store calls \
-         in the window, {ticks} renew ticks in it ({:.1} calls per tick){}",
+        "  N={n}: RSS {rss} KiB ({:.1} KiB per daemon), {rss_after_idle} KiB at the end of the idle window ({:.1} KiB \
+         per daemon); idle CPU {:.1} % of a core over {:.0} s; {calls} store calls in the window, {ticks} renew ticks \
+         in it ({:.1} calls per tick){}",
         step.rss_per_daemon_kib,
+        step.rss_per_daemon_after_idle_kib,
         idle_cpu,
         idle.as_secs_f64(),
         step.calls_per_tick,
@@ -859,14 +872,14 @@ fn print_tables(results: &[(Kind, Figures)], opts: &Options) {
             kind.label(),
             if opts.per_host_tokens { "one daemon token per host" } else { "one shared full token" }
         );
-        println!("| idle daemons | admitted (failed), time | RSS per daemon | idle CPU | store calls in the idle window per renew tick | hosts online per GET /api/v1/hosts?state=online | walk |");
+        println!("| idle daemons | admitted (failed), time | RSS per daemon (after the idle window) | idle CPU | store calls in the idle window per renew tick | hosts online per GET /api/v1/hosts?state=online | walk |");
         println!("|---|---|---|---|---|---|---|");
         for s in &f.steps {
             let statements =
                 s.statements_per_tick.map_or(String::new(), |st| format!(" ({st:.1} PostgreSQL statements)"));
             println!(
-                "| {} | {} ({}), {:.0} s | {:.1} KiB | {:.1} % of a core | {:.1}{statements} | {} of {} | {} pages, {:.1} MB, {:.2} s |",
-                s.n, s.admitted, s.failed, s.grow_secs, s.rss_per_daemon_kib, s.idle_cpu, s.calls_per_tick, s.walk.online, s.all_hosts,
+                "| {} | {} ({}), {:.0} s | {:.1} KiB ({:.1} KiB) | {:.1} % of a core | {:.1}{statements} | {} of {} | {} pages, {:.1} MB, {:.2} s |",
+                s.n, s.admitted, s.failed, s.grow_secs, s.rss_per_daemon_kib, s.rss_per_daemon_after_idle_kib, s.idle_cpu, s.calls_per_tick, s.walk.online, s.all_hosts,
                 s.walk.pages, s.walk.bytes as f64 / 1e6, s.walk.secs
             );
         }
