@@ -240,6 +240,12 @@ impl PgStore {
     /// another hello of its host; a batch of lease releases and the lease
     /// renewal): PostgreSQL may end it as a deadlock or a serialization
     /// failure, and running it again completes it. `what` names it in the log.
+    ///
+    /// It runs again only after a pause: the statement it lost to waits for
+    /// rows this one held, and a row whose locker has just aborted is free
+    /// to whoever writes it first. Run again at once, it could lock those
+    /// rows again before the winner (woken, but not yet scheduled) took
+    /// them, and meet the same deadlock every time.
     async fn query_retrying(
         &self,
         sql: &str,
@@ -250,8 +256,9 @@ impl PgStore {
         loop {
             attempts += 1;
             match self.query(sql, params).await {
-                Err(StoreError::Postgres(e)) if attempts < 3 && is_lock_conflict(&e) => {
-                    tracing::info!(error = %e, what, "tether_statement_retried");
+                Err(StoreError::Postgres(e)) if attempts < RETRY_ATTEMPTS && is_lock_conflict(&e) => {
+                    tracing::info!(error = %e, what, attempts, "tether_statement_retried");
+                    tokio::time::sleep(retry_pause(attempts)).await;
                 }
                 other => return other,
             }
@@ -1402,6 +1409,17 @@ impl Store for PgStore {
     async fn delete_audit_events_before(&self, before: DateTime<Utc>) -> StoreResult<u64> {
         self.execute("DELETE FROM audit_events WHERE at < $1", &[&before]).await
     }
+}
+
+/// Runs of a statement [`PostgresStore::query_retrying`] makes at most.
+const RETRY_ATTEMPTS: u32 = 4;
+
+/// The pause before run `attempts + 1`: 25 ms, 50 ms, 100 ms, each plus up
+/// to as much again at random, so two sessions that conflicted do not run
+/// again in step.
+fn retry_pause(attempts: u32) -> Duration {
+    let base = 25u64 << (attempts - 1).min(4);
+    Duration::from_millis(base + rand::random_range(0..=base))
 }
 
 /// A statement ended by a lock conflict with a concurrent one: a deadlock
