@@ -402,11 +402,15 @@ mod tests {
                 continue;
             }
             let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap_or_default();
+            let tfds: Vec<&str> = info.lines().filter(|line| line.starts_with("tfd:")).collect();
             // A runtime may hold its epoll instance under two descriptors.
-            if !instances.insert(info.lines().find(|line| line.starts_with("ino:")).map(str::to_owned)) {
+            // Their `ino:` does not tell instances apart (every epoll
+            // instance shares one anonymous inode); their watch lists do,
+            // as each names the runtime's own tokens.
+            if !instances.insert(tfds.join("\n")) {
                 continue;
             }
-            for line in info.lines().filter(|line| line.starts_with("tfd:")) {
+            for line in tfds {
                 let fields: Vec<&str> = line.split_whitespace().collect();
                 let (watched, events) = (fields[1], u32::from_str_radix(fields[3], 16).expect("events mask"));
                 if tty_index(watched).as_ref() == Some(&ours) {
@@ -449,10 +453,14 @@ mod tests {
     /// watching it once the program has taken everything.
     #[tokio::test(flavor = "current_thread")]
     async fn a_full_input_buffer_is_waited_out_and_then_unwatched() {
-        let script = "stty raw -echo; sleep 1; exec cat > /dev/null".to_owned();
+        let script = "stty raw -echo; echo raw; sleep 1; exec cat > /dev/null".to_owned();
         let mut pty =
             spawn(&std::env::temp_dir(), &["sh".to_owned(), "-c".to_owned(), script], GridSize::clamped(80, 24))
                 .expect("spawn sh");
+        // Input written before the `stty` would meet canonical mode, which
+        // drops what overflows a line instead of making the writer wait.
+        let said = tokio::time::timeout(Duration::from_secs(10), pty.output.recv()).await;
+        assert_eq!(&said.expect("output within 10 s").expect("the pty is open")[..], b"raw\n");
         // Far more than the tty layer buffers (about 20 KB in raw mode).
         for _ in 0..100 {
             pty.input.push(Bytes::from(vec![b'k'; 1000])).expect("queued");
@@ -465,7 +473,6 @@ mod tests {
         let watches = pty_watches(&pty);
         assert_eq!(watches.len(), 1, "the writer's watch is gone: {watches:?}");
         assert!(!watches[0].1, "{watches:?}");
-        let _ = pty.output.try_recv();
         send_signal(pty.pid, libc::SIGKILL).expect("kill sh");
     }
 }
