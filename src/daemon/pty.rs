@@ -7,7 +7,9 @@
 //! - reader: its descriptor is registered with the reactor for reading
 //!   only; reads from the master into a bounded channel. When the channel
 //!   is full the task waits, the PTY stops being drained, and the child
-//!   blocks on its next write: that is the backpressure path.
+//!   blocks on its next write: that is the backpressure path. During a
+//!   flood (a read fills `READ_CHUNK`) a thread of its own reads instead,
+//!   into the same channel, until the output pauses (`read_flood`).
 //! - writer: drains a channel of input into the master, bounded in bytes.
 //!   It writes straight away and registers its descriptor for writability
 //!   only while the PTY's input buffer is full. A registration for writing
@@ -228,27 +230,25 @@ fn dup_nonblocking(master: &dyn MasterPty) -> io::Result<std::fs::File> {
 /// one (the n_tty buffer hands out at most 4 KiB at a time) join it, up to
 /// `READ_CHUNK`, so a busy program costs the terminal task fewer wake-ups;
 /// a read that finds nothing more waiting is sent at once, so an echo is
-/// never held back.
+/// never held back. A read that fills `READ_CHUNK` means the program
+/// writes faster than one thread both reads and sends: the reading moves to
+/// a thread of its own until the output pauses (`read_flood`).
 async fn read_loop(pty: AsyncFd<std::fs::File>, output: mpsc::Sender<Bytes>) {
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
         let mut filled = 0;
         let open = loop {
             let Ok(mut ready) = pty.readable().await else { break false };
-            match ready.try_io(|fd| fd.get_ref().read(&mut buf[filled..])) {
-                // Linux reports a hung-up PTY master (all slave fds closed) as EIO.
-                Ok(Ok(0)) => break false,
-                Ok(Ok(n)) => {
-                    filled += n;
-                    if filled == buf.len() {
+            match read_waiting(pty.get_ref(), &mut buf, &mut filled) {
+                Reads::Full => break true,
+                Reads::Closed => break false,
+                Reads::Drained => {
+                    ready.clear_ready();
+                    // Nothing more waiting: what was read goes now.
+                    if filled > 0 {
                         break true;
                     }
                 }
-                Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
-                Ok(Err(_)) => break false,
-                // Nothing more waiting: what was read goes now.
-                Err(_would_block) if filled > 0 => break true,
-                Err(_would_block) => {}
             }
         };
         if filled > 0 && output.send(Bytes::copy_from_slice(&buf[..filled])).await.is_err() {
@@ -256,6 +256,113 @@ async fn read_loop(pty: AsyncFd<std::fs::File>, output: mpsc::Sender<Bytes>) {
         }
         if !open {
             return;
+        }
+        if filled == buf.len() && !read_flood(pty.get_ref(), &output).await {
+            return;
+        }
+    }
+}
+
+/// How a run of reads from the master ended.
+enum Reads {
+    /// The buffer is full.
+    Full,
+    /// Nothing more is waiting (the master would block).
+    Drained,
+    /// The PTY hung up: Linux reports a master whose slave fds are all
+    /// closed as EIO.
+    Closed,
+}
+
+/// Reads what is waiting on the non-blocking master into `buf` after
+/// `filled`, until the buffer is full or nothing more is waiting.
+fn read_waiting(pty: &std::fs::File, buf: &mut [u8], filled: &mut usize) -> Reads {
+    loop {
+        match (&*pty).read(&mut buf[*filled..]) {
+            Ok(0) => return Reads::Closed,
+            Ok(n) => {
+                *filled += n;
+                if *filled == buf.len() {
+                    return Reads::Full;
+                }
+            }
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => return Reads::Drained,
+            Err(_) => return Reads::Closed,
+        }
+    }
+}
+
+/// How long the flood reader waits for more output before it hands the
+/// reading back to the runtime. Only its own thread waits: output that
+/// comes in the meantime is sent as soon as it is read.
+const FLOOD_QUIET_MS: libc::c_int = 20;
+
+/// Reads a flood of output on a thread of its own, so the PTY is drained
+/// while the runtime thread frames and sends what was read before and the
+/// program does not block on a full tty. Returns once the output has been
+/// quiet for `FLOOD_QUIET_MS` (true) or the PTY hung up or the terminal
+/// stopped reading (false). Every chunk the thread read has been queued
+/// when this returns, so the order holds. Where no thread can be had, the
+/// runtime goes on reading.
+async fn read_flood(pty: &std::fs::File, output: &mpsc::Sender<Bytes>) -> bool {
+    let (pty, output) = match pty.try_clone() {
+        Ok(pty) => (pty, output.clone()),
+        Err(_) => return true,
+    };
+    let (done_tx, done) = oneshot::channel();
+    let started =
+        std::thread::Builder::new().name("tether-flood".to_owned()).stack_size(THREAD_STACK_BYTES).spawn(move || {
+            let _ = done_tx.send(read_flood_blocking(&pty, &output));
+        });
+    match started {
+        Ok(_) => done.await.unwrap_or(false),
+        Err(_) => true,
+    }
+}
+
+/// The flood reader's loop: `read_loop`'s, waiting in poll(2) instead of
+/// the reactor (the descriptor is non-blocking; its flags are shared).
+fn read_flood_blocking(pty: &std::fs::File, output: &mpsc::Sender<Bytes>) -> bool {
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        let mut filled = 0;
+        let open = loop {
+            match read_waiting(pty, &mut buf, &mut filled) {
+                Reads::Full => break true,
+                Reads::Closed => break false,
+                Reads::Drained if filled > 0 => break true,
+                Reads::Drained => match wait_readable(pty, FLOOD_QUIET_MS) {
+                    Ok(true) => {}
+                    Ok(false) => return true,
+                    Err(_) => break false,
+                },
+            }
+        };
+        if filled > 0 && output.blocking_send(Bytes::copy_from_slice(&buf[..filled])).is_err() {
+            return false;
+        }
+        if !open {
+            return false;
+        }
+    }
+}
+
+/// Waits up to `timeout_ms` for `pty` to have something to read (or to
+/// hang up, which the next read reports); false when it stayed quiet.
+fn wait_readable(pty: &std::fs::File, timeout_ms: libc::c_int) -> io::Result<bool> {
+    let mut poll = libc::pollfd { fd: std::os::fd::AsRawFd::as_raw_fd(pty), events: libc::POLLIN, revents: 0 };
+    loop {
+        // SAFETY: one pollfd that lives for the whole call.
+        match unsafe { libc::poll(&mut poll, 1, timeout_ms) } {
+            0 => return Ok(false),
+            n if n > 0 => return Ok(true),
+            _ => {
+                let err = io::Error::last_os_error();
+                if err.kind() != io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
+            }
         }
     }
 }
@@ -445,6 +552,61 @@ mod tests {
         let watches = pty_watches(&pty);
         assert_eq!(watches.len(), 1, "the reader's descriptor alone is watched: {watches:?}");
         assert!(!watches[0].1, "not for writability: {watches:?}");
+        send_signal(pty.pid, libc::SIGKILL).expect("kill cat");
+    }
+
+    /// How many threads of this process are flood readers.
+    fn flood_readers() -> usize {
+        let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task");
+        tasks
+            .flatten()
+            .filter(|task| {
+                std::fs::read_to_string(task.path().join("comm")).is_ok_and(|comm| comm.trim() == "tether-flood")
+            })
+            .count()
+    }
+
+    /// A flood of output is read on a thread of its own, which hands the
+    /// reading back to the runtime once the output pauses; across the
+    /// hand-overs every byte arrives once and in order, and a key typed
+    /// afterwards is echoed by the runtime's reader again.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_flood_is_read_on_a_thread_of_its_own_until_it_pauses() {
+        const FLOODS: u32 = 3;
+        const LINES: u32 = 40_000;
+        let script = (0..FLOODS)
+            // Through a pipe: seq writes a tty a line at a time, cat in large blocks.
+            .map(|flood| format!("seq {} {} | cat; sleep 1", flood * LINES + 1, (flood + 1) * LINES))
+            .chain(["exec cat".to_owned()])
+            .collect::<Vec<_>>()
+            .join("; ");
+        let mut pty =
+            spawn(&std::env::temp_dir(), &["sh".to_owned(), "-c".to_owned(), script], GridSize::clamped(80, 24))
+                .expect("spawn sh");
+        let mut received = Vec::new();
+        for flood in 1..=FLOODS {
+            let last_line = format!("\n{}\r\n", flood * LINES);
+            let mut read_by_a_thread = false;
+            let first = tokio::time::timeout(Duration::from_secs(20), pty.output.recv()).await;
+            received.extend_from_slice(&first.expect("output within 20 s").expect("the pty is open"));
+            // A consumer slower than the program, as a socket is: the
+            // channel and then the tty fill up, so the next reads are full.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            while !received.ends_with(last_line.as_bytes()) {
+                let chunk = tokio::time::timeout(Duration::from_secs(20), pty.output.recv()).await;
+                received.extend_from_slice(&chunk.expect("output within 20 s").expect("the pty is open"));
+                read_by_a_thread |= flood_readers() > 0;
+            }
+            assert!(read_by_a_thread, "flood {flood} was read on a thread of its own");
+            wait_until("the flood reader hands back", &pty, |_| flood_readers() == 0).await;
+        }
+        let expected: String = (1..=FLOODS * LINES).map(|line| format!("{line}\r\n")).collect();
+        assert!(received == expected.as_bytes(), "every line once and in order ({} bytes)", received.len());
+
+        pty.input.push(Bytes::from_static(b"x")).expect("queued");
+        let echo = tokio::time::timeout(Duration::from_secs(10), pty.output.recv()).await;
+        assert_eq!(&echo.expect("an echo within 10 s").expect("the pty is open")[..], b"x");
+        assert_eq!(flood_readers(), 0);
         send_signal(pty.pid, libc::SIGKILL).expect("kill cat");
     }
 
