@@ -5,11 +5,14 @@
 //! - **tether**: a real `tether serve` (embedded SQLite) and a real
 //!   `tether daemon`, one viewer per terminal over the viewer protocol;
 //! - **baseline**: `examples/pty_ws_baseline.rs`, one hop from a PTY to a
-//!   WebSocket.
+//!   WebSocket;
+//! - **ttyd**, only with `--ttyd PATH`: a ttyd binary (not part of this
+//!   repository; 1.7-style protocol, `tty` subprotocol, a command byte
+//!   before every message), started with `-W` on a free loopback port.
 //!
-//! Both run `bash --norc +o history` on an 80x24 PTY. Each round runs both,
-//! in alternating order (baseline first in odd rounds, tether first in even
-//! ones), on a fresh terminal and socket each:
+//! All run `bash --norc +o history` on an 80x24 PTY. Each round runs each,
+//! in alternating order (baseline first in odd rounds, last in even ones),
+//! on a fresh terminal and socket each:
 //!
 //! - keystroke echo: `x` typed (a binary frame) until a frame holding its
 //!   echo arrives, in bash's readline; `^U` every 40 keys;
@@ -19,8 +22,8 @@
 //!   byte. MB/s is those bytes (10^6 a MB) over the time from sending the
 //!   command to the end marker's arrival. CPU per 100 MB is utime + stime
 //!   (`/proc/PID/stat`, all threads) over that time: `tether serve` plus
-//!   `tether daemon`, against the baseline process. Neither counts bash or
-//!   `cat`, which are the same for both.
+//!   `tether daemon`, against the baseline process (or the ttyd process).
+//!   None counts bash or `cat`, which are the same for all.
 //!
 //! Then `--viewers` viewers on one terminal (tether), and as many sockets on
 //! one shared PTY (`pty_ws_baseline --shared`), `cat` a `--fanout-mib` file:
@@ -35,7 +38,8 @@
 //! ```sh
 //! cargo build --release --bin tether --examples
 //! target/release/examples/output_bench [--mib 115] [--rounds 4] [--echo 200] \
-//!     [--viewers 100] [--fanout-mib 10] [--perf FILE [--perf-options '-F 999 -g']]
+//!     [--viewers 100] [--fanout-mib 10] [--perf FILE [--perf-options '-F 999 -g']] \
+//!     [--ttyd PATH]
 //! ```
 
 mod support;
@@ -181,10 +185,10 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 
 /// Reads `framed` until the capture is complete; the time it completed, or
 /// why it could not.
-async fn capture(framed: &mut Framed, capture: &mut Capture) -> Result<Instant, String> {
+async fn capture(framed: &mut Framed, wire: Wire, capture: &mut Capture) -> Result<Instant, String> {
     while !capture.done {
         match tokio::time::timeout(STALL, framed.next()).await {
-            Ok(Some(Ok(ws::Frame::Binary(b)))) => capture.feed(&b),
+            Ok(Some(Ok(ws::Frame::Binary(b)))) => capture.feed(wire.output(&b).unwrap_or_default()),
             Ok(Some(Ok(ws::Frame::Close(r)))) => {
                 return Err(format!("closed {:?} after {} bytes", r.map(|r| u16::from(r.code)), capture.received()))
             }
@@ -223,10 +227,54 @@ impl Baseline {
     }
 }
 
+/// ttyd, on a port of its own.
+struct Ttyd {
+    process: Guard,
+    url: String,
+}
+
+impl Ttyd {
+    async fn start(path: &str) -> Ttyd {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a free port")
+            .port();
+        let mut cmd = Command::new(path);
+        cmd.args(["-p", &port.to_string(), "-i", "127.0.0.1", "-W", "-w", "/tmp"])
+            .args(SHELL)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        tie_to_parent(&mut cmd);
+        let process = Guard(cmd.spawn().expect("spawn ttyd (--ttyd PATH)"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "ttyd did not listen on port {port} within 10 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ttyd { process, url: format!("ws://127.0.0.1:{port}/ws") }
+    }
+
+    /// A socket on a fresh terminal: the `tty` subprotocol, then the
+    /// message that starts the terminal.
+    async fn open(&self) -> Framed {
+        let request = awc::Client::default().ws(&self.url).max_frame_size(8 << 20).protocols(["tty"]);
+        let (_, mut framed) = request.connect().await.expect("ttyd socket");
+        let start = json!({ "AuthToken": "", "columns": 80, "rows": 24 }).to_string();
+        framed.send(ws::Message::Text(start.into())).await.expect("ttyd start message");
+        framed
+    }
+
+    fn pid(&self) -> u32 {
+        self.process.0.id()
+    }
+}
+
 #[derive(Clone, Copy, PartialEq)]
 enum System {
     Baseline,
     Tether,
+    Ttyd,
 }
 
 impl System {
@@ -234,6 +282,33 @@ impl System {
         match self {
             System::Baseline => "baseline",
             System::Tether => "tether",
+            System::Ttyd => "ttyd",
+        }
+    }
+}
+
+/// How terminal bytes travel in a system's binary frames.
+#[derive(Clone, Copy)]
+enum Wire {
+    /// As they are (the baseline; tether's viewer protocol).
+    Raw,
+    /// After a command byte: `0` for input and for output.
+    Ttyd,
+}
+
+impl Wire {
+    fn input(self, data: &[u8]) -> ws::Message {
+        match self {
+            Wire::Raw => ws::Message::Binary(data.to_vec().into()),
+            Wire::Ttyd => ws::Message::Binary([b"0", data].concat().into()),
+        }
+    }
+
+    /// The terminal output in a binary frame; none in a frame of another kind.
+    fn output(self, frame: &[u8]) -> Option<&[u8]> {
+        match self {
+            Wire::Raw => Some(frame),
+            Wire::Ttyd => frame.strip_prefix(b"0"),
         }
     }
 }
@@ -241,11 +316,13 @@ impl System {
 struct Systems {
     baseline: Baseline,
     tether: Single,
+    ttyd: Option<Ttyd>,
 }
 
 /// A terminal with one viewer socket.
 struct Session {
     framed: Framed,
+    wire: Wire,
     /// The tether terminal, killed when done.
     terminal: Option<String>,
 }
@@ -256,13 +333,32 @@ impl Systems {
         match system {
             System::Baseline => vec![self.baseline.pid()],
             System::Tether => vec![self.tether.instance.pid(), self.tether.daemon_pid()],
+            System::Ttyd => self.ttyd.iter().map(Ttyd::pid).collect(),
         }
+    }
+
+    /// The systems measured, in the order of a round.
+    fn order(&self, round: usize) -> Vec<System> {
+        let mut order = vec![System::Baseline, System::Tether];
+        if self.ttyd.is_some() {
+            order.push(System::Ttyd);
+        }
+        if round.is_multiple_of(2) {
+            order.reverse();
+        }
+        order
     }
 
     async fn open(&self, system: System) -> Session {
         let mut session = match system {
-            System::Baseline => {
-                Session { framed: websocket(&self.baseline.url, None).await.expect("baseline socket"), terminal: None }
+            System::Baseline => Session {
+                framed: websocket(&self.baseline.url, None).await.expect("baseline socket"),
+                wire: Wire::Raw,
+                terminal: None,
+            },
+            System::Ttyd => {
+                let ttyd = self.ttyd.as_ref().expect("ttyd is measured only with --ttyd");
+                Session { framed: ttyd.open().await, wire: Wire::Ttyd, terminal: None }
             }
             System::Tether => {
                 let t = &self.tether;
@@ -270,12 +366,12 @@ impl Systems {
                 let id = new_terminal(&base, &t.token, &t.host, json!(SHELL)).await;
                 let mut framed = viewer(&t.instance.ws(), &t.token, &id, "").await.expect("tether viewer");
                 let Start::At(_) = until_live(&mut framed).await else { panic!("tether viewer not live") };
-                Session { framed, terminal: Some(id) }
+                Session { framed, wire: Wire::Raw, terminal: Some(id) }
             }
         };
         // The shell is up once it echoes a key.
-        let _ = echo_once(&mut session.framed).await;
-        clear_line(&mut session.framed).await;
+        let _ = echo_once(&mut session.framed, session.wire).await;
+        clear_line(&mut session.framed, session.wire).await;
         session
     }
 
@@ -290,12 +386,14 @@ impl Systems {
 // ------------------------------------------------------------------ measurements
 
 /// One `x` typed until a frame with its echo arrives.
-async fn echo_once(framed: &mut Framed) -> Duration {
+async fn echo_once(framed: &mut Framed, wire: Wire) -> Duration {
     let began = Instant::now();
-    let _ = framed.send(ws::Message::Binary(b"x".to_vec().into())).await;
+    let _ = framed.send(wire.input(b"x")).await;
     loop {
         match tokio::time::timeout(Duration::from_secs(10), framed.next()).await {
-            Ok(Some(Ok(ws::Frame::Binary(b)))) if b.contains(&b'x') => return began.elapsed(),
+            Ok(Some(Ok(ws::Frame::Binary(b)))) if wire.output(&b).is_some_and(|out| out.contains(&b'x')) => {
+                return began.elapsed()
+            }
             Ok(Some(Ok(ws::Frame::Close(r)))) => panic!("socket closed during echo: {r:?}"),
             Ok(Some(Ok(_))) => {}
             Ok(Some(Err(e))) => panic!("echo: {e}"),
@@ -306,20 +404,20 @@ async fn echo_once(framed: &mut Framed) -> Duration {
 }
 
 /// `^U` (readline's unix-line-discard) and the redisplay it causes.
-async fn clear_line(framed: &mut Framed) {
-    let _ = framed.send(ws::Message::Binary(vec![0x15].into())).await;
+async fn clear_line(framed: &mut Framed, wire: Wire) {
+    let _ = framed.send(wire.input(&[0x15])).await;
     drain_for(framed, Duration::from_millis(50)).await;
 }
 
-async fn echoes(framed: &mut Framed, rounds: usize) -> Vec<Duration> {
+async fn echoes(framed: &mut Framed, wire: Wire, rounds: usize) -> Vec<Duration> {
     let mut echoes = Vec::with_capacity(rounds);
     for i in 0..rounds {
-        echoes.push(echo_once(framed).await);
+        echoes.push(echo_once(framed, wire).await);
         if i % 40 == 39 {
-            clear_line(framed).await;
+            clear_line(framed, wire).await;
         }
     }
-    clear_line(framed).await;
+    clear_line(framed, wire).await;
     echoes
 }
 
@@ -357,13 +455,14 @@ impl CatRun {
     }
 }
 
-async fn cat(framed: &mut Framed, pids: &[u32], path: &str, expected: &Rc<Vec<u8>>) -> Result<CatRun, String> {
+async fn cat(session: &mut Session, pids: &[u32], path: &str, expected: &Rc<Vec<u8>>) -> Result<CatRun, String> {
+    let (framed, wire) = (&mut session.framed, session.wire);
     drain(framed).await;
     let before = Cpu::read(pids);
     let began = Instant::now();
-    let _ = framed.send(ws::Message::Binary(cat_command(path).into())).await;
+    let _ = framed.send(wire.input(&cat_command(path))).await;
     let mut check = Capture::new(expected.clone());
-    let finished = capture(framed, &mut check).await?;
+    let finished = capture(framed, wire, &mut check).await?;
     let (cpu, client_cpu) = Cpu::since(&before, pids);
     if !check.exact() {
         return Err(format!("wrong bytes: {} of {} matched, {} others", check.matched, expected.len(), check.extra));
@@ -403,7 +502,7 @@ async fn fan_out(mut sockets: Vec<Framed>, pids: &[u32], path: &str, expected: &
             let expected = expected.clone();
             actix_rt::spawn(async move {
                 let mut check = Capture::new(expected);
-                let result = capture(&mut framed, &mut check).await;
+                let result = capture(&mut framed, Wire::Raw, &mut check).await;
                 let _ = framed.send(ws::Message::Close(None)).await;
                 (result, check.exact(), check.received())
             })
@@ -520,14 +619,18 @@ struct Figures {
     echo_p99: Vec<f64>,
 }
 
-/// The medians of all rounds, their ratios and the goals (issue 10).
-fn summary(figures: &mut [Figures; 2], rounds: usize) {
-    let [b, t] = figures;
-    b.echoes.sort();
-    t.echoes.sort();
+/// The medians of all rounds, their ratios and the goals (issue 10):
+/// tether against the baseline, and against ttyd when it ran.
+fn summary(figures: &mut [Figures; 3], rounds: usize) {
+    for f in figures.iter_mut() {
+        f.echoes.sort();
+    }
     println!();
     println!("summary over {rounds} rounds (median, and min..max of the runs):");
-    for (system, f) in [(System::Baseline, &*b), (System::Tether, &*t)] {
+    for (system, f) in [System::Baseline, System::Tether, System::Ttyd].into_iter().zip(figures.iter()) {
+        if f.mb_per_s.is_empty() {
+            continue;
+        }
         let (lo, hi) = range(&f.mb_per_s);
         let (clo, chi) = range(&f.cpu_per_100mb);
         println!(
@@ -540,20 +643,44 @@ fn summary(figures: &mut [Figures; 2], rounds: usize) {
             ms(percentile(&f.echoes, 0.99)),
         );
     }
-    let pair_ratios = |tv: &[f64], bv: &[f64]| -> Vec<f64> { tv.iter().zip(bv).map(|(t, b)| t / b).collect() };
-    let mb_ratios = pair_ratios(&t.mb_per_s, &b.mb_per_s);
-    let cpu_ratios = pair_ratios(&t.cpu_per_100mb, &b.cpu_per_100mb);
-    let p99_ratios = pair_ratios(&t.echo_p99, &b.echo_p99);
-    let mb_ratio = median(&t.mb_per_s) / median(&b.mb_per_s);
-    let p50_ratio = ms(percentile(&t.echoes, 0.5)) / ms(percentile(&b.echoes, 0.5));
-    let p99_ratio = ms(percentile(&t.echoes, 0.99)) / ms(percentile(&b.echoes, 0.99));
-    let cpu_ratio = median(&t.cpu_per_100mb) / median(&b.cpu_per_100mb);
+    let [b, t, d] = &*figures;
+    ratios(t, b, "baseline", [Some(0.9), Some(1.3), Some(1.5)]);
+    if !d.mb_per_s.is_empty() {
+        ratios(t, d, "ttyd", [Some(1.0), None, None]);
+    }
+}
+
+/// tether's figures over `other`'s, with the goals for cat MB/s (at
+/// least), echo p99 and CPU per 100 MB (at most), where there are goals.
+fn ratios(t: &Figures, other: &Figures, name: &str, [mb_goal, p99_goal, cpu_goal]: [Option<f64>; 3]) {
+    let pair_ratios = |tv: &[f64], ov: &[f64]| -> Vec<f64> { tv.iter().zip(ov).map(|(t, o)| t / o).collect() };
     let show = |v: &[f64]| v.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(" ");
-    println!("ratios tether/baseline (of the medians; per round in brackets):");
-    println!("  cat MB/s        {mb_ratio:.2}  [{}]  goal >= 0.9: {}", show(&mb_ratios), verdict(mb_ratio >= 0.9));
+    let goal = |ratio: f64, goal: Option<f64>, at_least: bool| match goal {
+        Some(g) if at_least => format!("  goal >= {g}: {}", verdict(ratio >= g)),
+        Some(g) => format!("  goal <= {g}: {}", verdict(ratio <= g)),
+        None => String::new(),
+    };
+    let mb_ratio = median(&t.mb_per_s) / median(&other.mb_per_s);
+    let p50_ratio = ms(percentile(&t.echoes, 0.5)) / ms(percentile(&other.echoes, 0.5));
+    let p99_ratio = ms(percentile(&t.echoes, 0.99)) / ms(percentile(&other.echoes, 0.99));
+    let cpu_ratio = median(&t.cpu_per_100mb) / median(&other.cpu_per_100mb);
+    println!("ratios tether/{name} (of the medians; per round in brackets):");
+    println!(
+        "  cat MB/s        {mb_ratio:.2}  [{}]{}",
+        show(&pair_ratios(&t.mb_per_s, &other.mb_per_s)),
+        goal(mb_ratio, mb_goal, true)
+    );
     println!("  echo p50        {p50_ratio:.2}");
-    println!("  echo p99        {p99_ratio:.2}  [{}]  goal <= 1.3: {}", show(&p99_ratios), verdict(p99_ratio <= 1.3));
-    println!("  CPU per 100 MB  {cpu_ratio:.2}  [{}]  goal <= 1.5: {}", show(&cpu_ratios), verdict(cpu_ratio <= 1.5));
+    println!(
+        "  echo p99        {p99_ratio:.2}  [{}]{}",
+        show(&pair_ratios(&t.echo_p99, &other.echo_p99)),
+        goal(p99_ratio, p99_goal, false)
+    );
+    println!(
+        "  CPU per 100 MB  {cpu_ratio:.2}  [{}]{}",
+        show(&pair_ratios(&t.cpu_per_100mb, &other.cpu_per_100mb)),
+        goal(cpu_ratio, cpu_goal, false)
+    );
 }
 
 #[actix_rt::main]
@@ -566,6 +693,7 @@ async fn main() {
     let fanout_mib: u64 = arg(&args, "--fanout-mib", 10);
     let perf_file: String = arg(&args, "--perf", String::new());
     let perf_options: String = arg(&args, "--perf-options", "-F 999 -g".to_owned());
+    let ttyd_path: String = arg(&args, "--ttyd", String::new());
 
     let work = tempfile::Builder::new().prefix("output-bench-").tempdir_in("/tmp").expect("temp dir");
     let (big, big_expected) = text_file(work.path(), "cat.txt", mib << 20);
@@ -576,7 +704,8 @@ async fn main() {
         mib,
         small_expected.len() as f64 / 1e6,
     );
-    let systems = Systems { baseline: Baseline::start(false), tether: Single::start().await };
+    let ttyd = if ttyd_path.is_empty() { None } else { Some(Ttyd::start(&ttyd_path).await) };
+    let systems = Systems { baseline: Baseline::start(false), tether: Single::start().await, ttyd };
     println!(
         "output_bench: pids: baseline {}, tether serve {}, tether daemon {}; logs in {}",
         systems.baseline.pid(),
@@ -584,18 +713,19 @@ async fn main() {
         systems.tether.daemon_pid(),
         systems.tether.dir.path().display()
     );
+    if let Some(ttyd) = &systems.ttyd {
+        println!("output_bench: ttyd {} at {}", ttyd.pid(), ttyd.url);
+    }
 
-    let mut figures = [Figures::default(), Figures::default()];
+    let mut figures = [Figures::default(), Figures::default(), Figures::default()];
     for round in 1..=rounds {
-        let order =
-            if round % 2 == 1 { [System::Baseline, System::Tether] } else { [System::Tether, System::Baseline] };
-        for system in order {
+        for system in systems.order(round) {
             let load = load_average();
             let pids = systems.pids(system);
             let mut session = systems.open(system).await;
-            let mut echo = echoes(&mut session.framed, echo_rounds).await;
+            let mut echo = echoes(&mut session.framed, session.wire, echo_rounds).await;
             echo.sort();
-            let run = cat(&mut session.framed, &pids, &big, &big_expected).await;
+            let run = cat(&mut session, &pids, &big, &big_expected).await;
             systems.close(session).await;
             let f = &mut figures[system as usize];
             let p99 = ms(percentile(&echo, 0.99));
@@ -619,7 +749,7 @@ async fn main() {
                     );
                 }
                 Err(why) => {
-                    // Keeps the rounds of both systems paired; the figures skip it.
+                    // Keeps the rounds of the systems paired; the figures skip it.
                     f.mb_per_s.push(f64::NAN);
                     f.cpu_per_100mb.push(f64::NAN);
                     println!("round {round} {:<8} load {load}: {echo_text}; cat FAILED: {why}", system.name());
@@ -657,9 +787,11 @@ async fn main() {
                     }
                     (sockets, systems.pids(system), Some(id))
                 }
+                // ttyd starts a terminal per socket: it has no fan-out to compare.
+                System::Ttyd => unreachable!("the fan-out runs the baseline and tether"),
             };
-            let _ = echo_once(&mut sockets[0]).await;
-            clear_line(&mut sockets[0]).await;
+            let _ = echo_once(&mut sockets[0], Wire::Raw).await;
+            clear_line(&mut sockets[0], Wire::Raw).await;
             let run = fan_out(sockets, &pids, &small, &small_expected).await;
             if let Some(id) = terminal {
                 kill_terminal(&systems.tether.instance.base(), &systems.tether.token, &id).await;
@@ -667,6 +799,7 @@ async fn main() {
             let names: &[&str] = match system {
                 System::Baseline => &["baseline"],
                 System::Tether => &["serve", "daemon"],
+                System::Ttyd => &["ttyd"],
             };
             let rss: Vec<String> = names
                 .iter()
@@ -700,7 +833,7 @@ async fn main() {
         let mut session = systems.open(System::Tether).await;
         let run = {
             let _perf = Perf::start(&pids, &perf_file, &perf_options);
-            cat(&mut session.framed, &pids, &big, &big_expected).await
+            cat(&mut session, &pids, &big, &big_expected).await
         };
         systems.close(session).await;
         match run {
