@@ -43,6 +43,12 @@ use super::screen::GridSize;
 
 /// Bytes per PTY read; also the largest Output chunk a single read yields.
 pub const READ_CHUNK: usize = 16 * 1024;
+/// Bytes per read of the flood reader (see `read_flood`), also the largest
+/// chunk it yields: a flood's chunks each cost the terminal task a
+/// wake-up from another thread, so they are larger.
+const FLOOD_CHUNK: usize = 64 * 1024;
+/// The largest Output chunk either reader yields.
+pub const MAX_CHUNK: usize = FLOOD_CHUNK;
 /// Reads in flight between the reader task and the terminal task.
 const OUTPUT_CHANNEL_CHUNKS: usize = 4;
 /// Input bytes queued for the writer task while the program does not
@@ -324,7 +330,7 @@ async fn read_flood(pty: &std::fs::File, output: &mpsc::Sender<Bytes>) -> bool {
 /// The flood reader's loop: `read_loop`'s, waiting in poll(2) instead of
 /// the reactor (the descriptor is non-blocking; its flags are shared).
 fn read_flood_blocking(pty: &std::fs::File, output: &mpsc::Sender<Bytes>) -> bool {
-    let mut buf = vec![0u8; READ_CHUNK];
+    let mut buf = vec![0u8; FLOOD_CHUNK];
     loop {
         let mut filled = 0;
         let open = loop {
@@ -566,14 +572,14 @@ mod tests {
             .count()
     }
 
-    /// A flood of output is read on a thread of its own, which hands the
-    /// reading back to the runtime once the output pauses; across the
+    /// A flood of output is read on a thread of its own, in larger chunks,
+    /// which hands the reading back to the runtime once the output pauses; across the
     /// hand-overs every byte arrives once and in order, and a key typed
     /// afterwards is echoed by the runtime's reader again.
     #[tokio::test(flavor = "current_thread")]
     async fn a_flood_is_read_on_a_thread_of_its_own_until_it_pauses() {
         const FLOODS: u32 = 3;
-        const LINES: u32 = 40_000;
+        const LINES: u32 = 100_000;
         let script = (0..FLOODS)
             // Through a pipe: seq writes a tty a line at a time, cat in large blocks.
             .map(|flood| format!("seq {} {} | cat; sleep 1", flood * LINES + 1, (flood + 1) * LINES))
@@ -584,6 +590,7 @@ mod tests {
             spawn(&std::env::temp_dir(), &["sh".to_owned(), "-c".to_owned(), script], GridSize::clamped(80, 24))
                 .expect("spawn sh");
         let mut received = Vec::new();
+        let mut largest = 0;
         for flood in 1..=FLOODS {
             let last_line = format!("\n{}\r\n", flood * LINES);
             let mut read_by_a_thread = false;
@@ -594,14 +601,18 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(300)).await;
             while !received.ends_with(last_line.as_bytes()) {
                 let chunk = tokio::time::timeout(Duration::from_secs(20), pty.output.recv()).await;
-                received.extend_from_slice(&chunk.expect("output within 20 s").expect("the pty is open"));
-                read_by_a_thread |= flood_readers() > 0;
+                let chunk = chunk.expect("output within 20 s").expect("the pty is open");
+                largest = largest.max(chunk.len());
+                received.extend_from_slice(&chunk);
+                // Only the flood reader yields a chunk larger than READ_CHUNK.
+                read_by_a_thread |= chunk.len() > READ_CHUNK || flood_readers() > 0;
             }
             assert!(read_by_a_thread, "flood {flood} was read on a thread of its own");
             wait_until("the flood reader hands back", &pty, |_| flood_readers() == 0).await;
         }
         let expected: String = (1..=FLOODS * LINES).map(|line| format!("{line}\r\n")).collect();
         assert!(received == expected.as_bytes(), "every line once and in order ({} bytes)", received.len());
+        assert!(largest > READ_CHUNK && largest <= FLOOD_CHUNK, "a flood comes in larger chunks: {largest}");
 
         pty.input.push(Bytes::from_static(b"x")).expect("queued");
         let echo = tokio::time::timeout(Duration::from_secs(10), pty.output.recv()).await;

@@ -51,7 +51,7 @@ const RING_BYTES: usize = 512 * 1024;
 /// while letting a busy terminal coalesce many small PTY reads.
 const MAX_OUTPUT_CHUNK: usize = 64 * 1024;
 /// The most one chunk can add to the ring: itself plus a held-back tail.
-const MAX_EMIT: usize = pty::READ_CHUNK + escape_boundary::WINDOW;
+const MAX_EMIT: usize = pty::MAX_CHUNK + escape_boundary::WINDOW;
 /// After the child is reaped, how long to wait for more output before
 /// giving up on EOF (a background process may hold the PTY open forever).
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
