@@ -41,7 +41,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::screen::GridSize;
 
-/// Bytes per PTY read; also the largest Output chunk a single read yields.
+/// The runtime reader's buffer: the most one run of its reads joins into
+/// a chunk. A run that fills it hands the reading to the flood reader.
 pub const READ_CHUNK: usize = 16 * 1024;
 /// Bytes per read of the flood reader (see `read_flood`), also the largest
 /// chunk it yields: a flood's chunks each cost the terminal task a
