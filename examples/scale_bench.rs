@@ -59,12 +59,11 @@
 //! `TETHER_BENCH_PING_MS` changes the fake daemons' ping period (30 s, the
 //! daemon's), to measure what the pings cost the idle server; past the
 //! server's `daemon.idle_timeout_ms` (95 s) a silent daemon is closed. RSS
-//! per daemon is also printed at the end of the idle window: a connection's
-//! inbound frames walk through actix-http's 8 KiB read buffer a few bytes
-//! per ping, so its pages become resident one by one, and RSS per daemon
-//! rises until every connection has received about 8 KiB (some 1,000 pings,
-//! eight hours at the daemon's period); fast pings over a long window
-//! (e.g. 50 ms over 300 s) show where it settles.
+//! per daemon is also printed at the end of the idle window, to show
+//! whether it grows as the daemons ping (it did while every connection kept
+//! actix-http's 8 KiB read buffer, whose pages the pings made resident one
+//! by one; docs/ARCHITECTURE.md, "Upgraded connections"); fast pings over a
+//! long window (e.g. 50 ms over 300 s) show where it settles.
 //!
 //! `TETHER_BENCH_DATABASE_URL` (a PostgreSQL server whose server preloads
 //! pg_stat_statements) adds the PostgreSQL run; each run gets a fresh

@@ -4,7 +4,11 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
+use actix_http::HttpService;
+use actix_service::{map_config, IntoServiceFactory, ServiceFactoryExt};
+use actix_web::dev::AppConfig;
 use actix_web::{web, App, HttpServer};
 
 use crate::config::{ms, Settings};
@@ -189,7 +193,7 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
         (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key)?),
         _ => None,
     };
-    let server = HttpServer::new(move || {
+    let make_app = move || {
         App::new()
             .app_data(app_state.clone())
             .configure(|cfg| {
@@ -200,31 +204,60 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
             .wrap(crate::http::security_headers())
             .wrap_fn(crate::http::record_metrics)
             .configure(|cfg| crate::http::configure(cfg, max_body, serving))
-    })
-    // Terminal traffic is many small frames (keystrokes, echoes, control
-    // messages): Nagle's algorithm would hold each behind the peer's
-    // delayed ACK (~40 ms).
-    .on_connect(|conn, _| {
-        if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
-            let _ = tcp.set_nodelay(true);
-        }
-    })
-    // The on_connect hook above sees only plain TCP streams; TLS listeners
-    // get TCP_NODELAY through the server's own option.
-    .tcp_nodelay(true)
-    // A slow-loris client (a connection that never finishes its request
-    // head or TLS handshake) is cut at this deadline; WebSocket caps are
-    // counted only after the upgrade, so it never held a slot.
-    .client_request_timeout(ms(settings.http.handshake_timeout_ms))
-    .tls_handshake_timeout(ms(settings.http.handshake_timeout_ms))
-    .disable_signals()
-    .shutdown_timeout(ms(settings.shutdown.grace_ms).as_secs().max(1));
-    let server = match tls {
-        Some(config) => server.bind_rustls_0_23(addr, config),
-        None => server.bind(addr),
+    };
+    let listener = tcp_listener(addr).map_err(|source| ServeError::Bind { addr, source })?;
+    let local = listener.local_addr()?;
+    let handshake = ms(settings.http.handshake_timeout_ms);
+    let builder = actix_server::Server::build()
+        .disable_signals()
+        .shutdown_timeout(ms(settings.shutdown.grace_ms).as_secs().max(1));
+    let shutdown = builder.graceful_shutdown_signal();
+    let secure = tls.is_some();
+    // One HTTP service per worker, as actix-web's `HttpServer` builds it,
+    // plus the upgrade service that serves WebSockets without the HTTP/1
+    // dispatcher's buffers (crate::http::upgraded). A macro, not a closure:
+    // the service's type depends on the connection's (TCP or TLS).
+    macro_rules! worker_service {
+        () => {{
+            // `AppConfig` has no public constructor but this one, which
+            // actix-web keeps for its test server; `HttpServer` passes the
+            // same three values (docs/ARCHITECTURE.md, "Upgraded connections").
+            let config = AppConfig::__priv_test_new(secure, local.to_string(), local);
+            let app = config.clone();
+            let shutdown = shutdown.clone();
+            HttpService::build()
+                .graceful_shutdown_signal(move || {
+                    let shutdown = shutdown.clone();
+                    async move { shutdown.notified().await }
+                })
+                // A slow-loris client (a connection that never finishes its
+                // request head or TLS handshake) is cut at this deadline;
+                // WebSocket caps are counted only after the upgrade, so it
+                // never held a slot.
+                .client_request_timeout(handshake)
+                .client_disconnect_timeout(Duration::from_secs(1))
+                .h1_allow_half_closed(true)
+                // Terminal traffic is many small frames (keystrokes, echoes,
+                // control messages): Nagle's algorithm would hold each
+                // behind the peer's delayed ACK (~40 ms).
+                .tcp_nodelay(true)
+                .local_addr(local)
+                .upgrade(crate::http::upgraded::factory(make_app().into_factory(), config))
+                .finish(
+                    map_config(make_app().into_factory(), move |_| app.clone())
+                        .map_err(|e: actix_web::Error| e.error_response()),
+                )
+        }};
     }
-    .map_err(|source| ServeError::Bind { addr, source })?;
-    let addrs = server.addrs();
+    let builder = match tls {
+        Some(tls) => builder.listen("tether", listener, move || {
+            let acceptor = actix_http::TlsAcceptorConfig::default().handshake_timeout(handshake);
+            worker_service!().rustls_0_23_with_config(tls.clone(), acceptor)
+        }),
+        None => builder.listen("tether", listener, move || worker_service!().tcp()),
+    }?;
+    let server = builder.run();
+    let addrs = vec![local];
     state.start_bus_subscriber();
     if role != Role::Director {
         let scheme = if settings.http.tls_cert_path.is_some() { "https" } else { "http" };
@@ -238,7 +271,20 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
         }
         None => (None, Vec::new()),
     };
-    Ok(Bound { addrs, metrics_addrs, state, server: server.run(), metrics_server })
+    Ok(Bound { addrs, metrics_addrs, state, server, metrics_server })
+}
+
+/// The listener, as actix-web's `HttpServer` makes it: the address may be
+/// reused at once after a restart, and a reconnect storm's dials wait in a
+/// backlog of 1,024.
+fn tcp_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(1024)?.into_std()
 }
 
 /// The first bound address (the real port of a port-0 bind).

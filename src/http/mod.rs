@@ -11,6 +11,7 @@ pub mod rest;
 pub mod routes;
 pub mod state;
 pub mod token_lookups;
+pub mod upgraded;
 pub mod views;
 pub mod ws;
 

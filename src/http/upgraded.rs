@@ -1,0 +1,477 @@
+//! Connections after an HTTP/1 upgrade request (every daemon and viewer
+//! WebSocket), served without actix-http's per-connection buffers
+//! (docs/ARCHITECTURE.md, "Upgraded connections").
+//!
+//! actix-http's HTTP/1 dispatcher gives every connection a read buffer and
+//! a write buffer of 8 KiB each for the connection's whole life; on an idle
+//! WebSocket that is most of what the socket costs (docs/BENCHMARKS.md,
+//! "where a daemon connection's memory goes"). The dispatcher hands an
+//! upgrade request, its socket and its buffers to an upgrade service
+//! instead; this is that service. It answers the request with the same
+//! actix-web application (routes, middleware, handlers: nothing about a
+//! socket changes for them) and then moves bytes both ways itself: a read
+//! goes through a buffer on the stack and only what arrived is kept, a
+//! write batch is allocated while there is something to write and given
+//! back once it is out. An idle socket holds no buffer at all.
+//!
+//! What reaches the handler keeps actix-http's flow control: at most
+//! [`QUEUED_BYTES`] read and not taken yet, then reading pauses (the peer
+//! is slowed by TCP), as the dispatcher's payload does.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use actix_codec::{AsyncRead, AsyncWrite, Encoder, Framed, ReadBuf};
+use actix_http::body::{BoxBody, MessageBody};
+use actix_http::error::PayloadError;
+use actix_http::h1::{Codec, Message};
+use actix_http::{Request, Response};
+use actix_web::dev::{fn_factory, fn_service, AppConfig, Service, ServiceFactory, ServiceResponse};
+use bytes::{Buf, Bytes, BytesMut};
+use futures_util::Stream;
+
+/// Bytes read and not yet taken by the handler at which reading pauses
+/// (actix-http's payload pauses at the same mark).
+pub const QUEUED_BYTES: usize = 32 * 1024;
+
+/// The stack buffer one read goes through.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// Reads per wake-up before the writes get their turn.
+const READS_PER_TURN: usize = 4;
+
+/// Outbound bytes gathered into one write.
+const WRITE_BATCH: usize = 64 * 1024;
+
+/// What the socket's reader and the handler's request body share.
+#[derive(Default)]
+struct Inbound {
+    chunks: VecDeque<Bytes>,
+    queued: usize,
+    /// The peer closed its side (or the read failed, then `error` says why).
+    ended: bool,
+    error: Option<io::Error>,
+    /// The body's consumer, waiting for bytes.
+    consumer: Option<Waker>,
+    /// The reader, waiting for the consumer to take what is queued.
+    reader: Option<Waker>,
+    /// The body was dropped: nobody reads what arrives any more.
+    dropped: bool,
+}
+
+impl Inbound {
+    fn wake_consumer(&mut self) {
+        if let Some(waker) = self.consumer.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// The request body handed to the application: what the socket delivers.
+struct Body(Rc<RefCell<Inbound>>);
+
+impl Stream for Body {
+    type Item = Result<Bytes, PayloadError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let mut inbound = self.0.borrow_mut();
+        if let Some(chunk) = inbound.chunks.pop_front() {
+            inbound.queued -= chunk.len();
+            if inbound.chunks.is_empty() {
+                // A burst's slots go with its last chunk.
+                inbound.chunks = VecDeque::new();
+            }
+            if let Some(waker) = inbound.reader.take() {
+                waker.wake();
+            }
+            return Poll::Ready(Some(Ok(chunk)));
+        }
+        if let Some(error) = inbound.error.take() {
+            return Poll::Ready(Some(Err(PayloadError::Io(error))));
+        }
+        if inbound.ended {
+            return Poll::Ready(None);
+        }
+        match &inbound.consumer {
+            Some(waker) if waker.will_wake(cx.waker()) => {}
+            _ => inbound.consumer = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Body {
+    fn drop(&mut self) {
+        let mut inbound = self.0.borrow_mut();
+        inbound.dropped = true;
+        inbound.chunks = VecDeque::new();
+        inbound.queued = 0;
+        if let Some(waker) = inbound.reader.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// The socket's read side: feeds [`Body`] until the peer closes.
+struct Reader {
+    inbound: Rc<RefCell<Inbound>>,
+    done: bool,
+}
+
+impl Reader {
+    /// Reads what the socket has, as far as the handler keeps up; returns
+    /// with the waker registered wherever it waits.
+    fn poll<T: AsyncRead + Unpin>(&mut self, io: &mut T, cx: &mut Context<'_>) {
+        let mut reads = 0;
+        while !self.done {
+            {
+                let mut inbound = self.inbound.borrow_mut();
+                if !inbound.dropped && inbound.queued >= QUEUED_BYTES {
+                    inbound.reader = Some(cx.waker().clone());
+                    return;
+                }
+            }
+            if reads == READS_PER_TURN {
+                cx.waker().wake_by_ref();
+                return;
+            }
+            reads += 1;
+            let mut stack = [MaybeUninit::<u8>::uninit(); READ_CHUNK];
+            let mut buf = ReadBuf::uninit(&mut stack);
+            let read = match Pin::new(&mut *io).poll_read(cx, &mut buf) {
+                Poll::Pending => return,
+                Poll::Ready(read) => read,
+            };
+            let mut inbound = self.inbound.borrow_mut();
+            match read {
+                Ok(()) if buf.filled().is_empty() => {
+                    inbound.ended = true;
+                    self.done = true;
+                }
+                Ok(()) if inbound.dropped => {}
+                Ok(()) => {
+                    inbound.queued += buf.filled().len();
+                    inbound.chunks.push_back(Bytes::copy_from_slice(buf.filled()));
+                }
+                Err(error) => {
+                    inbound.error = Some(error);
+                    inbound.ended = true;
+                    self.done = true;
+                }
+            }
+            inbound.wake_consumer();
+        }
+    }
+}
+
+/// The socket's write side: the response head, then the body as it comes.
+struct Writer {
+    /// Encoded bytes not written yet; empty (no allocation) between batches.
+    out: BytesMut,
+    body_done: bool,
+}
+
+impl Writer {
+    /// Writes what the body has ready. `Ready` once the body has ended and
+    /// all of it is out (or the socket failed).
+    fn poll<T: AsyncWrite + Unpin>(
+        &mut self,
+        io: &mut T,
+        codec: &mut Codec,
+        body: &mut Pin<Box<BoxBody>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            while !self.body_done && self.out.len() < WRITE_BATCH {
+                match body.as_mut().poll_next(cx) {
+                    Poll::Ready(Some(Ok(chunk))) => codec.encode(Message::Chunk(Some(chunk)), &mut self.out)?,
+                    Poll::Ready(Some(Err(error))) => {
+                        tracing::debug!(error = %error, "tether_upgraded_body_failed");
+                        self.body_done = true;
+                        self.out = BytesMut::new();
+                        return Poll::Ready(Ok(()));
+                    }
+                    Poll::Ready(None) => {
+                        codec.encode(Message::Chunk(None), &mut self.out)?;
+                        self.body_done = true;
+                    }
+                    Poll::Pending => break,
+                }
+            }
+            if self.out.is_empty() {
+                break;
+            }
+            match Pin::new(&mut *io).poll_write(cx, &self.out) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => {
+                    self.out.advance(n);
+                    if self.out.is_empty() {
+                        self.out = BytesMut::new();
+                    }
+                }
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        let flushed = Pin::new(&mut *io).poll_flush(cx)?;
+        match (self.body_done, flushed) {
+            (true, Poll::Ready(())) => Poll::Ready(Ok(())),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+/// Serves one upgrade request on its socket: the application answers it
+/// (a WebSocket handler's 101, or a refusal), then the socket carries the
+/// response's body out and the peer's bytes in until the body ends.
+async fn serve<T, S, B>(app: Rc<S>, mut req: Request, framed: Framed<T, Codec>)
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+    S: Service<Request, Response = ServiceResponse<B>, Error = actix_web::Error>,
+    B: MessageBody + 'static,
+{
+    let parts = framed.into_parts();
+    let (mut io, mut codec) = (parts.io, parts.codec);
+    let inbound = Rc::new(RefCell::new(Inbound::default()));
+    if !parts.read_buf.is_empty() {
+        // Bytes the peer sent right behind its request head.
+        let mut first = inbound.borrow_mut();
+        first.queued = parts.read_buf.len();
+        first.chunks.push_back(Bytes::copy_from_slice(&parts.read_buf));
+    }
+    // The dispatcher's buffers go now; only what they held was kept.
+    drop((parts.read_buf, parts.write_buf));
+    let body: actix_http::Payload = actix_http::Payload::Stream { payload: Box::pin(Body(inbound.clone())) };
+    *req.payload() = body;
+    let mut reader = Reader { inbound, done: false };
+
+    // The handler may read the request's body before it answers.
+    let mut call = std::pin::pin!(app.call(req));
+    let response: Response<BoxBody> = poll_fn(|cx| {
+        reader.poll(&mut io, cx);
+        call.as_mut().poll(cx)
+    })
+    .await
+    .map(|res| res.map_into_boxed_body().into_parts().1.into())
+    .unwrap_or_else(|error| error.error_response().into());
+
+    let (head, body) = response.into_parts();
+    let mut writer = Writer { out: BytesMut::new(), body_done: false };
+    if let Err(error) = codec.encode(Message::Item((head, body.size())), &mut writer.out) {
+        tracing::debug!(error = %error, "tether_upgraded_head_failed");
+        return;
+    }
+    let mut body = Box::pin(body);
+    let written = poll_fn(|cx| {
+        reader.poll(&mut io, cx);
+        writer.poll(&mut io, &mut codec, &mut body, cx)
+    })
+    .await;
+    if let Err(error) = written {
+        tracing::debug!(error = %error, "tether_upgraded_write_failed");
+        return;
+    }
+    // Every connection ends after its upgrade request's response; the
+    // peer learns it from the FIN.
+    let _ = poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx)).await;
+}
+
+/// The upgrade service of one worker: `app` is the application's factory
+/// (the same routes and middleware the worker's other requests go
+/// through), created once per worker with `config`.
+pub fn factory<T, A, B>(
+    app: A,
+    config: AppConfig,
+) -> impl ServiceFactory<(Request, Framed<T, Codec>), Config = (), Response = (), Error = actix_http::Error, InitError = ()>
+where
+    T: AsyncRead + AsyncWrite + Unpin + 'static,
+    A: ServiceFactory<
+        Request,
+        Config = AppConfig,
+        Response = ServiceResponse<B>,
+        Error = actix_web::Error,
+        InitError = (),
+    >,
+    A::Service: 'static,
+    A::Future: 'static,
+    B: MessageBody + 'static,
+{
+    fn_factory(move || {
+        let created = app.new_service(config.clone());
+        async move {
+            let app = Rc::new(created.await?);
+            Ok(fn_service(move |(req, framed): (Request, Framed<T, Codec>)| {
+                let app = app.clone();
+                async move {
+                    serve(app, req, framed).await;
+                    Ok::<_, actix_http::Error>(())
+                }
+            }))
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use actix_codec::FramedParts;
+    use actix_http::body::BodyStream;
+    use actix_http::{ws, ServiceConfig, StatusCode};
+    use actix_web::{web, App, HttpRequest, HttpResponse};
+    use futures_util::{SinkExt, StreamExt};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    use super::*;
+
+    const HEAD: &str = "GET /ws HTTP/1.1\r\nHost: tether.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                        Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
+    /// An upgrade request as the dispatcher hands it over: decoded, with
+    /// `behind` (bytes that came right after the head) in the read buffer.
+    fn handed_over(behind: &[u8]) -> (Request, Framed<DuplexStream, Codec>, DuplexStream) {
+        let (server, client) = tokio::io::duplex(1024 * 1024);
+        let mut codec = Codec::new(ServiceConfig::default());
+        let mut read = BytesMut::from(HEAD.as_bytes());
+        read.extend_from_slice(behind);
+        let Some(Message::Item(req)) = actix_codec::Decoder::decode(&mut codec, &mut read).expect("head") else {
+            panic!("no request head");
+        };
+        (req, Framed::from_parts(FramedParts::with_read_buf(server, codec, read)), client)
+    }
+
+    /// A WebSocket handler that sends every binary message back.
+    async fn echo(req: HttpRequest, body: web::Payload) -> actix_web::Result<HttpResponse> {
+        let (response, mut session, mut stream) = actix_ws::handle(&req, body)?;
+        actix_rt::spawn(async move {
+            while let Some(Ok(actix_ws::Message::Binary(bytes))) = stream.next().await {
+                if session.binary(bytes).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(response)
+    }
+
+    fn masked(bytes: &'static [u8]) -> BytesMut {
+        let mut out = BytesMut::new();
+        ws::Codec::new().client_mode().encode(ws::Message::Binary(Bytes::from_static(bytes)), &mut out).expect("frame");
+        out
+    }
+
+    #[actix_rt::test]
+    async fn a_websocket_is_served_and_bytes_behind_the_head_reach_it() {
+        let app = Rc::new(actix_web::test::init_service(App::new().route("/ws", web::get().to(echo))).await);
+        let (req, framed, mut client) = handed_over(&masked(b"first"));
+        let served = actix_rt::spawn(serve(app, req, framed));
+
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(client.read_u8().await.expect("response head"));
+        }
+        let head = String::from_utf8(head).expect("utf-8");
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        assert!(!head.to_ascii_lowercase().contains("transfer-encoding"), "{head}");
+
+        let mut socket = Framed::new(client, ws::Codec::new().client_mode());
+        assert_eq!(
+            socket.next().await.expect("frame").expect("decoded"),
+            ws::Frame::Binary(Bytes::from_static(b"first"))
+        );
+        socket.send(ws::Message::Binary(Bytes::from_static(b"second"))).await.expect("sent");
+        assert_eq!(
+            socket.next().await.expect("frame").expect("decoded"),
+            ws::Frame::Binary(Bytes::from_static(b"second"))
+        );
+
+        // The peer goes: the handler's stream ends, its session with it,
+        // and the connection's service returns.
+        drop(socket);
+        served.await.expect("served");
+    }
+
+    #[actix_rt::test]
+    async fn a_refused_upgrade_gets_its_response_and_the_connection_ends() {
+        let app = Rc::new(
+            actix_web::test::init_service(
+                App::new().route("/ws", web::get().to(|| async { HttpResponse::Forbidden().body("no") })),
+            )
+            .await,
+        );
+        let (req, framed, mut client) = handed_over(b"");
+        serve(app, req, framed).await;
+        let mut response = String::new();
+        client.read_to_string(&mut response).await.expect("read to the end");
+        assert!(response.starts_with("HTTP/1.1 403"), "{response}");
+        assert!(response.ends_with("\r\n\r\nno"), "{response}");
+    }
+
+    /// One turn of the reader: it reads until it would wait.
+    async fn read_until_it_waits(reader: &mut Reader, server: &mut DuplexStream) {
+        poll_fn(|cx| {
+            reader.poll(server, cx);
+            Poll::Ready(())
+        })
+        .await
+    }
+
+    #[actix_rt::test]
+    async fn reading_pauses_while_the_handler_leaves_bytes_untaken() {
+        let (mut server, mut client) = tokio::io::duplex(1024 * 1024);
+        let inbound = Rc::new(RefCell::new(Inbound::default()));
+        let mut body = Body(inbound.clone());
+        let mut reader = Reader { inbound: inbound.clone(), done: false };
+        client.write_all(&[7u8; 200 * 1024]).await.expect("written");
+
+        for _ in 0..20 {
+            read_until_it_waits(&mut reader, &mut server).await;
+        }
+        let queued = inbound.borrow().queued;
+        assert!((QUEUED_BYTES..QUEUED_BYTES + READ_CHUNK).contains(&queued), "{queued} bytes read ahead");
+
+        // What the handler takes makes room for more, and nothing is lost.
+        let mut taken = 0;
+        while taken < 200 * 1024 {
+            read_until_it_waits(&mut reader, &mut server).await;
+            let chunk = body.next().await.expect("a chunk").expect("no error");
+            assert!(chunk.iter().all(|b| *b == 7));
+            taken += chunk.len();
+        }
+        assert_eq!(taken, 200 * 1024);
+        assert_eq!(inbound.borrow().chunks.capacity(), 0, "an emptied queue holds no slots");
+    }
+
+    #[actix_rt::test]
+    async fn an_idle_socket_holds_no_write_buffer() {
+        let (req, framed, mut client) = handed_over(b"");
+        drop(req);
+        let mut parts = framed.into_parts();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Bytes>();
+        let chunks = futures_util::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|chunk| (Ok::<_, io::Error>(chunk), rx))
+        });
+        let mut body: Pin<Box<BoxBody>> = Box::pin(BoxBody::new(BodyStream::new(chunks)));
+        let mut writer = Writer { out: BytesMut::new(), body_done: false };
+        let mut switching = Response::with_body(StatusCode::SWITCHING_PROTOCOLS, ());
+        switching.head_mut().set_connection_type(actix_http::ConnectionType::Upgrade);
+        parts.codec.encode(Message::Item((switching, body.size())), &mut writer.out).expect("head");
+
+        tx.send(Bytes::from_static(b"one")).expect("queued");
+        tx.send(Bytes::from_static(b"two")).expect("queued");
+        let pending = poll_fn(|cx| Poll::Ready(writer.poll(&mut parts.io, &mut parts.codec, &mut body, cx))).await;
+        assert!(pending.is_pending(), "the body has not ended");
+        assert_eq!(writer.out.capacity(), 0, "nothing is held once the batch is out");
+
+        drop(tx);
+        poll_fn(|cx| writer.poll(&mut parts.io, &mut parts.codec, &mut body, cx)).await.expect("written");
+        drop(parts);
+        let mut out = String::new();
+        client.read_to_string(&mut out).await.expect("read to the end");
+        assert!(out.starts_with("HTTP/1.1 101"), "{out}");
+        assert!(out.ends_with("\r\n\r\nonetwo"), "the body goes out as it is: {out}");
+    }
+}
