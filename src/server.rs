@@ -14,6 +14,7 @@ use actix_web::{web, App, HttpServer};
 use crate::config::{ms, Settings};
 use crate::http::routes::Serving;
 use crate::http::state::{AppState, Instance, Role};
+use crate::http::upgraded;
 use crate::relay::registry::DrainAll;
 use crate::store::{self, LeaseHolder, StoreError};
 
@@ -42,6 +43,9 @@ pub struct Bound {
     pub metrics_addrs: Vec<SocketAddr>,
     pub state: web::Data<AppState>,
     server: actix_web::dev::Server,
+    /// The upgraded connections (every WebSocket), which actix-server does
+    /// not count once their upgrade is answered.
+    upgraded: upgraded::Live,
     metrics_server: Option<actix_web::dev::Server>,
 }
 
@@ -60,19 +64,27 @@ impl Bound {
             });
         }
         let state = self.state.clone();
+        let upgraded = self.upgraded.clone();
         actix_rt::spawn(async move {
             wait_for_stop_signal().await;
             let grace = ms(state.settings.shutdown.grace_ms);
             tracing::info!(grace_ms = state.settings.shutdown.grace_ms, "tether_instance_draining");
             state.draining.store(true, std::sync::atomic::Ordering::Relaxed);
             handle.pause().await;
-            if tokio::time::timeout(grace, drain(&state)).await.is_err() {
+            let deadline = tokio::time::Instant::now() + grace;
+            if tokio::time::timeout_at(deadline, drain(&state)).await.is_err() {
                 tracing::warn!(
                     releases_left = state.relay.releases.unsettled(),
                     writes_left = state.relay.writes.count(),
                     audit_events_left = state.relay.audit.unwritten(),
                     "tether_drain_timed_out"
                 );
+            }
+            // The drain closed every WebSocket; their close frames go out
+            // before the workers (and the sockets' tasks with them) stop,
+            // within the same grace.
+            if tokio::time::timeout_at(deadline, upgraded.ended()).await.is_err() {
+                tracing::warn!(connections_left = upgraded.open(), "tether_drain_sockets_cut");
             }
             handle.stop(true).await;
             if let Some(metrics_handle) = metrics_handle {
@@ -213,6 +225,8 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
         .shutdown_timeout(ms(settings.shutdown.grace_ms).as_secs().max(1));
     let shutdown = builder.graceful_shutdown_signal();
     let secure = tls.is_some();
+    let upgraded = upgraded::Live::default();
+    let live = upgraded.clone();
     // One HTTP service per worker, as actix-web's `HttpServer` builds it,
     // plus the upgrade service that serves WebSockets without the HTTP/1
     // dispatcher's buffers (crate::http::upgraded). A macro, not a closure:
@@ -225,6 +239,7 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
             let config = AppConfig::__priv_test_new(secure, local.to_string(), local);
             let app = config.clone();
             let shutdown = shutdown.clone();
+            let live = live.clone();
             HttpService::build()
                 .graceful_shutdown_signal(move || {
                     let shutdown = shutdown.clone();
@@ -242,7 +257,7 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
                 // behind the peer's delayed ACK (~40 ms).
                 .tcp_nodelay(true)
                 .local_addr(local)
-                .upgrade(crate::http::upgraded::factory(make_app().into_factory(), config))
+                .upgrade(upgraded::factory(make_app().into_factory(), config, live))
                 .finish(
                     map_config(make_app().into_factory(), move |_| app.clone())
                         .map_err(|e: actix_web::Error| e.error_response()),
@@ -271,7 +286,7 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
         }
         None => (None, Vec::new()),
     };
-    Ok(Bound { addrs, metrics_addrs, state, server, metrics_server })
+    Ok(Bound { addrs, metrics_addrs, state, server, upgraded, metrics_server })
 }
 
 /// The listener, as actix-web's `HttpServer` makes it: the address may be
