@@ -6,6 +6,8 @@
 //! - at each N of `--daemons` (fake daemons added to the ones already
 //!   connected): server RSS per daemon ((RSS now - RSS before the first
 //!   daemon) / N), the server's CPU in % of one core over `--idle` seconds
+//!   (60 by default: two of the daemons' 30 s ping periods, so the figure
+//!   holds the pings of every daemon however fast they were admitted)
 //!   with every daemon connected and idle, the store calls
 //!   (`tether_store_queries_total`) per lease-renew tick
 //!   (`tether_lease_renew_seconds_count`) over that window (on PostgreSQL
@@ -71,7 +73,7 @@
 //! this:
 //!
 //! ```sh
-//! scripts/scale-bench [--stores sqlite,postgres] [--daemons 5000,10000,19000] [--idle 20]
+//! scripts/scale-bench [--stores sqlite,postgres] [--daemons 5000,10000,19000] [--idle 60]
 //!                     [--viewers 10000] [--terminals 1000] [--tokens per-host|shared] [--no-storm] [--drain] [--cut] [--perf]
 //! ```
 
@@ -914,7 +916,7 @@ async fn main() {
             .filter_map(|n| n.trim().parse().ok())
             .filter(|n| *n > 0)
             .collect(),
-        idle: Duration::from_secs(arg(&args, "--idle", 20)),
+        idle: Duration::from_secs(arg(&args, "--idle", 60)),
         viewers: arg(&args, "--viewers", 10_000),
         terminals: arg(&args, "--terminals", 1_000),
         per_host_tokens: arg(&args, "--tokens", "per-host".to_string()) != "shared",
