@@ -14,7 +14,7 @@ use actix_web::{web, App, HttpServer};
 use crate::config::{ms, Settings};
 use crate::http::routes::Serving;
 use crate::http::state::{AppState, Instance, Role};
-use crate::http::upgraded;
+use crate::relay::owed::Owed;
 use crate::relay::registry::DrainAll;
 use crate::store::{self, LeaseHolder, StoreError};
 
@@ -45,7 +45,7 @@ pub struct Bound {
     server: actix_web::dev::Server,
     /// The upgraded connections (every WebSocket), which actix-server does
     /// not count once their upgrade is answered.
-    upgraded: upgraded::Live,
+    upgraded: Arc<Owed>,
     metrics_server: Option<actix_web::dev::Server>,
 }
 
@@ -83,8 +83,8 @@ impl Bound {
             // The drain closed every WebSocket; their close frames go out
             // before the workers (and the sockets' tasks with them) stop,
             // within the same grace.
-            if tokio::time::timeout_at(deadline, upgraded.ended()).await.is_err() {
-                tracing::warn!(connections_left = upgraded.open(), "tether_drain_sockets_cut");
+            if tokio::time::timeout_at(deadline, upgraded.settled()).await.is_err() {
+                tracing::warn!(connections_left = upgraded.count(), "tether_drain_sockets_cut");
             }
             handle.stop(true).await;
             if let Some(metrics_handle) = metrics_handle {
@@ -225,7 +225,7 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
         .shutdown_timeout(ms(settings.shutdown.grace_ms).as_secs().max(1));
     let shutdown = builder.graceful_shutdown_signal();
     let secure = tls.is_some();
-    let upgraded = upgraded::Live::default();
+    let upgraded: Arc<Owed> = Arc::default();
     let live = upgraded.clone();
     // One HTTP service per worker, as actix-web's `HttpServer` builds it,
     // plus the upgrade service that serves WebSockets without the HTTP/1
@@ -257,7 +257,7 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
                 // behind the peer's delayed ACK (~40 ms).
                 .tcp_nodelay(true)
                 .local_addr(local)
-                .upgrade(upgraded::factory(make_app().into_factory(), config, live))
+                .upgrade(crate::http::upgraded::factory(make_app().into_factory(), config, live))
                 .finish(
                     map_config(make_app().into_factory(), move |_| app.clone())
                         .map_err(|e: actix_web::Error| e.error_response()),

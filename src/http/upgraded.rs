@@ -16,8 +16,8 @@
 //!
 //! Once the request is answered the connection leaves the dispatcher's
 //! task, which is sized for any request the application serves, for a
-//! task of its own that holds only the socket and the two sides; [`Live`]
-//! counts these connections for the drain, as actix-server counted them
+//! task of its own that holds only the socket and the two sides; an
+//! [`Owed`] count keeps them for the drain, as actix-server counted them
 //! while they were its.
 //!
 //! What reaches the handler keeps actix-http's flow control: at most
@@ -31,7 +31,6 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
@@ -43,7 +42,8 @@ use actix_http::{Request, Response};
 use actix_web::dev::{fn_factory, fn_service, AppConfig, Service, ServiceFactory, ServiceResponse};
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::Stream;
-use tokio::sync::Notify;
+
+use crate::relay::owed::Owed;
 
 /// Bytes read and not yet taken by the handler at which reading pauses
 /// (actix-http's payload pauses at the same mark).
@@ -236,66 +236,18 @@ impl Writer {
     }
 }
 
-/// The upgraded connections of one server, counted: once its handshake is
-/// answered a connection is no longer the HTTP/1 dispatcher's (nor counted
-/// by actix-server), so the drain waits on this count for their last bytes.
-#[derive(Clone, Default)]
-pub struct Live(Arc<Counted>);
-
-#[derive(Default)]
-struct Counted {
-    open: AtomicUsize,
-    ended: Notify,
-}
-
-impl Live {
-    /// Connections from their upgrade request until their socket is shut.
-    pub fn open(&self) -> usize {
-        self.0.open.load(Ordering::Acquire)
-    }
-
-    /// Returns once no upgraded connection is open.
-    pub async fn ended(&self) {
-        loop {
-            let ended = self.0.ended.notified();
-            let mut ended = std::pin::pin!(ended);
-            ended.as_mut().enable();
-            if self.open() == 0 {
-                return;
-            }
-            ended.await;
-        }
-    }
-
-    fn enter(&self) -> Open {
-        self.0.open.fetch_add(1, Ordering::AcqRel);
-        Open(self.clone())
-    }
-}
-
-/// One open connection of a [`Live`] count.
-struct Open(Live);
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        if self.0 .0.open.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0 .0.ended.notify_waiters();
-        }
-    }
-}
-
 /// Serves one upgrade request on its socket: the application answers it
 /// (a WebSocket handler's 101, or a refusal) here, in the dispatcher's
 /// task; then a task of its own carries the response's body out and the
 /// peer's bytes in until the body ends, and the dispatcher's task (sized
 /// for any request the application serves) ends.
-async fn serve<T, S, B>(app: Rc<S>, mut req: Request, framed: Framed<T, Codec>, live: &Live)
+async fn serve<T, S, B>(app: Rc<S>, mut req: Request, framed: Framed<T, Codec>, live: &Arc<Owed>)
 where
     T: AsyncRead + AsyncWrite + Unpin + 'static,
     S: Service<Request, Response = ServiceResponse<B>, Error = actix_web::Error>,
     B: MessageBody + 'static,
 {
-    let open = live.enter();
+    let open = live.one();
     let parts = framed.into_parts();
     let (mut io, mut codec) = (parts.io, parts.codec);
     let inbound = Rc::new(RefCell::new(Inbound::default()));
@@ -327,34 +279,23 @@ where
         tracing::debug!(error = %error, "tether_upgraded_head_failed");
         return;
     }
-    actix_rt::spawn(pump(Pump { io, codec, body: Box::pin(body), reader, writer, _open: open }));
-}
-
-/// An answered upgrade request's connection: all it keeps while it lives.
-struct Pump<T> {
-    io: T,
-    codec: Codec,
-    body: Pin<Box<BoxBody>>,
-    reader: Reader,
-    writer: Writer,
-    _open: Open,
-}
-
-/// Moves bytes both ways until the response's body has ended and is out,
-/// then shuts the socket: every connection ends after its upgrade
-/// request's response, and the peer learns it from the FIN.
-async fn pump<T: AsyncRead + AsyncWrite + Unpin>(mut conn: Pump<T>) {
-    let Pump { io, codec, body, reader, writer, .. } = &mut conn;
-    let written = poll_fn(|cx| {
-        reader.poll(io, cx);
-        writer.poll(io, codec, body, cx)
-    })
-    .await;
-    if let Err(error) = written {
-        tracing::debug!(error = %error, "tether_upgraded_write_failed");
-        return;
-    }
-    let _ = poll_fn(|cx| Pin::new(&mut *io).poll_shutdown(cx)).await;
+    // What the connection keeps while it lives moves into its own task.
+    actix_rt::spawn(async move {
+        let _open = open;
+        let mut body = Box::pin(body);
+        let written = poll_fn(|cx| {
+            reader.poll(&mut io, cx);
+            writer.poll(&mut io, &mut codec, &mut body, cx)
+        })
+        .await;
+        if let Err(error) = written {
+            tracing::debug!(error = %error, "tether_upgraded_write_failed");
+            return;
+        }
+        // Every connection ends after its upgrade request's response; the
+        // peer learns it from the FIN.
+        let _ = poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx)).await;
+    });
 }
 
 /// The upgrade service of one worker: `app` is the application's factory
@@ -364,7 +305,7 @@ async fn pump<T: AsyncRead + AsyncWrite + Unpin>(mut conn: Pump<T>) {
 pub fn factory<T, A, B>(
     app: A,
     config: AppConfig,
-    live: Live,
+    live: Arc<Owed>,
 ) -> impl ServiceFactory<(Request, Framed<T, Codec>), Config = (), Response = (), Error = actix_http::Error, InitError = ()>
 where
     T: AsyncRead + AsyncWrite + Unpin + 'static,
@@ -442,7 +383,7 @@ mod tests {
         out
     }
 
-    /// Within this the connection's task ends, or `what` did not happen.
+    /// `future`'s output, or a failure saying `what` did not happen in time.
     async fn soon<F: Future>(what: &str, future: F) -> F::Output {
         tokio::time::timeout(std::time::Duration::from_secs(10), future).await.unwrap_or_else(|_| panic!("{what}"))
     }
@@ -451,11 +392,11 @@ mod tests {
     async fn a_websocket_is_answered_then_served_by_its_own_task_with_bytes_behind_the_head() {
         let app = Rc::new(actix_web::test::init_service(App::new().route("/ws", web::get().to(echo))).await);
         let (req, framed, mut client) = handed_over(&masked(b"first"));
-        let live = Live::default();
+        let live = Arc::new(Owed::default());
         // The dispatcher's part ends with the answer, before the peer has
         // read a byte; the socket lives on, counted.
         soon("the upgrade service returns once it has answered", serve(app, req, framed, &live)).await;
-        assert_eq!(live.open(), 1);
+        assert_eq!(live.count(), 1);
 
         let mut head = Vec::new();
         while !head.ends_with(b"\r\n\r\n") {
@@ -475,13 +416,13 @@ mod tests {
             socket.next().await.expect("frame").expect("decoded"),
             ws::Frame::Binary(Bytes::from_static(b"second"))
         );
-        assert_eq!(live.open(), 1);
+        assert_eq!(live.count(), 1);
 
         // The peer goes: the handler's stream ends, its session with it,
         // and the connection's task ends.
         drop(socket);
-        soon("the connection ends after its peer", live.ended()).await;
-        assert_eq!(live.open(), 0);
+        soon("the connection ends after its peer", live.settled()).await;
+        assert_eq!(live.count(), 0);
     }
 
     #[actix_rt::test]
@@ -493,13 +434,13 @@ mod tests {
             .await,
         );
         let (req, framed, mut client) = handed_over(b"");
-        let live = Live::default();
+        let live = Arc::new(Owed::default());
         serve(app, req, framed, &live).await;
         let mut response = String::new();
         client.read_to_string(&mut response).await.expect("read to the end");
         assert!(response.starts_with("HTTP/1.1 403"), "{response}");
         assert!(response.ends_with("\r\n\r\nno"), "{response}");
-        soon("the connection ends once its response is out", live.ended()).await;
+        soon("the connection ends once its response is out", live.settled()).await;
     }
 
     /// One turn of the reader: it reads until it would wait.

@@ -1,8 +1,9 @@
 //! Work an instance owes before it may exit, counted, and a wait for the
 //! count to reach zero (docs/ARCHITECTURE.md, "Drain"): the lease releases
 //! of connections that ended ([`super::releases`]), the daemon writes not
-//! yet stored ([`super::daemon_conn::writes`]) and the audit events not
-//! yet written ([`crate::audit`]).
+//! yet stored ([`super::daemon_conn::writes`]), the audit events not
+//! yet written ([`crate::audit`]) and the WebSockets whose last bytes are
+//! not out yet ([`crate::http::upgraded`]).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
