@@ -1,8 +1,10 @@
 //! Streams on one instance under stress, with a real `tether serve`, a real
 //! `tether daemon` and real PTYs: per-terminal flow control (a viewer that
 //! stops reading holds back only its own terminal), resumes that never
-//! repeat a byte, and viewers of terminals that ended while nobody was
-//! streaming them (docs/PROTOCOL.md, "Flow control" and "Viewer protocol").
+//! repeat a byte, viewers of terminals that ended while nobody was
+//! streaming them, and a drain that waits for a slow viewer to take its
+//! close (docs/PROTOCOL.md, "Flow control" and "Viewer protocol";
+//! docs/ARCHITECTURE.md, "Drain").
 
 mod support;
 
@@ -11,7 +13,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use support::client::{viewer_url, Event, Socket, WAIT};
 use support::daemon::DaemonProcess;
-use support::e2e::{metric, start, terminal, wait_online, Viewer};
+use support::e2e::{metric, start, terminal, wait_online, E2e, Viewer};
 
 /// The reproduction: terminal X floods, one of X's viewers stops
 /// reading; terminal Y of the same daemon must keep echoing, and a new
@@ -22,18 +24,7 @@ use support::e2e::{metric, start, terminal, wait_online, Viewer};
 #[actix_rt::test]
 async fn a_viewer_that_stops_reading_holds_back_only_its_own_terminal() {
     let e = start(false, &[("TETHER_VIEWER__SLOW_MS", "600000")]).await;
-    let flood = "read go; while :; do head -c 300000 /dev/urandom | base64; done";
-    let x = terminal(&e, &["sh", "-c", flood]).await;
-    let mut stalled = Viewer::attach(&e, &x, "").await;
-    stalled.type_line("go").await;
-    // `stalled` never reads again. Wait until its queue is past the soft
-    // bound (half of viewer.queue_bytes): X's stream is now held for it.
-    let soft = 2.0 * 1024.0 * 1024.0;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while metric(&e.api, "tether_viewer_queue_high_water_bytes").await.unwrap_or(0.0) <= soft {
-        assert!(tokio::time::Instant::now() < deadline, "the stalled viewer's queue never filled");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut stalled = stalled_viewer_of_a_flood(&e).await;
 
     // A terminal started now on the same host starts, and echoes every line.
     let y = terminal(&e, &["cat"]).await;
@@ -56,6 +47,56 @@ async fn a_viewer_that_stops_reading_holds_back_only_its_own_terminal() {
             Some(_) => {}
         }
     }
+}
+
+/// A viewer that is behind when its instance drains still gets what was
+/// queued for it and then its 4503: X floods, its only viewer stops reading
+/// until the queue is held at its soft bound (megabytes between the
+/// server's queue and the kernel's buffers), the server gets SIGTERM, and
+/// the viewer reads again only 1.5 s later, well after the drain's own work
+/// (its 200 ms pause, the lease release). The close frame waits behind
+/// those megabytes; an instance that exited once its drain work was done
+/// cut the socket and the viewer got no close at all (docs/ARCHITECTURE.md,
+/// "Drain").
+#[actix_rt::test]
+async fn a_draining_instance_waits_for_a_slow_viewer_to_take_its_close() {
+    let mut e = start(false, &[("TETHER_VIEWER__SLOW_MS", "600000")]).await;
+    let mut stalled = stalled_viewer_of_a_flood(&e).await;
+
+    let reader = actix_rt::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut bytes = 0usize;
+        loop {
+            match stalled.sock.next_within(WAIT).await {
+                Some(Event::Binary(b)) => bytes += b.len(),
+                Some(Event::Close(code)) => return (bytes, code),
+                Some(_) => {}
+                None => panic!("nothing more after {bytes} bytes"),
+            }
+        }
+    });
+    let status = e.server.terminate_async(Duration::from_secs(15)).await;
+    assert!(status.is_some_and(|s| s.success()), "the drain ended by itself: {status:?}");
+    let (bytes, code) = reader.await.expect("reader");
+    assert!(bytes > 1024 * 1024, "the queued output came first: {bytes} bytes");
+    assert_eq!(code, Some(4503), "the viewer is told to reattach after {bytes} bytes");
+}
+
+/// A viewer of a terminal X that floods, which stops reading once X starts:
+/// returned when its queue is past the soft bound (half of
+/// viewer.queue_bytes), so X's stream is held for it.
+async fn stalled_viewer_of_a_flood(e: &E2e) -> Viewer {
+    let flood = "read go; while :; do head -c 300000 /dev/urandom | base64; done";
+    let x = terminal(e, &["sh", "-c", flood]).await;
+    let mut stalled = Viewer::attach(e, &x, "").await;
+    stalled.type_line("go").await;
+    let soft = 2.0 * 1024.0 * 1024.0;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while metric(&e.api, "tether_viewer_queue_high_water_bytes").await.unwrap_or(0.0) <= soft {
+        assert!(tokio::time::Instant::now() < deadline, "the stalled viewer's queue never filled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stalled
 }
 
 /// The reproduction of duplicated bytes: output before any viewer,
