@@ -10,8 +10,10 @@
 //!   holds the pings of every daemon however fast they were admitted)
 //!   with every daemon connected and idle, the store calls
 //!   (`tether_store_queries_total`) per lease-renew tick
-//!   (`tether_lease_renew_seconds_count`) over that window (on PostgreSQL
-//!   also the statements pg_stat_statements counted), and the hosts online
+//!   (`tether_lease_renew_seconds_count`) over that window, every call of
+//!   the instance's background work included (on PostgreSQL also the
+//!   statements pg_stat_statements counted, and how many of them were the
+//!   lease renewal: one per tick is the goal), and the hosts online
 //!   per `GET /api/v1/hosts?state=online`, paginated (`limit=5000`, then
 //!   `after=nextCursor`), with the walk's time and bytes;
 //! - the reconnect storm at the largest N: SIGKILL of the server and a
@@ -156,7 +158,8 @@ struct Step {
     rss_per_daemon_after_idle_kib: f64,
     idle_cpu: f64,
     calls_per_tick: f64,
-    statements_per_tick: Option<f64>,
+    /// PostgreSQL statements per renew tick: all of them, and the renewal.
+    statements_per_tick: Option<(f64, f64)>,
     walk: Walk,
     all_hosts: usize,
 }
@@ -248,7 +251,7 @@ fn print_profile(file: &Path) {
 
 /// The server's CPU (% of one core), store calls and renew ticks over
 /// `window`; with `profile`, a perf profile of it too.
-async fn idle_window(run: &Run, window: Duration, profile: Option<&Path>) -> (f64, u64, u64, Option<i64>) {
+async fn idle_window(run: &Run, window: Duration, profile: Option<&Path>) -> (f64, u64, u64, Option<Statements>) {
     let base = run.instance.base();
     if let Some((admin, _)) = &run.pg {
         pg::reset_statements(admin).await;
@@ -269,11 +272,26 @@ async fn idle_window(run: &Run, window: Duration, profile: Option<&Path>) -> (f6
             let rows = pg::statements(admin, db).await;
             println!("  pg_stat_statements over the window (utility statements included):");
             pg::print_top(&rows, 8);
-            Some(rows.iter().map(|r| r.calls).sum())
+            Some(Statements {
+                all: rows.iter().map(|r| r.calls).sum(),
+                renewals: rows.iter().filter(|r| r.query.starts_with(RENEWAL)).map(|r| r.calls).sum(),
+            })
         }
         None => None,
     };
     (100.0 * cpu / elapsed, calls.saturating_sub(calls0), ticks.saturating_sub(ticks0), statements)
+}
+
+/// The start of the PostgreSQL store's lease renewal (src/store/postgres.rs),
+/// one statement per renew tick.
+const RENEWAL: &str = "WITH renewed AS (";
+
+/// PostgreSQL statements over an idle window: all of them, and the lease
+/// renewals among them.
+#[derive(Clone, Copy)]
+struct Statements {
+    all: i64,
+    renewals: i64,
 }
 
 async fn renews(base: &str) -> u64 {
@@ -413,7 +431,10 @@ async fn daemons_step(
         rss_per_daemon_after_idle_kib: (rss_after_idle as f64 - rss0 as f64) / n as f64,
         idle_cpu,
         calls_per_tick: calls as f64 / ticks.max(1) as f64,
-        statements_per_tick: statements.map(|s| s as f64 / ticks.max(1) as f64),
+        statements_per_tick: statements.map(|s| {
+            let per_tick = |n: i64| n as f64 / ticks.max(1) as f64;
+            (per_tick(s.all), per_tick(s.renewals))
+        }),
         walk,
         all_hosts,
     };
@@ -426,9 +447,9 @@ async fn daemons_step(
         idle_cpu,
         idle.as_secs_f64(),
         step.calls_per_tick,
-        statements.map_or(String::new(), |s| format!(
-            ", {s} PostgreSQL statements ({:.1} per tick)",
-            s as f64 / ticks.max(1) as f64
+        statements.zip(step.statements_per_tick).map_or(String::new(), |(s, (all, renewals))| format!(
+            ", {} PostgreSQL statements ({all:.1} per tick), {} of them lease renewals ({renewals:.1} per tick)",
+            s.all, s.renewals
         ))
     );
     println!(
@@ -876,8 +897,9 @@ fn print_tables(results: &[(Kind, Figures)], opts: &Options) {
         println!("| idle daemons | admitted (failed), time | RSS per daemon (after the idle window) | idle CPU | store calls in the idle window per renew tick | hosts online per GET /api/v1/hosts?state=online | walk |");
         println!("|---|---|---|---|---|---|---|");
         for s in &f.steps {
-            let statements =
-                s.statements_per_tick.map_or(String::new(), |st| format!(" ({st:.1} PostgreSQL statements)"));
+            let statements = s.statements_per_tick.map_or(String::new(), |(all, renewals)| {
+                format!(" ({all:.1} PostgreSQL statements, {renewals:.1} of them the renewal)")
+            });
             println!(
                 "| {} | {} ({}), {:.0} s | {:.1} KiB ({:.1} KiB) | {:.1} % of a core | {:.1}{statements} | {} of {} | {} pages, {:.1} MB, {:.2} s |",
                 s.n, s.admitted, s.failed, s.grow_secs, s.rss_per_daemon_kib, s.rss_per_daemon_after_idle_kib, s.idle_cpu, s.calls_per_tick, s.walk.online, s.all_hosts,
