@@ -93,7 +93,7 @@ fn main() {
         let pings = answered.get() - pings;
         let rss = status_kib(pid, "VmRSS");
         println!(
-            "serving process over {seconds} s: CPU {:.2} % of a core; {pings} pings answered ({:.0}/s), {:.1} us of CPU per ping; RSS {:.1} KiB per connection",
+            "serving process over {seconds} s: CPU {:.2} % of a core; {pings} pings answered ({:.0}/s), {:.1} us of CPU per ping; RSS (all of it) {:.1} KiB per connection",
             cpu * 100.0 / seconds as f64,
             pings as f64 / seconds as f64,
             if pings > 0 { cpu * 1e6 / pings as f64 } else { 0.0 },
@@ -121,13 +121,17 @@ async fn ping(mut stream: TcpStream, first: tokio::time::Instant, period: Durati
 fn serve() {
     // The listeners are made inside a runtime and leave it as std ones,
     // each for its thread's own runtime.
-    let setup = tokio::runtime::Builder::new_current_thread().enable_io().build().expect("runtime");
-    let _entered = setup.enter();
-    let first = listener("127.0.0.1:0".parse().expect("addr"));
-    let addr = first.local_addr().expect("addr");
-    let mut listeners = vec![first];
-    listeners.extend((1..SERVING_THREADS).map(|_| listener(addr)));
-    println!("{addr}");
+    let listeners = {
+        let setup = tokio::runtime::Builder::new_current_thread().enable_io().build().expect("runtime");
+        let _entered = setup.enter();
+        let first = listener("127.0.0.1:0".parse().expect("addr"));
+        let addr = first.local_addr().expect("addr");
+        let mut listeners = vec![first];
+        listeners.extend((1..SERVING_THREADS).map(|_| listener(addr)));
+        // Once every listener is bound, so the dials spread over all.
+        println!("{addr}");
+        listeners
+    };
     let threads: Vec<_> = listeners
         .into_iter()
         .map(|listener| {
@@ -154,9 +158,8 @@ fn listener(addr: SocketAddr) -> std::net::TcpListener {
     socket.set_reuseport(true).expect("reuseport");
     socket.set_reuseaddr(true).expect("reuseaddr");
     socket.bind(addr).expect("bind");
-    let listener = socket.listen(4096).expect("listen").into_std().expect("std listener");
-    listener.set_nonblocking(true).expect("nonblocking");
-    listener
+    // Left non-blocking, as `from_std` in the serving thread wants it.
+    socket.listen(4096).expect("listen").into_std().expect("std listener")
 }
 
 /// One served socket: no buffer while it waits, a stack buffer per read.
