@@ -11,8 +11,11 @@
 
 use std::time::Instant;
 
+use std::sync::atomic::AtomicUsize;
+
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
-use actix_ws::{AggregatedMessageStream, Session};
+use actix_ws::AggregatedMessageStream;
+use futures_util::StreamExt;
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -21,19 +24,17 @@ use super::state::{authenticate, AppState};
 use crate::auth::{self, Access, Principal};
 use crate::cell::admission::Prefetched;
 use crate::relay::limiter::{AddressGuard, Caps};
-use crate::relay::outbox::close_reason;
+use crate::relay::outbox::Outbox;
 use crate::relay::{close, daemon_conn, viewer, MAX_FRAME_BYTES};
 
 pub const DAEMON_PROTOCOL: &str = "tether.daemon.v1";
 pub const VIEWER_PROTOCOL: &str = "tether.v1";
 
-/// Closes a freshly upgraded socket with a code, keeping its reader alive
-/// until the close frame is out.
-fn refuse(session: Session, stream: AggregatedMessageStream, code: u16, reason: &'static str) {
-    actix_rt::spawn(async move {
-        let _ = session.close(Some(close_reason(code, reason))).await;
-        drop(stream);
-    });
+/// Closes a freshly upgraded socket with a code, reading (and dropping)
+/// what the peer sends until the connection is gone.
+fn refuse(outbox: Outbox, mut stream: AggregatedMessageStream, code: u16, reason: &'static str) {
+    outbox.close(code, reason);
+    actix_rt::spawn(async move { while stream.next().await.is_some() {} });
 }
 
 /// Why an upgrade did not happen: a foreign origin (403) or a bad handshake.
@@ -68,12 +69,17 @@ fn refused(r: Refused) -> Result<HttpResponse, actix_web::Error> {
     }
 }
 
+/// The WebSocket handshake's answer and the socket's two sides: its
+/// outbox (bounded at `queue_limit` bytes, see `Outbox::for_response`)
+/// and its message stream.
 fn upgrade(
     req: &HttpRequest,
     body: web::Payload,
     protocol: &str,
     state: &AppState,
-) -> Result<(HttpResponse, Session, AggregatedMessageStream), Refused> {
+    queue_limit: usize,
+    high_water: Option<&'static AtomicUsize>,
+) -> Result<(HttpResponse, Outbox, AggregatedMessageStream), Refused> {
     // A socket taken while draining would claim a host (or join a terminal)
     // that this instance is about to let go of.
     if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
@@ -84,10 +90,12 @@ fn upgrade(
         tracing::info!(origin, path = req.path(), "tether_ws_origin_refused");
         return Err(Refused::Origin);
     }
-    let (res, session, stream) = actix_ws::handle_with_protocols(req, body, &[protocol])?;
+    // actix-ws's session is not used: the outbox's body writes the socket.
+    let (res, _session, stream) = actix_ws::handle_with_protocols(req, body, &[protocol])?;
+    let (res, outbox) = Outbox::for_response(res, queue_limit, high_water);
     let stream =
         stream.max_frame_size(MAX_FRAME_BYTES).aggregate_continuations().max_continuation_size(MAX_FRAME_BYTES);
-    Ok((res, session, stream))
+    Ok((res, outbox, stream))
 }
 
 /// A socket whose token was accepted.
@@ -96,7 +104,7 @@ struct Admitted {
     /// The host the token is bound to, as its lookup read it.
     bound_host: Option<Prefetched>,
     guard: AddressGuard,
-    session: Session,
+    outbox: Outbox,
     stream: AggregatedMessageStream,
 }
 
@@ -106,17 +114,17 @@ struct Admitted {
 async fn admit(
     req: &HttpRequest,
     state: &AppState,
-    session: Session,
+    outbox: Outbox,
     stream: AggregatedMessageStream,
 ) -> Option<Admitted> {
     let (principal, bound_host) = match authenticate(state, auth::websocket_token(req)).await {
         Ok(found) => found,
         Err(e) if e.status == actix_web::http::StatusCode::UNAUTHORIZED => {
-            refuse(session, stream, close::BAD_TOKEN, "bad token");
+            refuse(outbox, stream, close::BAD_TOKEN, "bad token");
             return None;
         }
         Err(_) => {
-            refuse(session, stream, close::INTERNAL, "server error");
+            refuse(outbox, stream, close::INTERNAL, "server error");
             return None;
         }
     };
@@ -127,9 +135,9 @@ async fn admit(
     let read_at = Instant::now();
     let bound_host = principal.bound_host.zip(bound_host).map(|(host_id, host)| Prefetched { host_id, host, read_at });
     match state.limiter.acquire(principal.user_id(), client, caps) {
-        Ok(guard) => Some(Admitted { principal, bound_host, guard, session, stream }),
+        Ok(guard) => Some(Admitted { principal, bound_host, guard, outbox, stream }),
         Err(cap) => {
-            refuse(session, stream, close::TOO_MANY, cap.reason());
+            refuse(outbox, stream, close::TOO_MANY, cap.reason());
             None
         }
     }
@@ -140,19 +148,19 @@ pub async fn daemon(
     body: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let (res, session, stream) = match upgrade(&req, body, DAEMON_PROTOCOL, &state) {
+    let (res, outbox, stream) = match upgrade(&req, body, DAEMON_PROTOCOL, &state, daemon_conn::OUTBOUND_LIMIT, None) {
         Ok(upgraded) => upgraded,
         Err(r) => return refused(r),
     };
-    let Some(Admitted { principal, bound_host, guard, session, stream }) = admit(&req, &state, session, stream).await
+    let Some(Admitted { principal, bound_host, guard, outbox, stream }) = admit(&req, &state, outbox, stream).await
     else {
         return Ok(res);
     };
     if principal.may(Access::DaemonSocket, None).is_err() {
-        refuse(session, stream, close::FORBIDDEN, "this token's scope may not connect a daemon");
+        refuse(outbox, stream, close::FORBIDDEN, "this token's scope may not connect a daemon");
         return Ok(res);
     }
-    daemon_conn::start(state.relay.clone(), principal, bound_host, session, stream, guard);
+    daemon_conn::start(state.relay.clone(), principal, bound_host, outbox, stream, guard);
     Ok(res)
 }
 
@@ -168,37 +176,39 @@ pub async fn terminal(
     query: web::Query<ViewerQuery>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let (res, session, stream) = match upgrade(&req, body, VIEWER_PROTOCOL, &state) {
-        Ok(upgraded) => upgraded,
-        Err(r) => return refused(r),
-    };
-    let Some(Admitted { principal, guard, session, stream, .. }) = admit(&req, &state, session, stream).await else {
+    let queue_limit = state.relay.settings.viewer.queue_bytes;
+    let (res, outbox, stream) =
+        match upgrade(&req, body, VIEWER_PROTOCOL, &state, queue_limit, Some(&viewer::QUEUE_HIGH_WATER)) {
+            Ok(upgraded) => upgraded,
+            Err(r) => return refused(r),
+        };
+    let Some(Admitted { principal, guard, outbox, stream, .. }) = admit(&req, &state, outbox, stream).await else {
         return Ok(res);
     };
     if principal.may(Access::ViewerSocket, Some(&path)).is_err() {
-        refuse(session, stream, close::FORBIDDEN, "this token's scope does not reach this terminal");
+        refuse(outbox, stream, close::FORBIDDEN, "this token's scope does not reach this terminal");
         return Ok(res);
     }
     let Ok(id) = Uuid::parse_str(&path) else {
-        refuse(session, stream, close::UNKNOWN_TERMINAL, "unknown terminal");
+        refuse(outbox, stream, close::UNKNOWN_TERMINAL, "unknown terminal");
         return Ok(res);
     };
     let terminal = match state.store.terminal_by_id(id).await {
         Ok(Some(t)) if t.user_id == principal.user_id() => t,
         Ok(Some(_)) => {
-            refuse(session, stream, close::FORBIDDEN, "not your terminal");
+            refuse(outbox, stream, close::FORBIDDEN, "not your terminal");
             return Ok(res);
         }
         Ok(None) => {
-            refuse(session, stream, close::UNKNOWN_TERMINAL, "unknown terminal");
+            refuse(outbox, stream, close::UNKNOWN_TERMINAL, "unknown terminal");
             return Ok(res);
         }
         Err(_) => {
-            refuse(session, stream, close::INTERNAL, "server error");
+            refuse(outbox, stream, close::INTERNAL, "server error");
             return Ok(res);
         }
     };
     let resume_from = query.from.as_deref().and_then(|f| f.parse::<u64>().ok());
-    viewer::start(state.relay.clone(), principal, terminal, resume_from, session, stream, guard);
+    viewer::start(state.relay.clone(), principal, terminal, resume_from, outbox, stream, guard);
     Ok(res)
 }

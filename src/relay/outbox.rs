@@ -1,17 +1,30 @@
-//! A WebSocket's outbound side: one writer task per socket drains a queue
-//! whose size in bytes is counted, so a peer that does not read is detected
-//! (the queue passes its bound) instead of buffered without limit.
+//! A WebSocket's outbound side: a queue whose size in bytes is counted, so
+//! a peer that does not read is detected (the queue passes its bound)
+//! instead of buffered without limit.
+//!
+//! The queue is the socket's response body itself ([`Body`]): the
+//! connection's task takes frames from it while the socket has room,
+//! encodes them and writes them. A sender's push wakes that task and
+//! nothing else: no writer task and no channel sit between the two, so
+//! every frame out (an idle daemon's pong, a keystroke's echo to a viewer)
+//! takes one task hop less (docs/ARCHITECTURE.md, "Upgraded connections").
 //!
 //! Frames leave strictly in push order. `close` goes through the same queue
-//! (after what was pushed before it); `abort` drops the socket at once.
+//! (after what was pushed before it) and ends the body; `abort` drops what
+//! is queued and closes at once.
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
-use actix_ws::{CloseCode, CloseReason, Session};
-use bytes::Bytes;
-use tokio::sync::Notify;
+use actix_codec::Encoder;
+use actix_http::body::{BodySize, BoxBody, MessageBody};
+use actix_http::ws::{Codec, Message, ProtocolError};
+use actix_web::HttpResponse;
+use actix_ws::{CloseCode, CloseReason};
+use bytes::{Bytes, BytesMut};
 
 /// One outbound frame.
 #[derive(Debug)]
@@ -32,42 +45,69 @@ impl Frame {
             Frame::Close(_, r) => r.len() + 16,
         }
     }
+
+    /// The frame as actix-http's codec takes it; control payloads cut to
+    /// the 125 bytes RFC 6455 allows.
+    fn into_message(self) -> Message {
+        let control = |b: Bytes| if b.len() > MAX_CONTROL_PAYLOAD { b.slice(..MAX_CONTROL_PAYLOAD) } else { b };
+        match self {
+            Frame::Binary(b) => Message::Binary(b),
+            Frame::Text(t) => Message::Text(t.into()),
+            Frame::Ping(b) => Message::Ping(control(b)),
+            Frame::Pong(b) => Message::Pong(control(b)),
+            Frame::Close(code, reason) => Message::Close(Some(close_reason(code, &reason))),
+        }
+    }
 }
+
+/// The most a control frame's payload may hold (RFC 6455, 5.5).
+const MAX_CONTROL_PAYLOAD: usize = 125;
+
+/// Encoded bytes the body hands over in one chunk at most (the connection
+/// gathers chunks into writes of its own size).
+const CHUNK: usize = 64 * 1024;
 
 /// The queue was over its bound: the peer is not keeping up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Overflow;
 
-/// Handle to a socket's writer task.
+/// A sender's handle to a socket's queue.
 pub struct Outbox {
     shared: Arc<Shared>,
     high_water: Option<&'static AtomicUsize>,
     limit: usize,
-    session: Session,
 }
 
-/// What the handles and the writer task share.
+/// What the handles and the body share.
 struct Shared {
     queue: Mutex<Queue>,
-    /// Wakes the writer: a frame was queued, or the last handle went.
-    wake: Notify,
-    /// Wakes the writer to stop at once (`abort`).
-    cancel: Notify,
     /// Bytes queued, by `Frame::weight`, including frames reserved by a
     /// sender and not pushed yet.
     queued: Arc<AtomicUsize>,
 }
 
-/// The frames waiting for the writer. A plain queue rather than a channel:
-/// a socket that is idle (every idle daemon and viewer) holds no buffer
-/// for it, where a channel keeps a block of slots for its whole life.
+/// Where a socket's outbound side stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Frames are taken.
+    Open,
+    /// A close frame is queued: nothing pushed after it would be written.
+    Closing,
+    /// The body has ended or the connection is gone.
+    Gone,
+}
+
+/// The frames waiting for the connection. A plain queue rather than a
+/// channel: a socket that is idle (every idle daemon and viewer) holds no
+/// buffer for it, where a channel keeps a block of slots for its whole life.
 struct Queue {
     frames: VecDeque<Frame>,
-    /// `Outbox` handles alive; the writer ends when none is left and the
+    /// `Outbox` handles alive; the body ends when none is left and the
     /// queue is empty.
     handles: usize,
-    /// The writer has ended: nothing pushed now would be written.
-    writer_gone: bool,
+    state: State,
+    /// The connection's task, waiting for a frame.
+    waker: Option<Waker>,
 }
 
 /// The capacity an emptied queue keeps: a few frames, so a socket with a
@@ -77,9 +117,7 @@ const KEPT_CAPACITY: usize = 4;
 impl Shared {
     fn for_one_handle() -> Self {
         Self {
-            queue: Mutex::new(Queue { frames: VecDeque::new(), handles: 1, writer_gone: false }),
-            wake: Notify::new(),
-            cancel: Notify::new(),
+            queue: Mutex::new(Queue { frames: VecDeque::new(), handles: 1, state: State::Open, waker: None }),
             queued: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -89,60 +127,53 @@ impl Shared {
         self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The next frame, or `None` once every handle is gone and nothing is queued.
-    async fn next(&self) -> Option<Frame> {
-        loop {
-            {
-                let mut queue = self.queue();
-                if let Some(frame) = queue.frames.pop_front() {
-                    if queue.frames.is_empty() && queue.frames.capacity() > KEPT_CAPACITY {
-                        queue.frames = VecDeque::new();
-                    }
-                    return Some(frame);
-                }
-                if queue.handles == 0 {
-                    return None;
-                }
-            }
-            self.wake.notified().await;
-        }
-    }
-
-    /// Queues `frame` for the writer; gives it back if the writer has ended.
+    /// Queues `frame` (a close frame closes the queue behind it); gives it
+    /// back if the queue is closed.
     fn send(&self, frame: Frame) -> Result<(), Frame> {
-        {
+        let waker = {
             let mut queue = self.queue();
-            if queue.writer_gone {
+            if queue.state != State::Open {
                 return Err(frame);
             }
+            if matches!(frame, Frame::Close(..)) {
+                queue.state = State::Closing;
+            }
             queue.frames.push_back(frame);
+            queue.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
         }
-        self.wake.notify_one();
         Ok(())
+    }
+
+    /// Takes frames that will never be written out of the count.
+    fn discard(&self, frames: VecDeque<Frame>) {
+        let weight: usize = frames.iter().map(Frame::weight).sum();
+        self.queued.fetch_sub(weight, Ordering::Relaxed);
     }
 }
 
 impl Clone for Outbox {
     fn clone(&self) -> Self {
         self.shared.queue().handles += 1;
-        Self {
-            shared: self.shared.clone(),
-            high_water: self.high_water,
-            limit: self.limit,
-            session: self.session.clone(),
-        }
+        Self { shared: self.shared.clone(), high_water: self.high_water, limit: self.limit }
     }
 }
 
 impl Drop for Outbox {
     fn drop(&mut self) {
-        let last = {
+        let waker = {
             let mut queue = self.shared.queue();
             queue.handles -= 1;
-            queue.handles == 0
+            if queue.handles == 0 {
+                queue.waker.take()
+            } else {
+                None
+            }
         };
-        if last {
-            self.shared.wake.notify_one();
+        if let Some(waker) = waker {
+            waker.wake();
         }
     }
 }
@@ -157,52 +188,20 @@ pub fn close_reason(code: u16, reason: &str) -> CloseReason {
 }
 
 impl Outbox {
-    /// Starts the writer task on the current arbiter. `high_water`, when
-    /// given, records the largest queue seen (for metrics and tests).
-    pub fn start(session: Session, limit: usize, high_water: Option<&'static AtomicUsize>) -> Self {
+    /// A socket's outbox, its [`Body`] put in place of `response`'s: an
+    /// actix-ws handshake response, whose own body is kept, never polled,
+    /// for the signal its drop gives the socket's message stream.
+    /// `high_water`, when given, records the largest queue seen (for
+    /// metrics and tests).
+    pub fn for_response(
+        response: HttpResponse,
+        limit: usize,
+        high_water: Option<&'static AtomicUsize>,
+    ) -> (HttpResponse, Self) {
         let shared = Arc::new(Shared::for_one_handle());
-        let writer_shared = shared.clone();
-        let mut writer = session.clone();
-        actix_rt::spawn(async move {
-            let shared = writer_shared;
-            loop {
-                let frame = tokio::select! {
-                    frame = shared.next() => frame,
-                    () = shared.cancel.notified() => None,
-                };
-                let Some(frame) = frame else { break };
-                let weight = frame.weight();
-                let send = async {
-                    match frame {
-                        Frame::Binary(b) => writer.binary(b).await.is_ok(),
-                        Frame::Text(t) => writer.text(t).await.is_ok(),
-                        Frame::Ping(b) => writer.ping(&b).await.is_ok(),
-                        Frame::Pong(b) => writer.pong(&b).await.is_ok(),
-                        Frame::Close(code, reason) => {
-                            let _ = writer.clone().close(Some(close_reason(code, &reason))).await;
-                            false
-                        }
-                    }
-                };
-                let open = tokio::select! {
-                    open = send => open,
-                    () = shared.cancel.notified() => false,
-                };
-                shared.queued.fetch_sub(weight, Ordering::Relaxed);
-                if !open {
-                    break;
-                }
-            }
-            // What is still queued is never written; the frames go now, not
-            // with the last handle.
-            let left = {
-                let mut queue = shared.queue();
-                queue.writer_gone = true;
-                std::mem::take(&mut queue.frames)
-            };
-            drop(left);
-        });
-        Self { shared, high_water, limit, session }
+        let (response, actix_ws) = response.into_parts();
+        let body = Body { shared: shared.clone(), codec: Codec::new(), ended: false, _actix_ws: actix_ws };
+        (response.set_body(body).map_into_boxed_body(), Self { shared, high_water, limit })
     }
 
     /// Queues a frame; `Err(Overflow)` when the queue would pass its bound
@@ -243,81 +242,279 @@ impl Outbox {
 
     /// Closes after everything queued so far has been written.
     pub fn close(&self, code: u16, reason: &str) {
-        let _ = self.shared.send(Frame::Close(code, reason.to_string()));
+        let frame = Frame::Close(code, reason.to_string());
+        let weight = frame.weight();
+        self.shared.queued.fetch_add(weight, Ordering::Relaxed);
+        if self.shared.send(frame).is_err() {
+            self.shared.queued.fetch_sub(weight, Ordering::Relaxed);
+        }
     }
 
-    /// Closes now, discarding what is queued (the peer is not reading).
+    /// Closes now, discarding what is queued (the peer is not reading):
+    /// the close frame follows only what the socket already holds.
     pub fn abort(&self, code: u16, reason: &str) {
-        self.shared.cancel.notify_one();
-        let session = self.session.clone();
-        let reason = close_reason(code, reason);
-        actix_rt::spawn(async move {
-            // The close frame waits behind what the socket already holds; a
-            // peer that reads again sees it, one that never does is dropped
-            // when this gives up and the last session handle goes.
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(30), session.close(Some(reason))).await;
-        });
+        let frame = Frame::Close(code, reason.to_string());
+        self.shared.queued.fetch_add(frame.weight(), Ordering::Relaxed);
+        let (left, waker) = {
+            let mut queue = self.shared.queue();
+            if queue.state == State::Gone {
+                drop(queue);
+                self.shared.queued.fetch_sub(frame.weight(), Ordering::Relaxed);
+                return;
+            }
+            let left = std::mem::replace(&mut queue.frames, VecDeque::from([frame]));
+            queue.state = State::Closing;
+            (left, queue.waker.take())
+        };
+        self.shared.discard(left);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+/// A socket's response body: the frames of its queue, encoded, in order.
+/// It ends after a close frame, or once every [`Outbox`] handle is gone
+/// and the queue is empty (the connection then ends without a close
+/// frame, as when a socket's handlers all stop).
+pub struct Body {
+    shared: Arc<Shared>,
+    codec: Codec,
+    ended: bool,
+    /// actix-ws's own body for this socket, never polled: it goes with
+    /// this one, and its going tells the socket's message stream that the
+    /// connection is gone (the stream ends then, as it does with actix-ws's
+    /// own body).
+    _actix_ws: BoxBody,
+}
+
+impl Body {
+    /// The next queued frame; `None` once nothing more will come.
+    fn next(&self, cx: &Context<'_>) -> Poll<Option<Frame>> {
+        let mut queue = self.shared.queue();
+        if let Some(frame) = queue.frames.pop_front() {
+            if queue.frames.is_empty() && queue.frames.capacity() > KEPT_CAPACITY {
+                queue.frames = VecDeque::new();
+            }
+            return Poll::Ready(Some(frame));
+        }
+        if queue.handles == 0 || queue.state != State::Open {
+            return Poll::Ready(None);
+        }
+        match &queue.waker {
+            Some(waker) if waker.will_wake(cx.waker()) => {}
+            _ => queue.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    /// Nothing more is written: what is still queued goes now, not with
+    /// the last handle, and later pushes are refused.
+    fn end(&mut self) {
+        self.ended = true;
+        let left = {
+            let mut queue = self.shared.queue();
+            queue.state = State::Gone;
+            queue.waker = None;
+            std::mem::take(&mut queue.frames)
+        };
+        self.shared.discard(left);
+    }
+}
+
+impl MessageBody for Body {
+    type Error = ProtocolError;
+
+    fn size(&self) -> BodySize {
+        BodySize::Stream
+    }
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, ProtocolError>>> {
+        let this = self.get_mut();
+        let mut out = BytesMut::new();
+        while !this.ended && out.len() < CHUNK {
+            match this.next(cx) {
+                Poll::Ready(Some(frame)) => {
+                    let weight = frame.weight();
+                    let close = matches!(frame, Frame::Close(..));
+                    let encoded = this.codec.encode(frame.into_message(), &mut out);
+                    this.shared.queued.fetch_sub(weight, Ordering::Relaxed);
+                    if close {
+                        this.end();
+                    }
+                    if let Err(error) = encoded {
+                        this.end();
+                        return Poll::Ready(Some(Err(error)));
+                    }
+                }
+                Poll::Ready(None) => this.end(),
+                Poll::Pending => break,
+            }
+        }
+        if !out.is_empty() {
+            Poll::Ready(Some(Ok(out.freeze())))
+        } else if this.ended {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl Drop for Body {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.end();
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use actix_codec::Decoder;
+    use actix_http::ws;
+    use futures_util::future::poll_fn;
+
     use super::*;
 
     fn binary(n: u8) -> Frame {
         Frame::Binary(Bytes::from(vec![n]))
     }
 
-    fn byte(frame: Option<Frame>) -> u8 {
-        match frame {
-            Some(Frame::Binary(b)) => b[0],
-            other => panic!("expected a binary frame, got {other:?}"),
+    fn outbox(limit: usize) -> (Outbox, Pin<Box<BoxBody>>) {
+        let (response, outbox) = Outbox::for_response(HttpResponse::SwitchingProtocols().finish(), limit, None);
+        (outbox, Box::pin(response.into_body()))
+    }
+
+    /// What the body yields until it would wait (or ends), decoded as a
+    /// client reads it; `true` when it ended.
+    async fn written(body: &mut Pin<Box<BoxBody>>) -> (Vec<ws::Frame>, bool) {
+        let mut bytes = BytesMut::new();
+        let ended = poll_fn(|cx| loop {
+            match body.as_mut().poll_next(cx) {
+                Poll::Ready(Some(chunk)) => bytes.extend_from_slice(&chunk.expect("encoded")),
+                Poll::Ready(None) => return Poll::Ready(true),
+                Poll::Pending => return Poll::Ready(false),
+            }
+        })
+        .await;
+        let mut codec = ws::Codec::new().client_mode();
+        let mut frames = Vec::new();
+        while let Some(frame) = codec.decode(&mut bytes).expect("decodes") {
+            frames.push(frame);
         }
+        assert!(bytes.is_empty(), "whole frames only");
+        (frames, ended)
+    }
+
+    fn bytes_of(frames: &[ws::Frame]) -> Vec<u8> {
+        frames
+            .iter()
+            .map(|frame| match frame {
+                ws::Frame::Binary(b) => b[0],
+                other => panic!("expected a binary frame, got {other:?}"),
+            })
+            .collect()
     }
 
     #[actix_rt::test]
-    async fn frames_come_out_in_order_and_the_writer_ends_after_the_last_handle() {
-        let shared = Arc::new(Shared::for_one_handle());
-        let reader = shared.clone();
-        let writer = actix_rt::spawn(async move {
-            let mut got = Vec::new();
-            while let Some(frame) = reader.next().await {
-                got.push(byte(Some(frame)));
-            }
-            got
-        });
-        for n in 0..100 {
-            shared.send(binary(n)).expect("queued");
-            if n % 7 == 0 {
-                tokio::task::yield_now().await;
-            }
+    async fn frames_come_out_in_order_and_the_body_ends_after_the_last_handle() {
+        let (outbox, mut body) = outbox(usize::MAX);
+        let other = outbox.clone();
+        for n in 0..50 {
+            outbox.push(binary(n)).expect("queued");
         }
+        let (mut frames, ended) = written(&mut body).await;
+        assert!(!ended);
+        for n in 50..100 {
+            other.push(binary(n)).expect("queued");
+        }
+        drop(outbox);
         // The last handle goes with frames still queued: they are written first.
-        shared.queue().handles -= 1;
-        shared.wake.notify_one();
-        assert_eq!(writer.await.expect("writer"), (0..100).collect::<Vec<u8>>());
+        drop(other);
+        let (rest, ended) = written(&mut body).await;
+        assert!(ended, "no handle left, nothing queued: the body ends");
+        frames.extend(rest);
+        assert_eq!(bytes_of(&frames), (0..100).collect::<Vec<u8>>());
+    }
+
+    #[actix_rt::test]
+    async fn a_push_wakes_the_connection_waiting_on_the_body() {
+        let (outbox, mut body) = outbox(usize::MAX);
+        let waiting = actix_rt::spawn(async move { poll_fn(|cx| body.as_mut().poll_next(cx)).await });
+        tokio::task::yield_now().await;
+        outbox.push(binary(7)).expect("queued");
+        let chunk = waiting.await.expect("task").expect("a chunk").expect("encoded");
+        assert_eq!(&chunk[..], &[0x82, 1, 7], "one unmasked binary frame");
+    }
+
+    #[actix_rt::test]
+    async fn the_count_follows_frames_out_and_the_bound_refuses_a_push() {
+        let (outbox, mut body) = outbox(100);
+        let counter = outbox.queued_counter();
+        outbox.push(Frame::Binary(Bytes::from(vec![0; 60]))).expect("under the bound");
+        assert_eq!(outbox.push(Frame::Binary(Bytes::from(vec![0; 60]))), Err(Overflow));
+        assert_eq!(counter.load(Ordering::Relaxed), 76, "the refused frame is not counted");
+        written(&mut body).await;
+        assert_eq!(counter.load(Ordering::Relaxed), 0, "a written frame leaves the count");
     }
 
     #[actix_rt::test]
     async fn an_emptied_queue_gives_back_a_bursts_buffer() {
-        let shared = Shared::for_one_handle();
-        assert_eq!(shared.queue().frames.capacity(), 0, "a new socket holds no buffer");
+        let (outbox, mut body) = outbox(usize::MAX);
+        assert_eq!(outbox.shared.queue().frames.capacity(), 0, "a new socket holds no buffer");
         for n in 0..1000 {
-            shared.send(binary(n as u8)).expect("queued");
+            outbox.push(binary(n as u8)).expect("queued");
         }
-        for n in 0..1000 {
-            assert_eq!(byte(shared.next().await), n as u8);
-        }
-        assert_eq!(shared.queue().frames.capacity(), 0, "the burst's buffer went with its last frame");
-        shared.send(binary(1)).expect("queued");
-        byte(shared.next().await);
-        assert!(shared.queue().frames.capacity() <= KEPT_CAPACITY, "a trickle keeps a small buffer");
+        assert_eq!(written(&mut body).await.0.len(), 1000);
+        assert_eq!(outbox.shared.queue().frames.capacity(), 0, "the burst's buffer went with its last frame");
+        outbox.push(binary(1)).expect("queued");
+        written(&mut body).await;
+        assert!(outbox.shared.queue().frames.capacity() <= KEPT_CAPACITY, "a trickle keeps a small buffer");
     }
 
-    #[test]
-    fn a_frame_for_a_writer_that_ended_is_given_back() {
-        let shared = Shared::for_one_handle();
-        shared.queue().writer_gone = true;
-        assert!(matches!(shared.send(binary(1)), Err(Frame::Binary(_))));
+    #[actix_rt::test]
+    async fn close_follows_what_was_queued_and_ends_the_body() {
+        let (outbox, mut body) = outbox(usize::MAX);
+        outbox.push(binary(1)).expect("queued");
+        outbox.close(4503, "draining");
+        outbox.push(binary(2)).expect("a push after close is not an overflow");
+        let (frames, ended) = written(&mut body).await;
+        assert!(ended);
+        assert_eq!(frames.len(), 2, "{frames:?}");
+        assert_eq!(frames[1], ws::Frame::Close(Some(close_reason(4503, "draining"))));
+        assert_eq!(outbox.queued_counter().load(Ordering::Relaxed), 0);
+    }
+
+    #[actix_rt::test]
+    async fn abort_drops_what_is_queued_and_closes_at_once() {
+        let (outbox, mut body) = outbox(usize::MAX);
+        for n in 0..10 {
+            outbox.push(binary(n)).expect("queued");
+        }
+        outbox.abort(4503, "too slow a reader");
+        let (frames, ended) = written(&mut body).await;
+        assert!(ended);
+        assert_eq!(frames, vec![ws::Frame::Close(Some(close_reason(4503, "too slow a reader")))]);
+        assert_eq!(outbox.queued_counter().load(Ordering::Relaxed), 0);
+    }
+
+    #[actix_rt::test]
+    async fn a_gone_connection_refuses_pushes_and_frees_its_queue() {
+        let (outbox, body) = outbox(usize::MAX);
+        outbox.push(binary(1)).expect("queued");
+        drop(body);
+        outbox.push(binary(2)).expect("not an overflow");
+        outbox.abort(4503, "late");
+        assert_eq!(outbox.queued_counter().load(Ordering::Relaxed), 0);
+        assert!(outbox.shared.queue().frames.is_empty());
+    }
+
+    #[actix_rt::test]
+    async fn a_control_frame_is_cut_to_what_rfc_6455_allows() {
+        let (outbox, mut body) = outbox(usize::MAX);
+        outbox.push(Frame::Pong(Bytes::from(vec![9; 300]))).expect("queued");
+        let (frames, _) = written(&mut body).await;
+        assert_eq!(frames, vec![ws::Frame::Pong(Bytes::from(vec![9; MAX_CONTROL_PAYLOAD]))]);
     }
 }

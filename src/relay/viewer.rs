@@ -345,10 +345,9 @@ pub fn start(
     principal: Principal,
     terminal: Terminal,
     resume_from: Option<u64>,
-    session: actix_ws::Session,
+    outbox: Outbox,
     stream: AggregatedMessageStream,
     guard: AddressGuard,
 ) -> Addr<Viewer> {
-    let outbox = Outbox::start(session, relay.settings.viewer.queue_bytes, Some(&QUEUE_HIGH_WATER));
     Viewer::new(relay, principal, terminal, resume_from, outbox, stream, guard).start()
 }

@@ -53,7 +53,7 @@ use writes::{Outcome, Write, WriteQueue};
 const EARLY_FRAMES: usize = 256;
 const EARLY_BYTES: usize = 4 * 1024 * 1024;
 /// Bytes queued towards a daemon before it counts as not reading.
-const OUTBOUND_LIMIT: usize = 8 * 1024 * 1024;
+pub const OUTBOUND_LIMIT: usize = 8 * 1024 * 1024;
 
 /// A server frame as the outbox sends it.
 fn encoded(frame: server_frame::Frame) -> Frame {
@@ -468,10 +468,9 @@ pub fn start(
     relay: RelayContext,
     principal: Principal,
     bound_host: Option<Prefetched>,
-    session: actix_ws::Session,
+    outbox: Outbox,
     stream: AggregatedMessageStream,
     guard: AddressGuard,
 ) -> Addr<DaemonConn> {
-    let outbox = Outbox::start(session, OUTBOUND_LIMIT, None);
     DaemonConn::new(relay, principal, bound_host, outbox, stream, guard).start()
 }
