@@ -33,9 +33,10 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use actix_codec::{AsyncRead, AsyncWrite, Encoder, Framed, ReadBuf};
-use actix_http::body::{BoxBody, MessageBody};
+use actix_http::body::{BodySize, BoxBody, MessageBody};
 use actix_http::error::PayloadError;
 use actix_http::h1::{Codec, Message};
 use actix_http::{Request, Response};
@@ -57,6 +58,12 @@ const READS_PER_TURN: usize = 4;
 
 /// Outbound bytes gathered into one write.
 const WRITE_BATCH: usize = 64 * 1024;
+
+/// How long a connection whose response has ended (a WebSocket's close
+/// frame is its last frame) may take to write what is left before it is
+/// dropped: a peer that stopped reading holds its socket, and the kernel's
+/// buffers behind it, no longer than this once it is closed.
+const CLOSE_GRACE: Duration = Duration::from_secs(30);
 
 /// What the socket's reader and the handler's request body share.
 #[derive(Default)]
@@ -240,8 +247,9 @@ impl Writer {
 /// (a WebSocket handler's 101, or a refusal) here, in the dispatcher's
 /// task; then a task of its own carries the response's body out and the
 /// peer's bytes in until the body ends, and the dispatcher's task (sized
-/// for any request the application serves) ends.
-async fn serve<T, S, B>(app: Rc<S>, mut req: Request, framed: Framed<T, Codec>, live: &Arc<Owed>)
+/// for any request the application serves) ends. Once the body has ended
+/// the rest is written within `close_grace`.
+async fn serve<T, S, B>(app: Rc<S>, mut req: Request, framed: Framed<T, Codec>, live: &Arc<Owed>, close_grace: Duration)
 where
     T: AsyncRead + AsyncWrite + Unpin + 'static,
     S: Service<Request, Response = ServiceResponse<B>, Error = actix_web::Error>,
@@ -283,9 +291,21 @@ where
     actix_rt::spawn(async move {
         let _open = open;
         let mut body = Box::pin(body);
+        let mut cut: Option<Pin<Box<tokio::time::Sleep>>> = None;
         let written = poll_fn(|cx| {
             reader.poll(&mut io, cx);
-            writer.poll(&mut io, &mut codec, &mut body, cx)
+            let written = writer.poll(&mut io, &mut codec, &mut body, cx);
+            // A body with nothing left to give may not have said so yet
+            // (the writer stops taking chunks while a batch waits), but its
+            // size does: a sized body is down to 0, and the outbox's body
+            // reads 0 once its close frame is taken.
+            if written.is_pending() && (writer.body_done || body.size() == BodySize::Sized(0)) {
+                let cut = cut.get_or_insert_with(|| Box::pin(tokio::time::sleep(close_grace)));
+                if cut.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+                }
+            }
+            written
         })
         .await;
         if let Err(error) = written {
@@ -294,7 +314,8 @@ where
         }
         // Every connection ends after its upgrade request's response; the
         // peer learns it from the FIN.
-        let _ = poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx)).await;
+        let shutdown = poll_fn(|cx| Pin::new(&mut io).poll_shutdown(cx));
+        let _ = tokio::time::timeout(close_grace, shutdown).await;
     });
 }
 
@@ -329,7 +350,7 @@ where
                 let app = app.clone();
                 let live = live.clone();
                 async move {
-                    serve(app, req, framed, &live).await;
+                    serve(app, req, framed, &live, CLOSE_GRACE).await;
                     Ok::<_, actix_http::Error>(())
                 }
             }))
@@ -395,7 +416,7 @@ mod tests {
         let live = Arc::new(Owed::default());
         // The dispatcher's part ends with the answer, before the peer has
         // read a byte; the socket lives on, counted.
-        soon("the upgrade service returns once it has answered", serve(app, req, framed, &live)).await;
+        soon("the upgrade service returns once it has answered", serve(app, req, framed, &live, CLOSE_GRACE)).await;
         assert_eq!(live.count(), 1);
 
         let mut head = Vec::new();
@@ -435,12 +456,31 @@ mod tests {
         );
         let (req, framed, mut client) = handed_over(b"");
         let live = Arc::new(Owed::default());
-        serve(app, req, framed, &live).await;
+        serve(app, req, framed, &live, CLOSE_GRACE).await;
         let mut response = String::new();
         client.read_to_string(&mut response).await.expect("read to the end");
         assert!(response.starts_with("HTTP/1.1 403"), "{response}");
         assert!(response.ends_with("\r\n\r\nno"), "{response}");
         soon("the connection ends once its response is out", live.settled()).await;
+    }
+
+    #[actix_rt::test]
+    async fn a_peer_that_stops_reading_is_dropped_once_its_response_has_ended() {
+        let app = Rc::new(
+            actix_web::test::init_service(App::new().route(
+                "/ws",
+                web::get().to(|| async { HttpResponse::SwitchingProtocols().body(vec![7u8; 2 * 1024 * 1024]) }),
+            ))
+            .await,
+        );
+        let (req, framed, client) = handed_over(b"");
+        let live = Arc::new(Owed::default());
+        serve(app, req, framed, &live, Duration::from_millis(300)).await;
+        assert_eq!(live.count(), 1, "the response is still being written");
+        // The peer keeps its end open and never reads: the two megabytes
+        // cannot all be written, and the connection goes after the grace.
+        soon("the connection is dropped after its grace", live.settled()).await;
+        drop(client);
     }
 
     /// One turn of the reader: it reads until it would wait.

@@ -325,8 +325,14 @@ impl Body {
 impl MessageBody for Body {
     type Error = ProtocolError;
 
+    /// A stream while frames may come; 0 once the body has ended (the
+    /// connection gives what is left its close grace, `crate::http::upgraded`).
     fn size(&self) -> BodySize {
-        BodySize::Stream
+        if self.ended {
+            BodySize::Sized(0)
+        } else {
+            BodySize::Stream
+        }
     }
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, ProtocolError>>> {
@@ -479,8 +485,10 @@ mod tests {
         outbox.push(binary(1)).expect("queued");
         outbox.close(4503, "draining");
         outbox.push(binary(2)).expect("a push after close is not an overflow");
+        assert_eq!(body.size(), BodySize::Stream);
         let (frames, ended) = written(&mut body).await;
         assert!(ended);
+        assert_eq!(body.size(), BodySize::Sized(0), "nothing left to give");
         assert_eq!(frames.len(), 2, "{frames:?}");
         assert_eq!(frames[1], ws::Frame::Close(Some(close_reason(4503, "draining"))));
         assert_eq!(outbox.queued_counter().load(Ordering::Relaxed), 0);
