@@ -35,7 +35,7 @@ use tether::relay::owed::Owed;
 use tether::relay::{
     ArbiterId, ArbiterIdle, ArbiterLink, AttachArbiter, CaptureRun, CloseDaemon, DaemonHandle, DaemonLink,
     DaemonRequest, DetachArbiter, Heard, HostOnline, Join, LifecycleEvent, NotJoined, Retire, SpawnTerminal, ToDaemon,
-    ViewerOut,
+    ViewerOut, ViewerSink,
 };
 use tether::store::{sqlite::SqliteStore, ExitStatus, NewRun, NewTerminal, RunState, Store, TerminalSnapshot};
 
@@ -174,7 +174,11 @@ async fn an_arbiter_started_after_the_exit_says_so_and_goes_away() {
     )
     .start();
     let joined = ArbiterLink::of(id, &arbiter)
-        .join(Join { out: viewer.recipient(), queued: Arc::new(AtomicUsize::new(0)), resume_from: None })
+        .join(Join {
+            out: ViewerSink::actor(viewer.recipient()),
+            queued: Arc::new(AtomicUsize::new(0)),
+            resume_from: None,
+        })
         .await;
     assert_eq!(joined, Err(NotJoined::Ended), "the viewer is told the terminal ended, not to ask again");
 

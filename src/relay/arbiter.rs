@@ -106,7 +106,7 @@ enum MemberId {
 
 enum Kind {
     /// A viewer and the byte count of its outbound queue.
-    Viewer(Recipient<ViewerOut>, Arc<AtomicUsize>),
+    Viewer(ViewerSink, Arc<AtomicUsize>),
     Capture(RunCapture),
 }
 

@@ -427,7 +427,7 @@ pub struct ViewReport {
 #[derive(Message)]
 #[rtype(result = "Result<u64, NotJoined>")]
 pub struct Join {
-    pub out: Recipient<ViewerOut>,
+    pub out: ViewerSink,
     /// Bytes waiting in the viewer's outbound queue.
     pub queued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     pub resume_from: Option<u64>,
@@ -481,11 +481,119 @@ pub enum ViewerOut {
         code: u16,
         reason: String,
     },
+    /// A frame for the viewer found its queue over its bound.
+    TooSlow,
 }
+
+/// Where an arbiter sends a member viewer's `ViewerOut`. A viewer on this
+/// instance has its frames pushed straight on its socket's outbox, in the
+/// order the arbiter sends them, without a trip through the viewer actor's
+/// mailbox (one task hop less per output chunk, docs/ARCHITECTURE.md,
+/// "Output"); only a close, an eviction, or an overflow of the queue
+/// (`ViewerOut::TooSlow`) go to the actor. A home proxy for another
+/// instance's viewer takes every message as a message.
+#[derive(Clone)]
+pub struct ViewerSink {
+    actor: Recipient<ViewerOut>,
+    /// The local viewer's outbox; a handle that does not keep its socket
+    /// open (the actor's do).
+    outbox: Option<crate::relay::outbox::Outbox>,
+}
+
+impl ViewerSink {
+    /// A viewer of this instance: frames to `outbox`, the rest to `actor`.
+    pub fn local(actor: Recipient<ViewerOut>, outbox: &crate::relay::outbox::Outbox) -> Self {
+        Self { actor, outbox: Some(outbox.sender()) }
+    }
+
+    /// Every message to `actor` (a home proxy, a test's collector).
+    pub fn actor(actor: Recipient<ViewerOut>) -> Self {
+        Self { actor, outbox: None }
+    }
+
+    pub fn do_send(&self, out: ViewerOut) {
+        use crate::relay::outbox::Frame;
+        let Some(outbox) = &self.outbox else { return self.actor.do_send(out) };
+        let pushed = match out {
+            ViewerOut::Text(text) => outbox.push(Frame::Text(text)),
+            ViewerOut::Binary(data) => outbox.push(Frame::Binary(data)),
+            ViewerOut::Output(data) => outbox.push_reserved(Frame::Binary(data)),
+            ViewerOut::Ping => outbox.push(Frame::Ping(Bytes::from_static(VIEWER_PING))),
+            to_actor @ (ViewerOut::Close { .. } | ViewerOut::Evict { .. } | ViewerOut::TooSlow) => {
+                return self.actor.do_send(to_actor);
+            }
+        };
+        if pushed.is_err() {
+            self.actor.do_send(ViewerOut::TooSlow);
+        }
+    }
+}
+
+/// The payload of the WebSocket ping an arbiter sends a viewer.
+pub const VIEWER_PING: &[u8] = b"grid";
 
 impl ViewerOut {
     /// A control message as its text frame.
     pub fn control(message: crate::viewer_protocol::ServerMessage) -> Self {
         Self::Text(message.to_json())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use actix_web::HttpResponse;
+
+    use super::*;
+    use crate::relay::outbox::Outbox;
+
+    /// Stands in for a viewer actor: keeps what reaches its mailbox.
+    struct Mailbox(Arc<Mutex<Vec<String>>>);
+
+    impl Actor for Mailbox {
+        type Context = Context<Self>;
+    }
+
+    impl Handler<ViewerOut> for Mailbox {
+        type Result = ();
+        fn handle(&mut self, msg: ViewerOut, _: &mut Context<Self>) {
+            let name = match msg {
+                ViewerOut::Close { code, .. } => format!("close {code}"),
+                ViewerOut::TooSlow => "too slow".to_string(),
+                other => format!("frame {}", matches!(other, ViewerOut::Output(_))),
+            };
+            self.0.lock().expect("mailbox").push(name);
+        }
+    }
+
+    #[actix_rt::test]
+    async fn a_local_sink_queues_frames_on_the_socket_and_tells_the_actor_the_rest() {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let actor = Mailbox(got.clone()).start();
+        let (_response, outbox) = Outbox::for_response(HttpResponse::SwitchingProtocols().finish(), 100, None);
+        let sink = ViewerSink::local(actor.clone().recipient(), &outbox);
+        let queued = outbox.queued_counter();
+
+        sink.do_send(ViewerOut::Text("{}".into()));
+        sink.do_send(ViewerOut::Ping);
+        assert_eq!(queued.load(Ordering::Relaxed), 18 + 20, "both frames are on the socket's queue");
+        // Over the bound: not queued, and the actor hears of it.
+        sink.do_send(ViewerOut::Binary(Bytes::from(vec![0; 100])));
+        sink.do_send(ViewerOut::Close { code: 1000, reason: "bye".into() });
+        actor.send(ViewerOut::Ping).await.expect("the mailbox is there");
+        assert_eq!(queued.load(Ordering::Relaxed), 38);
+        assert_eq!(*got.lock().expect("mailbox"), ["too slow", "close 1000", "frame false"]);
+    }
+
+    #[actix_rt::test]
+    async fn an_actor_sink_sends_everything_as_messages() {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let actor = Mailbox(got.clone()).start();
+        let sink = ViewerSink::actor(actor.clone().recipient());
+        sink.do_send(ViewerOut::Output(Bytes::from_static(b"x")));
+        sink.do_send(ViewerOut::Close { code: 4503, reason: String::new() });
+        actor.send(ViewerOut::TooSlow).await.expect("the mailbox is there");
+        assert_eq!(*got.lock().expect("mailbox"), ["frame true", "close 4503", "too slow"]);
     }
 }

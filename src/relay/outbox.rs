@@ -76,6 +76,8 @@ pub struct Outbox {
     shared: Arc<Shared>,
     high_water: Option<&'static AtomicUsize>,
     limit: usize,
+    /// Whether this handle keeps the body open (see [`Outbox::sender`]).
+    counted: bool,
 }
 
 /// What the handles and the body share.
@@ -156,13 +158,18 @@ impl Shared {
 
 impl Clone for Outbox {
     fn clone(&self) -> Self {
-        self.shared.queue().handles += 1;
-        Self { shared: self.shared.clone(), high_water: self.high_water, limit: self.limit }
+        if self.counted {
+            self.shared.queue().handles += 1;
+        }
+        Self { shared: self.shared.clone(), high_water: self.high_water, limit: self.limit, counted: self.counted }
     }
 }
 
 impl Drop for Outbox {
     fn drop(&mut self) {
+        if !self.counted {
+            return;
+        }
         let waker = {
             let mut queue = self.shared.queue();
             queue.handles -= 1;
@@ -201,7 +208,14 @@ impl Outbox {
         let shared = Arc::new(Shared::for_one_handle());
         let (response, actix_ws) = response.into_parts();
         let body = Body { shared: shared.clone(), codec: Codec::new(), ended: false, _actix_ws: actix_ws };
-        (response.set_body(body).map_into_boxed_body(), Self { shared, high_water, limit })
+        (response.set_body(body).map_into_boxed_body(), Self { shared, high_water, limit, counted: true })
+    }
+
+    /// A handle that pushes like this one but does not keep the socket
+    /// open: the body still ends once the counted handles are gone (the
+    /// socket's own actor's), whoever else holds one of these.
+    pub fn sender(&self) -> Self {
+        Self { shared: self.shared.clone(), high_water: self.high_water, limit: self.limit, counted: false }
     }
 
     /// Queues a frame; `Err(Overflow)` when the queue would pass its bound
@@ -442,6 +456,21 @@ mod tests {
         assert!(ended, "no handle left, nothing queued: the body ends");
         frames.extend(rest);
         assert_eq!(bytes_of(&frames), (0..100).collect::<Vec<u8>>());
+    }
+
+    #[actix_rt::test]
+    async fn a_sender_pushes_but_does_not_keep_the_body_open() {
+        let (outbox, mut body) = outbox(usize::MAX);
+        let sender = outbox.sender();
+        let other = sender.clone();
+        sender.push(binary(1)).expect("queued");
+        drop(outbox);
+        other.push(binary(2)).expect("queued");
+        let (frames, ended) = written(&mut body).await;
+        assert!(ended, "the counted handle is gone: the body ends after what was queued");
+        assert_eq!(bytes_of(&frames), vec![1, 2]);
+        sender.push(binary(3)).expect("refused, not an overflow");
+        assert_eq!(sender.queued_counter().load(Ordering::Relaxed), 0);
     }
 
     #[actix_rt::test]

@@ -605,7 +605,7 @@ impl RemoteViewer {
         let registry = self.relay.registry.clone();
         let open = OpenTerminal { terminal_id: self.terminal_id, host_id: self.host_id };
         let join = Join {
-            out: ctx.address().recipient::<ViewerOut>(),
+            out: ViewerSink::actor(ctx.address().recipient::<ViewerOut>()),
             queued: self.queued.clone(),
             resume_from: self.resume_from,
         };
@@ -702,6 +702,9 @@ impl Handler<ViewerOut> for RemoteViewer {
                 self.left = true; // the arbiter already removed it
                 self.leave(code, &reason, ctx);
             }
+            // Only a local viewer's sink, which pushes on a socket's queue,
+            // sends it; this proxy's queue is counted by `push`.
+            ViewerOut::TooSlow => {}
         }
     }
 }

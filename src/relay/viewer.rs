@@ -158,7 +158,7 @@ impl Viewer {
     fn join(&mut self, attempt: u32, ctx: &mut Context<Self>) {
         let relay = self.relay.clone();
         let open = OpenTerminal { terminal_id: self.terminal.id, host_id: self.terminal.host_id };
-        let out = ctx.address().recipient::<ViewerOut>();
+        let out = ViewerSink::local(ctx.address().recipient::<ViewerOut>(), &self.outbox);
         let join = Join { out, queued: self.outbox.queued_counter(), resume_from: self.resume_from };
         let terminal_id = open.terminal_id;
         async move {
@@ -324,7 +324,8 @@ impl Handler<ViewerOut> for Viewer {
                     self.too_slow(ctx);
                 }
             }
-            ViewerOut::Ping => self.push(Frame::Ping(Bytes::from_static(b"grid")), ctx),
+            ViewerOut::Ping => self.push(Frame::Ping(Bytes::from_static(VIEWER_PING)), ctx),
+            ViewerOut::TooSlow => self.too_slow(ctx),
             ViewerOut::Close { code, reason } => {
                 self.closed_by_arbiter = true;
                 self.close(code, &reason, ctx);
