@@ -9,9 +9,8 @@
 //! one exception is a browser page of a foreign origin (`super::origin`):
 //! it gets 403 and no socket at all, before any token is looked at.
 
-use std::time::Instant;
-
 use std::sync::atomic::AtomicUsize;
+use std::time::Instant;
 
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use actix_ws::AggregatedMessageStream;
