@@ -512,27 +512,49 @@ impl ViewerSink {
     }
 
     pub fn do_send(&self, out: ViewerOut) {
-        use crate::relay::outbox::Frame;
         let Some(outbox) = &self.outbox else { return self.actor.do_send(out) };
-        let pushed = match out {
-            ViewerOut::Text(text) => outbox.push(Frame::Text(text)),
-            ViewerOut::Binary(data) => outbox.push(Frame::Binary(data)),
-            ViewerOut::Output(data) => outbox.push_reserved(Frame::Binary(data)),
-            ViewerOut::Ping => outbox.push(Frame::Ping(Bytes::from_static(VIEWER_PING))),
-            to_actor @ (ViewerOut::Close { .. } | ViewerOut::Evict { .. } | ViewerOut::TooSlow) => {
-                return self.actor.do_send(to_actor);
-            }
-        };
-        if pushed.is_err() {
-            self.actor.do_send(ViewerOut::TooSlow);
+        match out.queue_on(outbox) {
+            Delivery::Queued => {}
+            Delivery::Overflow => self.actor.do_send(ViewerOut::TooSlow),
+            Delivery::ForActor(out) => self.actor.do_send(out),
         }
     }
 }
 
 /// The payload of the WebSocket ping an arbiter sends a viewer.
-pub const VIEWER_PING: &[u8] = b"grid";
+const VIEWER_PING: &[u8] = b"grid";
+
+/// What became of a `ViewerOut` offered to a viewer's outbox.
+pub enum Delivery {
+    Queued,
+    /// The queue is over its bound: the viewer is too slow.
+    Overflow,
+    /// Not a frame (a close, an eviction, `TooSlow`): the actor's to do.
+    ForActor(ViewerOut),
+}
 
 impl ViewerOut {
+    /// Queues a frame message (Text, Binary, Output, Ping) on a viewer's
+    /// outbox: the one place where they become WebSocket frames, whether
+    /// the arbiter's sink or the viewer's actor queues them.
+    pub fn queue_on(self, outbox: &crate::relay::outbox::Outbox) -> Delivery {
+        use crate::relay::outbox::Frame;
+        let pushed = match self {
+            ViewerOut::Text(text) => outbox.push(Frame::Text(text)),
+            ViewerOut::Binary(data) => outbox.push(Frame::Binary(data)),
+            // Counted by the arbiter when it sent it.
+            ViewerOut::Output(data) => outbox.push_reserved(Frame::Binary(data)),
+            ViewerOut::Ping => outbox.push(Frame::Ping(Bytes::from_static(VIEWER_PING))),
+            to_actor @ (ViewerOut::Close { .. } | ViewerOut::Evict { .. } | ViewerOut::TooSlow) => {
+                return Delivery::ForActor(to_actor);
+            }
+        };
+        match pushed {
+            Ok(()) => Delivery::Queued,
+            Err(_) => Delivery::Overflow,
+        }
+    }
+
     /// A control message as its text frame.
     pub fn control(message: crate::viewer_protocol::ServerMessage) -> Self {
         Self::Text(message.to_json())

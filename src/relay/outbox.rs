@@ -243,10 +243,16 @@ impl Outbox {
         if let Some(high_water) = &self.high_water {
             high_water.fetch_max(queued, Ordering::Relaxed);
         }
+        self.send_counted(frame, weight);
+        Ok(())
+    }
+
+    /// Hands a frame already in the count to the queue; its weight leaves
+    /// the count again if the queue is closed.
+    fn send_counted(&self, frame: Frame, weight: usize) {
         if self.shared.send(frame).is_err() {
             self.shared.queued.fetch_sub(weight, Ordering::Relaxed);
         }
-        Ok(())
     }
 
     /// A shared view of the queued byte count.
@@ -259,23 +265,19 @@ impl Outbox {
         let frame = Frame::Close(code, reason.to_string());
         let weight = frame.weight();
         self.shared.queued.fetch_add(weight, Ordering::Relaxed);
-        if self.shared.send(frame).is_err() {
-            self.shared.queued.fetch_sub(weight, Ordering::Relaxed);
-        }
+        self.send_counted(frame, weight);
     }
 
     /// Closes now, discarding what is queued (the peer is not reading):
     /// the close frame follows only what the socket already holds.
     pub fn abort(&self, code: u16, reason: &str) {
         let frame = Frame::Close(code, reason.to_string());
-        self.shared.queued.fetch_add(frame.weight(), Ordering::Relaxed);
         let (left, waker) = {
             let mut queue = self.shared.queue();
             if queue.state == State::Gone {
-                drop(queue);
-                self.shared.queued.fetch_sub(frame.weight(), Ordering::Relaxed);
                 return;
             }
+            self.shared.queued.fetch_add(frame.weight(), Ordering::Relaxed);
             let left = std::mem::replace(&mut queue.frames, VecDeque::from([frame]));
             queue.state = State::Closing;
             (left, queue.waker.take())

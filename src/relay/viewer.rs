@@ -317,14 +317,6 @@ impl Handler<ViewerOut> for Viewer {
     type Result = ();
     fn handle(&mut self, msg: ViewerOut, ctx: &mut Context<Self>) {
         match msg {
-            ViewerOut::Text(text) => self.push(Frame::Text(text), ctx),
-            ViewerOut::Binary(data) => self.push(Frame::Binary(data), ctx),
-            ViewerOut::Output(data) => {
-                if self.outbox.push_reserved(Frame::Binary(data)).is_err() {
-                    self.too_slow(ctx);
-                }
-            }
-            ViewerOut::Ping => self.push(Frame::Ping(Bytes::from_static(VIEWER_PING)), ctx),
             ViewerOut::TooSlow => self.too_slow(ctx),
             ViewerOut::Close { code, reason } => {
                 self.closed_by_arbiter = true;
@@ -335,6 +327,12 @@ impl Handler<ViewerOut> for Viewer {
                 metrics::counter!("tether_viewer_slow_closed_total").increment(1);
                 self.outbox.abort(code, &reason);
                 ctx.stop();
+            }
+            // A home proxy's frames (a local arbiter queues its own).
+            frame => {
+                if matches!(frame.queue_on(&self.outbox), Delivery::Overflow) {
+                    self.too_slow(ctx);
+                }
             }
         }
     }
