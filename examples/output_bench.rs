@@ -6,6 +6,10 @@
 //!   `tether daemon`, one viewer per terminal over the viewer protocol;
 //! - **baseline**: `examples/pty_ws_baseline.rs`, one hop from a PTY to a
 //!   WebSocket;
+//! - **relayed**: the same baseline behind `pty_ws_baseline --forward`, a
+//!   process that only copies bytes: the least a two-hop relay costs (tether
+//!   has two: viewer -> server -> daemon), for what the extra hop alone
+//!   does to the echo;
 //! - **ttyd**, only with `--ttyd PATH`: a ttyd binary (not part of this
 //!   repository; 1.7-style protocol, `tty` subprotocol, a command byte
 //!   before every message), started with `-W` on a free loopback port.
@@ -22,7 +26,8 @@
 //!   byte. MB/s is those bytes (10^6 a MB) over the time from sending the
 //!   command to the end marker's arrival. CPU per 100 MB is utime + stime
 //!   (`/proc/PID/stat`, all threads) over that time: `tether serve` plus
-//!   `tether daemon`, against the baseline process (or the ttyd process).
+//!   `tether daemon`, against the baseline process (the baseline and the
+//!   forwarder for relayed; the ttyd process).
 //!   None counts bash or `cat`, which are the same for all.
 //!
 //! Then `--viewers` viewers on one terminal (tether), and as many sockets on
@@ -203,23 +208,35 @@ async fn capture(framed: &mut Framed, wire: Wire, capture: &mut Capture) -> Resu
 
 struct Baseline {
     process: Guard,
+    addr: String,
     url: String,
 }
 
 impl Baseline {
     fn start(shared: bool) -> Baseline {
+        Baseline::run(if shared { &["--shared", "--"][..] } else { &["--"] }, true)
+    }
+
+    /// A forwarder in front of `to`, the relayed system.
+    fn forwarder(to: &Baseline) -> Baseline {
+        Baseline::run(&["--forward", &to.addr], false)
+    }
+
+    fn run(args: &[&str], shell: bool) -> Baseline {
         let mut cmd = Command::new(support::target_dir_binary("examples/pty_ws_baseline"));
-        if shared {
-            cmd.arg("--shared");
+        cmd.args(args);
+        if shell {
+            cmd.args(SHELL);
         }
-        cmd.arg("--").args(SHELL).current_dir("/tmp").stdin(Stdio::null()).stdout(Stdio::piped());
+        cmd.current_dir("/tmp").stdin(Stdio::null()).stdout(Stdio::piped());
         tie_to_parent(&mut cmd);
         let mut process = Guard(cmd.spawn().expect("spawn pty_ws_baseline (build it with --examples)"));
         let stdout = process.0.stdout.take().expect("baseline stdout");
         let mut line = String::new();
         BufReader::new(stdout).read_line(&mut line).expect("baseline listening line");
         let addr = line.trim().strip_prefix("listening on ").expect("`listening on ADDR`").to_owned();
-        Baseline { process, url: format!("ws://{addr}/") }
+        let url = format!("ws://{addr}/");
+        Baseline { process, addr, url }
     }
 
     fn pid(&self) -> u32 {
@@ -275,6 +292,7 @@ enum System {
     Baseline,
     Tether,
     Ttyd,
+    Relayed,
 }
 
 impl System {
@@ -283,6 +301,7 @@ impl System {
             System::Baseline => "baseline",
             System::Tether => "tether",
             System::Ttyd => "ttyd",
+            System::Relayed => "relayed",
         }
     }
 }
@@ -315,6 +334,8 @@ impl Wire {
 
 struct Systems {
     baseline: Baseline,
+    /// A forwarder in front of `baseline`.
+    relay: Baseline,
     tether: Single,
     ttyd: Option<Ttyd>,
 }
@@ -334,12 +355,13 @@ impl Systems {
             System::Baseline => vec![self.baseline.pid()],
             System::Tether => vec![self.tether.instance.pid(), self.tether.daemon_pid()],
             System::Ttyd => self.ttyd.iter().map(Ttyd::pid).collect(),
+            System::Relayed => vec![self.baseline.pid(), self.relay.pid()],
         }
     }
 
     /// The systems measured, in the order of a round.
     fn order(&self, round: usize) -> Vec<System> {
-        let mut order = vec![System::Baseline, System::Tether];
+        let mut order = vec![System::Baseline, System::Tether, System::Relayed];
         if self.ttyd.is_some() {
             order.push(System::Ttyd);
         }
@@ -353,6 +375,11 @@ impl Systems {
         let mut session = match system {
             System::Baseline => Session {
                 framed: websocket(&self.baseline.url, None).await.expect("baseline socket"),
+                wire: Wire::Raw,
+                terminal: None,
+            },
+            System::Relayed => Session {
+                framed: websocket(&self.relay.url, None).await.expect("relayed baseline socket"),
                 wire: Wire::Raw,
                 terminal: None,
             },
@@ -620,14 +647,16 @@ struct Figures {
 }
 
 /// The medians of all rounds, their ratios and the goals (issue 10):
-/// tether against the baseline, and against ttyd when it ran.
-fn summary(figures: &mut [Figures; 3], rounds: usize) {
+/// tether against the baseline, against the relayed baseline (the least
+/// two hops cost, no goal), and against ttyd when it ran.
+fn summary(figures: &mut [Figures; 4], rounds: usize) {
     for f in figures.iter_mut() {
         f.echoes.sort();
     }
     println!();
     println!("summary over {rounds} rounds (median, and min..max of the runs):");
-    for (system, f) in [System::Baseline, System::Tether, System::Ttyd].into_iter().zip(figures.iter()) {
+    let systems = [System::Baseline, System::Tether, System::Ttyd, System::Relayed];
+    for (system, f) in systems.into_iter().zip(figures.iter()) {
         if f.mb_per_s.is_empty() {
             continue;
         }
@@ -643,16 +672,22 @@ fn summary(figures: &mut [Figures; 3], rounds: usize) {
             ms(percentile(&f.echoes, 0.99)),
         );
     }
-    let [b, t, d] = &*figures;
-    ratios(t, b, "baseline", [Some(0.9), Some(1.3), Some(1.5)]);
+    let [b, t, d, r] = &*figures;
+    ratios((t, "tether"), (b, "baseline"), [Some(0.9), Some(1.3), Some(1.5)]);
+    ratios((r, "relayed"), (b, "baseline"), [None, None, None]);
+    ratios((t, "tether"), (r, "relayed"), [None, None, None]);
     if !d.mb_per_s.is_empty() {
-        ratios(t, d, "ttyd", [Some(1.0), None, None]);
+        ratios((t, "tether"), (d, "ttyd"), [Some(1.0), None, None]);
     }
 }
 
-/// tether's figures over `other`'s, with the goals for cat MB/s (at
+/// One system's figures over another's, with the goals for cat MB/s (at
 /// least), echo p99 and CPU per 100 MB (at most), where there are goals.
-fn ratios(t: &Figures, other: &Figures, name: &str, [mb_goal, p99_goal, cpu_goal]: [Option<f64>; 3]) {
+fn ratios(
+    (t, name_t): (&Figures, &str),
+    (other, name): (&Figures, &str),
+    [mb_goal, p99_goal, cpu_goal]: [Option<f64>; 3],
+) {
     let pair_ratios = |tv: &[f64], ov: &[f64]| -> Vec<f64> { tv.iter().zip(ov).map(|(t, o)| t / o).collect() };
     let show = |v: &[f64]| v.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(" ");
     let goal = |ratio: f64, goal: Option<f64>, at_least: bool| match goal {
@@ -664,7 +699,7 @@ fn ratios(t: &Figures, other: &Figures, name: &str, [mb_goal, p99_goal, cpu_goal
     let p50_ratio = ms(percentile(&t.echoes, 0.5)) / ms(percentile(&other.echoes, 0.5));
     let p99_ratio = ms(percentile(&t.echoes, 0.99)) / ms(percentile(&other.echoes, 0.99));
     let cpu_ratio = median(&t.cpu_per_100mb) / median(&other.cpu_per_100mb);
-    println!("ratios tether/{name} (of the medians; per round in brackets):");
+    println!("ratios {name_t}/{name} (of the medians; per round in brackets):");
     println!(
         "  cat MB/s        {mb_ratio:.2}  [{}]{}",
         show(&pair_ratios(&t.mb_per_s, &other.mb_per_s)),
@@ -705,10 +740,13 @@ async fn main() {
         small_expected.len() as f64 / 1e6,
     );
     let ttyd = if ttyd_path.is_empty() { None } else { Some(Ttyd::start(&ttyd_path).await) };
-    let systems = Systems { baseline: Baseline::start(false), tether: Single::start().await, ttyd };
+    let baseline = Baseline::start(false);
+    let relay = Baseline::forwarder(&baseline);
+    let systems = Systems { baseline, relay, tether: Single::start().await, ttyd };
     println!(
-        "output_bench: pids: baseline {}, tether serve {}, tether daemon {}; logs in {}",
+        "output_bench: pids: baseline {}, its forwarder {}, tether serve {}, tether daemon {}; logs in {}",
         systems.baseline.pid(),
+        systems.relay.pid(),
         systems.tether.instance.pid(),
         systems.tether.daemon_pid(),
         systems.tether.dir.path().display()
@@ -717,7 +755,7 @@ async fn main() {
         println!("output_bench: ttyd {} at {}", ttyd.pid(), ttyd.url);
     }
 
-    let mut figures = [Figures::default(), Figures::default(), Figures::default()];
+    let mut figures = [Figures::default(), Figures::default(), Figures::default(), Figures::default()];
     for round in 1..=rounds {
         for system in systems.order(round) {
             let load = load_average();
@@ -787,8 +825,9 @@ async fn main() {
                     }
                     (sockets, systems.pids(system), Some(id))
                 }
-                // ttyd starts a terminal per socket: it has no fan-out to compare.
-                System::Ttyd => unreachable!("the fan-out runs the baseline and tether"),
+                // ttyd starts a terminal per socket: it has no fan-out to
+                // compare; the relayed baseline's is the baseline's.
+                System::Ttyd | System::Relayed => unreachable!("the fan-out runs the baseline and tether"),
             };
             let _ = echo_once(&mut sockets[0], Wire::Raw).await;
             clear_line(&mut sockets[0], Wire::Raw).await;
@@ -799,7 +838,7 @@ async fn main() {
             let names: &[&str] = match system {
                 System::Baseline => &["baseline"],
                 System::Tether => &["serve", "daemon"],
-                System::Ttyd => &["ttyd"],
+                System::Ttyd | System::Relayed => unreachable!("the fan-out runs the baseline and tether"),
             };
             let rss: Vec<String> = names
                 .iter()

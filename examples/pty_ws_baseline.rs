@@ -16,10 +16,19 @@
 //! ```sh
 //! cargo build --release --example pty_ws_baseline
 //! target/release/examples/pty_ws_baseline [--listen 127.0.0.1:0] [--shared] [-- COMMAND ARGS...]
+//! target/release/examples/pty_ws_baseline [--listen 127.0.0.1:0] --forward ADDR
 //! ```
 //!
+//! With `--forward ADDR` it is no terminal at all but the least a second
+//! hop can do: a TCP forwarder, one thread, that dials ADDR for every
+//! connection and copies bytes both ways without looking at them. Put in
+//! front of a baseline it is the least a two-hop relay (tether's viewer ->
+//! server -> daemon) can cost: one more process and one more loopback
+//! crossing each way.
+//!
 //! It prints `listening on ADDR` once bound. `examples/output_bench.rs`
-//! starts it next to a real tether.
+//! starts it next to a real tether, and once more as a forwarder in front
+//! of it.
 
 use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
@@ -34,6 +43,8 @@ use tokio::sync::mpsc;
 const READ_CHUNK: usize = 64 * 1024;
 /// PTY reads queued per socket before the reader thread waits for it.
 const SOCKET_QUEUE_CHUNKS: usize = 16;
+/// The forwarder's buffer per direction (one PTY read's worth).
+const FORWARD_CHUNK: usize = 64 * 1024;
 
 /// One PTY: where its output goes, and its input.
 struct Pty {
@@ -155,19 +166,44 @@ async fn socket(req: HttpRequest, body: web::Payload, config: web::Data<Config>)
     Ok(response)
 }
 
+/// `--forward`: every connection to `listen` is dialed on to `to` and the
+/// bytes copied both ways as they come.
+async fn forward(listen: &str, to: String) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    println!("listening on {}", listener.local_addr()?);
+    loop {
+        let (mut inbound, _) = listener.accept().await?;
+        let to = to.clone();
+        actix_web::rt::spawn(async move {
+            let Ok(mut outbound) = tokio::net::TcpStream::connect(&to).await else { return };
+            // As tether's server does: keystroke echoes must not wait for a delayed ACK.
+            for stream in [&inbound, &outbound] {
+                let _ = stream.set_nodelay(true);
+            }
+            let _ = tokio::io::copy_bidirectional_with_sizes(&mut inbound, &mut outbound, FORWARD_CHUNK, FORWARD_CHUNK)
+                .await;
+        });
+    }
+}
+
 #[actix_web::main]
 async fn main() -> std::io::Result<()> {
     let mut args = std::env::args().skip(1);
     let mut listen = "127.0.0.1:0".to_owned();
     let mut shared = false;
+    let mut forward_to = None;
     let mut argv = Vec::new();
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--listen" => listen = args.next().unwrap_or(listen),
             "--shared" => shared = true,
+            "--forward" => forward_to = args.next(),
             "--" => argv.extend(args.by_ref()),
             other => return Err(std::io::Error::other(format!("unknown argument {other}"))),
         }
+    }
+    if let Some(to) = forward_to {
+        return forward(&listen, to).await;
     }
     if argv.is_empty() {
         argv = vec!["bash".to_owned(), "--norc".to_owned()];
