@@ -10,9 +10,10 @@
 //! instead; this is that service. It answers the request with the same
 //! actix-web application (routes, middleware, handlers: nothing about a
 //! socket changes for them) and then moves bytes both ways itself: a read
-//! goes through a buffer on the stack and only what arrived is kept, a
-//! write batch is allocated while there is something to write and given
-//! back once it is out. An idle socket holds no buffer at all.
+//! goes through a buffer on the stack and only what arrived is kept, and
+//! the response body's chunks are written as they are (one vectored write
+//! for what is ready), nothing held once they are out. An idle socket
+//! holds no buffer at all.
 //!
 //! Once the request is answered the connection leaves the dispatcher's
 //! task, which is sized for any request the application serves, for a
@@ -58,6 +59,9 @@ const READS_PER_TURN: usize = 4;
 
 /// Outbound bytes gathered into one write.
 const WRITE_BATCH: usize = 64 * 1024;
+
+/// Pieces one vectored write takes at most.
+const WRITE_SLICES: usize = 64;
 
 /// How long a connection whose response has ended (a WebSocket's close
 /// frame is its last frame) may take to write what is left before it is
@@ -188,12 +192,50 @@ impl Reader {
 
 /// The socket's write side: the response head, then the body as it comes.
 struct Writer {
-    /// Encoded bytes not written yet; empty (no allocation) between batches.
-    out: BytesMut,
+    /// Bytes not written yet, in order; empty (no allocation) between
+    /// batches. Each is written from where it is, with vectored writes.
+    out: VecDeque<Bytes>,
+    /// Their length in all.
+    queued: usize,
+    /// The body's chunks go out as they are: a streamed body of an upgrade
+    /// request, which the codec would copy unchanged (it neither frames
+    /// nor counts an upgrade's stream).
+    raw: bool,
     body_done: bool,
 }
 
 impl Writer {
+    /// A writer that starts with the response's encoded head.
+    fn new(head: BytesMut, raw: bool) -> Self {
+        let mut writer = Writer { out: VecDeque::new(), queued: 0, raw, body_done: false };
+        writer.queue(head.freeze());
+        writer
+    }
+
+    fn queue(&mut self, bytes: Bytes) {
+        if !bytes.is_empty() {
+            self.queued += bytes.len();
+            self.out.push_back(bytes);
+        }
+    }
+
+    /// Takes `n` written bytes off the front.
+    fn advance(&mut self, mut n: usize) {
+        self.queued -= n;
+        while n > 0 {
+            let Some(front) = self.out.front_mut() else { break };
+            if front.len() > n {
+                front.advance(n);
+                break;
+            }
+            n -= front.len();
+            self.out.pop_front();
+        }
+        if self.out.is_empty() {
+            self.out = VecDeque::new();
+        }
+    }
+
     /// Writes what the body has ready. `Ready` once the body has ended and
     /// all of it is out (or the socket failed).
     fn poll<T: AsyncWrite + Unpin>(
@@ -204,17 +246,25 @@ impl Writer {
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
         loop {
-            while !self.body_done && self.out.len() < WRITE_BATCH {
+            while !self.body_done && self.queued < WRITE_BATCH {
                 match body.as_mut().poll_next(cx) {
-                    Poll::Ready(Some(Ok(chunk))) => codec.encode(Message::Chunk(Some(chunk)), &mut self.out)?,
+                    Poll::Ready(Some(Ok(chunk))) if self.raw => self.queue(chunk),
+                    Poll::Ready(Some(Ok(chunk))) => {
+                        let mut encoded = BytesMut::new();
+                        codec.encode(Message::Chunk(Some(chunk)), &mut encoded)?;
+                        self.queue(encoded.freeze());
+                    }
                     Poll::Ready(Some(Err(error))) => {
                         tracing::debug!(error = %error, "tether_upgraded_body_failed");
                         self.body_done = true;
-                        self.out = BytesMut::new();
+                        self.out = VecDeque::new();
+                        self.queued = 0;
                         return Poll::Ready(Ok(()));
                     }
                     Poll::Ready(None) => {
-                        codec.encode(Message::Chunk(None), &mut self.out)?;
+                        let mut end = BytesMut::new();
+                        codec.encode(Message::Chunk(None), &mut end)?;
+                        self.queue(end.freeze());
                         self.body_done = true;
                     }
                     Poll::Pending => break,
@@ -223,14 +273,12 @@ impl Writer {
             if self.out.is_empty() {
                 break;
             }
-            match Pin::new(&mut *io).poll_write(cx, &self.out) {
+            let mut slices = [io::IoSlice::new(&[]); WRITE_SLICES];
+            let n =
+                self.out.iter().zip(slices.iter_mut()).map(|(bytes, slice)| *slice = io::IoSlice::new(bytes)).count();
+            match Pin::new(&mut *io).poll_write_vectored(cx, &slices[..n]) {
                 Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Poll::Ready(Ok(n)) => {
-                    self.out.advance(n);
-                    if self.out.is_empty() {
-                        self.out = BytesMut::new();
-                    }
-                }
+                Poll::Ready(Ok(n)) => self.advance(n),
                 Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
                 Poll::Pending => return Poll::Pending,
             }
@@ -282,11 +330,14 @@ where
     .unwrap_or_else(|error| error.error_response().into());
 
     let (head, body) = response.into_parts();
-    let mut writer = Writer { out: BytesMut::new(), body_done: false };
-    if let Err(error) = codec.encode(Message::Item((head, body.size())), &mut writer.out) {
+    let mut encoded = BytesMut::new();
+    if let Err(error) = codec.encode(Message::Item((head, body.size())), &mut encoded) {
         tracing::debug!(error = %error, "tether_upgraded_head_failed");
         return;
     }
+    // Every request here is an upgrade, whose streamed body the codec
+    // passes through unchanged (a sized one it counts, and is kept to).
+    let mut writer = Writer::new(encoded, body.size() == BodySize::Stream);
     // What the connection keeps while it lives moves into its own task.
     actix_rt::spawn(async move {
         let _open = open;
@@ -519,6 +570,35 @@ mod tests {
     }
 
     #[actix_rt::test]
+    async fn pieces_are_written_as_they_are_however_little_the_socket_takes() {
+        // A socket that takes a few bytes at a time: writes end inside a
+        // piece and between pieces.
+        let (mut server, mut client) = tokio::io::duplex(5);
+        let pieces: Vec<Bytes> = (0..20u8).map(|n| Bytes::from(vec![n; 1 + 3 * n as usize])).collect();
+        let expected: Vec<u8> =
+            [&b"head"[..]].into_iter().chain(pieces.iter().map(|p| &p[..])).flatten().copied().collect();
+        let mut body: Pin<Box<BoxBody>> = Box::pin(BoxBody::new(BodyStream::new(futures_util::stream::iter(
+            pieces.into_iter().map(Ok::<_, io::Error>),
+        ))));
+        let mut writer = Writer::new(BytesMut::from(&b"head"[..]), true);
+        let mut codec = Codec::new(ServiceConfig::default());
+        let reading = async {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 3];
+            while got.len() < expected.len() {
+                let n = client.read(&mut buf).await.expect("read");
+                got.extend_from_slice(&buf[..n]);
+            }
+            got
+        };
+        let writing = poll_fn(|cx| writer.poll(&mut server, &mut codec, &mut body, cx));
+        let (written, got) = soon("everything is written", futures_util::future::join(writing, reading)).await;
+        written.expect("written");
+        assert_eq!(got, expected);
+        assert_eq!((writer.queued, writer.out.capacity()), (0, 0));
+    }
+
+    #[actix_rt::test]
     async fn an_idle_socket_holds_no_write_buffer() {
         let (req, framed, mut client) = handed_over(b"");
         drop(req);
@@ -528,16 +608,18 @@ mod tests {
             rx.recv().await.map(|chunk| (Ok::<_, io::Error>(chunk), rx))
         });
         let mut body: Pin<Box<BoxBody>> = Box::pin(BoxBody::new(BodyStream::new(chunks)));
-        let mut writer = Writer { out: BytesMut::new(), body_done: false };
         let mut switching = Response::with_body(StatusCode::SWITCHING_PROTOCOLS, ());
         switching.head_mut().set_connection_type(actix_http::ConnectionType::Upgrade);
-        parts.codec.encode(Message::Item((switching, body.size())), &mut writer.out).expect("head");
+        let mut head = BytesMut::new();
+        parts.codec.encode(Message::Item((switching, body.size())), &mut head).expect("head");
+        let mut writer = Writer::new(head, true);
 
         tx.send(Bytes::from_static(b"one")).expect("queued");
         tx.send(Bytes::from_static(b"two")).expect("queued");
         let pending = poll_fn(|cx| Poll::Ready(writer.poll(&mut parts.io, &mut parts.codec, &mut body, cx))).await;
         assert!(pending.is_pending(), "the body has not ended");
         assert_eq!(writer.out.capacity(), 0, "nothing is held once the batch is out");
+        assert_eq!(writer.queued, 0);
 
         drop(tx);
         poll_fn(|cx| writer.poll(&mut parts.io, &mut parts.codec, &mut body, cx)).await.expect("written");

@@ -12,6 +12,11 @@
 //! Frames leave strictly in push order. `close` goes through the same queue
 //! (after what was pushed before it) and ends the body; `abort` drops what
 //! is queued and closes at once.
+//!
+//! A large binary frame's payload is not copied: the body hands over the
+//! frame's header and then the payload's `Bytes` as they are (the
+//! daemon's Output, sliced out of its frame, reaches every viewer's socket
+//! that way), and the connection writes both with one vectored write.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -66,6 +71,26 @@ const MAX_CONTROL_PAYLOAD: usize = 125;
 /// Encoded bytes the body hands over in one chunk at most (the connection
 /// gathers chunks into writes of its own size).
 const CHUNK: usize = 64 * 1024;
+
+/// Binary payloads from this size on are handed over as they are, after
+/// their header, instead of copied into a chunk.
+const BY_REFERENCE: usize = 1024;
+
+/// A server's (unmasked, final) binary frame header for a payload of `len`
+/// bytes (RFC 6455, 5.2).
+fn binary_header(len: usize, out: &mut BytesMut) {
+    use bytes::BufMut;
+    out.put_u8(0x82);
+    if len < 126 {
+        out.put_u8(len as u8);
+    } else if let Ok(len) = u16::try_from(len) {
+        out.put_u8(126);
+        out.put_u16(len);
+    } else {
+        out.put_u8(127);
+        out.put_u64(len as u64);
+    }
+}
 
 /// The queue was over its bound: the peer is not keeping up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,7 +232,8 @@ impl Outbox {
     ) -> (HttpResponse, Self) {
         let shared = Arc::new(Shared::for_one_handle());
         let (response, actix_ws) = response.into_parts();
-        let body = Body { shared: shared.clone(), codec: Codec::new(), ended: false, _actix_ws: actix_ws };
+        let body =
+            Body { shared: shared.clone(), codec: Codec::new(), ended: false, payload: None, _actix_ws: actix_ws };
         (response.set_body(body).map_into_boxed_body(), Self { shared, high_water, limit, counted: true })
     }
 
@@ -297,6 +323,8 @@ pub struct Body {
     shared: Arc<Shared>,
     codec: Codec,
     ended: bool,
+    /// The payload of the frame whose header ended the last chunk.
+    payload: Option<Bytes>,
     /// actix-ws's own body for this socket, never polled: it goes with
     /// this one, and its going tells the socket's message stream that the
     /// connection is gone (the stream ends then, as it does with actix-ws's
@@ -353,20 +381,31 @@ impl MessageBody for Body {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, ProtocolError>>> {
         let this = self.get_mut();
+        if let Some(payload) = this.payload.take() {
+            return Poll::Ready(Some(Ok(payload)));
+        }
         let mut out = BytesMut::new();
         while !this.ended && out.len() < CHUNK {
             match this.next(cx) {
                 Poll::Ready(Some(frame)) => {
-                    let weight = frame.weight();
-                    let close = matches!(frame, Frame::Close(..));
-                    let encoded = this.codec.encode(frame.into_message(), &mut out);
-                    this.shared.queued.fetch_sub(weight, Ordering::Relaxed);
-                    if close {
-                        this.end();
-                    }
-                    if let Err(error) = encoded {
-                        this.end();
-                        return Poll::Ready(Some(Err(error)));
+                    this.shared.queued.fetch_sub(frame.weight(), Ordering::Relaxed);
+                    match frame {
+                        Frame::Binary(payload) if payload.len() >= BY_REFERENCE => {
+                            binary_header(payload.len(), &mut out);
+                            this.payload = Some(payload);
+                            break;
+                        }
+                        frame => {
+                            let close = matches!(frame, Frame::Close(..));
+                            let encoded = this.codec.encode(frame.into_message(), &mut out);
+                            if close {
+                                this.end();
+                            }
+                            if let Err(error) = encoded {
+                                this.end();
+                                return Poll::Ready(Some(Err(error)));
+                            }
+                        }
                     }
                 }
                 Poll::Ready(None) => this.end(),
@@ -458,6 +497,47 @@ mod tests {
         assert!(ended, "no handle left, nothing queued: the body ends");
         frames.extend(rest);
         assert_eq!(bytes_of(&frames), (0..100).collect::<Vec<u8>>());
+    }
+
+    #[actix_rt::test]
+    async fn a_large_payload_is_handed_over_as_it_is_after_its_header() {
+        let (outbox, mut body) = outbox(usize::MAX);
+        let sizes = [BY_REFERENCE - 1, BY_REFERENCE, 65_535, 65_536, 200_000];
+        let payloads: Vec<Bytes> =
+            sizes.iter().map(|&n| Bytes::from((0..n).map(|i| i as u8).collect::<Vec<u8>>())).collect();
+        for payload in &payloads {
+            outbox.push(Frame::Binary(payload.clone())).expect("queued");
+        }
+        outbox.push(binary(7)).expect("queued");
+        let chunks: Vec<Bytes> = poll_fn(|cx| {
+            let mut chunks = Vec::new();
+            while let Poll::Ready(Some(chunk)) = body.as_mut().poll_next(cx) {
+                chunks.push(chunk.expect("encoded"));
+            }
+            Poll::Ready(chunks)
+        })
+        .await;
+        // The large ones' bytes are the pushed `Bytes` themselves, not copies.
+        for payload in &payloads[1..] {
+            assert!(
+                chunks.iter().any(|chunk| chunk.as_ptr() == payload.as_ptr() && chunk.len() == payload.len()),
+                "a payload of {} bytes is handed over as it is",
+                payload.len()
+            );
+        }
+        assert!(!chunks.iter().any(|chunk| chunk.as_ptr() == payloads[0].as_ptr()), "a small one is copied");
+        // And the whole is what a client reads as these frames.
+        let mut bytes = BytesMut::from(&chunks.concat()[..]);
+        let mut codec = ws::Codec::new().client_mode().max_size(1 << 20);
+        let mut frames = Vec::new();
+        while let Some(frame) = codec.decode(&mut bytes).expect("decodes") {
+            frames.push(frame);
+        }
+        assert!(bytes.is_empty(), "whole frames only");
+        let expected: Vec<ws::Frame> =
+            payloads.iter().cloned().chain([Bytes::from_static(&[7])]).map(ws::Frame::Binary).collect();
+        assert_eq!(frames, expected);
+        assert_eq!(outbox.queued_counter().load(Ordering::Relaxed), 0, "every frame's weight is given back");
     }
 
     #[actix_rt::test]
