@@ -20,9 +20,13 @@
 //! `--seconds` (utime + stime, all threads, `/proc/PID/stat`), the pings
 //! answered in that window and the CPU per ping.
 //!
+//! `--coalesce-us N` has each serving thread sleep N us before every wait
+//! for events, so one wake-up takes every ping that came in meanwhile:
+//! what is left per ping is the work no batching of wake-ups removes.
+//!
 //! ```sh
 //! cargo build --release --example ping_floor
-//! target/release/examples/ping_floor [--connections 19000] [--period-ms 30000] [--seconds 60] [--processes 8]
+//! target/release/examples/ping_floor [--connections 19000] [--period-ms 30000] [--seconds 60] [--processes 8] [--coalesce-us 0]
 //! ```
 
 mod support;
@@ -57,8 +61,9 @@ const REPORT_EVERY: Duration = Duration::from_millis(200);
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     raise_nofile();
+    let coalesce = Duration::from_micros(arg(&args, "--coalesce-us", 0));
     if args.iter().any(|a| a == "--serve") {
-        serve();
+        serve(coalesce);
         return;
     }
     let connections: usize = arg(&args, "--connections", 19_000);
@@ -74,7 +79,7 @@ fn main() {
     let processes: usize = arg::<usize>(&args, "--processes", 8).clamp(1, connections.max(1));
 
     let mut cmd = Command::new(std::env::current_exe().expect("exe"));
-    cmd.arg("--serve").stdout(Stdio::piped());
+    cmd.args(["--serve", "--coalesce-us", &coalesce.as_micros().to_string()]).stdout(Stdio::piped());
     tie_to_parent(&mut cmd);
     let mut child = cmd.spawn().expect("start the serving process");
     let mut line = String::new();
@@ -182,7 +187,7 @@ async fn ping(mut stream: TcpStream, first: tokio::time::Instant, period: Durati
 
 /// The serving process: prints its address, then answers every socket's
 /// messages on `SERVING_THREADS` event loops until its parent goes.
-fn serve() {
+fn serve(coalesce: Duration) {
     // The listeners are made inside a runtime and leave it as std ones,
     // each for its thread's own runtime.
     let listeners = {
@@ -200,7 +205,15 @@ fn serve() {
         .into_iter()
         .map(|listener| {
             std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .on_thread_park(move || {
+                        if !coalesce.is_zero() {
+                            std::thread::sleep(coalesce)
+                        }
+                    })
+                    .build()
+                    .expect("runtime");
                 let local = tokio::task::LocalSet::new();
                 local.block_on(&runtime, async move {
                     let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
