@@ -19,7 +19,10 @@
 //! on a fresh terminal and socket each:
 //!
 //! - keystroke echo: `x` typed (a binary frame) until a frame holding its
-//!   echo arrives, in bash's readline; `^U` every 40 keys;
+//!   echo arrives, in bash's readline; `^U` every 40 keys; and the CPU the
+//!   system's processes (as for the `cat` below) spent per echo, `^U`s
+//!   included: their threads' time on a CPU (`/proc/PID/task/*/schedstat`,
+//!   nanoseconds, where the ticks of `stat` are too coarse for it);
 //! - `cat` of a text file (lines of 64 bytes, `--mib` MiB, generated once):
 //!   the viewer checks the bytes between two markers printed around the
 //!   `cat` against the file as the PTY renders it (`\n` -> `\r\n`), byte for
@@ -58,7 +61,7 @@ use actix_http::ws;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::json;
 use support::{
-    arg, cpu_ticks, drain, drain_for, kill_terminal, ms, new_terminal, percentile, reset_peak_rss, status_kib,
+    arg, cpu_ns, cpu_ticks, drain, drain_for, kill_terminal, ms, new_terminal, percentile, reset_peak_rss, status_kib,
     ticks_per_second, tie_to_parent, until_live, viewer, websocket, Framed, Guard, Single, Start,
 };
 
@@ -644,6 +647,8 @@ struct Figures {
     cpu_per_100mb: Vec<f64>,
     echoes: Vec<Duration>,
     echo_p99: Vec<f64>,
+    /// CPU microseconds of the system's processes per echo, per round.
+    cpu_per_echo: Vec<f64>,
 }
 
 /// The medians of all rounds, their ratios and the goals (issue 10):
@@ -663,13 +668,14 @@ fn summary(figures: &mut [Figures; 4], rounds: usize) {
         let (lo, hi) = range(&f.mb_per_s);
         let (clo, chi) = range(&f.cpu_per_100mb);
         println!(
-            "  {:<8} cat {:.1} MB/s ({lo:.1}..{hi:.1}); CPU {:.2} s per 100 MB ({clo:.2}..{chi:.2}); echo over {} keys p50 {:.3} ms p99 {:.3} ms",
+            "  {:<8} cat {:.1} MB/s ({lo:.1}..{hi:.1}); CPU {:.2} s per 100 MB ({clo:.2}..{chi:.2}); echo over {} keys p50 {:.3} ms p99 {:.3} ms, CPU {:.0} us per echo",
             system.name(),
             median(&f.mb_per_s),
             median(&f.cpu_per_100mb),
             f.echoes.len(),
             ms(percentile(&f.echoes, 0.5)),
             ms(percentile(&f.echoes, 0.99)),
+            median(&f.cpu_per_echo),
         );
     }
     let [b, t, d, r] = &*figures;
@@ -716,6 +722,11 @@ fn ratios(
         show(&pair_ratios(&t.cpu_per_100mb, &other.cpu_per_100mb)),
         goal(cpu_ratio, cpu_goal, false)
     );
+    println!(
+        "  CPU per echo    {:.2}  [{}]",
+        median(&t.cpu_per_echo) / median(&other.cpu_per_echo),
+        show(&pair_ratios(&t.cpu_per_echo, &other.cpu_per_echo))
+    );
 }
 
 #[actix_rt::main]
@@ -761,7 +772,13 @@ async fn main() {
             let load = load_average();
             let pids = systems.pids(system);
             let mut session = systems.open(system).await;
+            let before: Vec<u64> = pids.iter().map(|&pid| cpu_ns(pid)).collect();
             let mut echo = echoes(&mut session.framed, session.wire, echo_rounds).await;
+            let echo_cpu: Vec<f64> = pids
+                .iter()
+                .zip(before)
+                .map(|(&pid, before)| cpu_ns(pid).saturating_sub(before) as f64 / 1e3 / echo_rounds.max(1) as f64)
+                .collect();
             echo.sort();
             let run = cat(&mut session, &pids, &big, &big_expected).await;
             systems.close(session).await;
@@ -769,7 +786,14 @@ async fn main() {
             let p99 = ms(percentile(&echo, 0.99));
             f.echo_p99.push(p99);
             f.echoes.extend(echo.iter().copied());
-            let echo_text = format!("echo p50 {:.3} ms p99 {:.3} ms", ms(percentile(&echo, 0.5)), p99);
+            f.cpu_per_echo.push(echo_cpu.iter().sum());
+            let echo_cpu: Vec<String> = echo_cpu.iter().map(|us| format!("{us:.0}")).collect();
+            let echo_text = format!(
+                "echo p50 {:.3} ms p99 {:.3} ms, CPU {} us per echo",
+                ms(percentile(&echo, 0.5)),
+                p99,
+                echo_cpu.join(" + ")
+            );
             match run {
                 Ok(run) => {
                     let per_100 = run.cpu_per_100mb(big_expected.len());

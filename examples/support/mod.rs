@@ -77,6 +77,17 @@ fn stat_fields(pid: u32) -> Vec<u64> {
     after.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0)).collect()
 }
 
+/// Nanoseconds on a CPU of a process's live threads (the first field of
+/// each `/proc/{pid}/task/*/schedstat`): finer than [`cpu_ticks`], for
+/// spans of a few milliseconds; threads that ended are not counted.
+pub fn cpu_ns(pid: u32) -> u64 {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+    tasks
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next().and_then(|ns| ns.parse::<u64>().ok()))
+        .sum()
+}
+
 /// utime + stime of a process (all its threads), in clock ticks.
 pub fn cpu_ticks(pid: u32) -> u64 {
     let fields = stat_fields(pid);
