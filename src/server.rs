@@ -180,6 +180,19 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     ignore_file_size_signal();
     let open_files = raise_open_file_limit();
     let settings = Arc::new(settings);
+    // The listeners first: a port already taken is refused before any
+    // actor, timer or connection pool has started (they would be torn
+    // down half-started when the error ends the runtime).
+    let addr = settings.listen_addr();
+    let listener = tcp_listener(addr).map_err(|source| ServeError::Bind { addr, source })?;
+    let metrics_listener = match &settings.metrics.listen {
+        Some(listen) => Some(metrics_listener(listen)?),
+        None => None,
+    };
+    let tls = match (&settings.http.tls_cert_path, &settings.http.tls_key_path) {
+        (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key)?),
+        _ => None,
+    };
     let serving = Serving::of(role, settings.director.enabled);
     let ticket_key = match serving.placement {
         true => Some(crate::director::ticket_key(&settings)?),
@@ -200,11 +213,6 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     let state = AppState::start(settings.clone(), store, instance)?;
     let app_state = state.clone();
     let max_body = settings.http.max_body_bytes;
-    let addr = settings.listen_addr();
-    let tls = match (&settings.http.tls_cert_path, &settings.http.tls_key_path) {
-        (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key)?),
-        _ => None,
-    };
     let make_app = move || {
         App::new()
             .app_data(app_state.clone())
@@ -217,7 +225,6 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
             .wrap_fn(crate::http::record_metrics)
             .configure(|cfg| crate::http::configure(cfg, max_body, serving))
     };
-    let listener = tcp_listener(addr).map_err(|source| ServeError::Bind { addr, source })?;
     let local = listener.local_addr()?;
     let handshake = ms(settings.http.handshake_timeout_ms);
     let builder = actix_server::Server::build()
@@ -279,9 +286,9 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
         let url = settings.cell.url.clone().unwrap_or_else(|| format!("{scheme}://{}", addr_of(&addrs, addr)));
         crate::cell::runtime::start(state.relay.cell.clone(), state.store.clone(), &settings, url).await?;
     }
-    let (metrics_server, metrics_addrs) = match &settings.metrics.listen {
-        Some(listen) => {
-            let (server, addrs) = bind_metrics(listen, state.clone())?;
+    let (metrics_server, metrics_addrs) = match metrics_listener {
+        Some(listener) => {
+            let (server, addrs) = serve_metrics(listener, state.clone())?;
             (Some(server), addrs)
         }
         None => (None, Vec::new()),
@@ -307,16 +314,22 @@ fn addr_of(addrs: &[SocketAddr], configured: SocketAddr) -> SocketAddr {
     addrs.first().copied().unwrap_or(configured)
 }
 
-/// The `metrics.listen` listener: `/metrics` and nothing else, plain HTTP
-/// (docs/OPERATIONS.md, "Metrics"); returns the server and its addresses.
-fn bind_metrics(
-    listen: &str,
-    state: web::Data<AppState>,
-) -> Result<(actix_web::dev::Server, Vec<SocketAddr>), ServeError> {
+/// The `metrics.listen` listener.
+fn metrics_listener(listen: &str) -> Result<std::net::TcpListener, ServeError> {
     let addr: SocketAddr = listen.parse().map_err(|e| crate::config::ConfigError::Invalid {
         key: "metrics.listen",
         message: format!("`{listen}`: {e}"),
     })?;
+    std::net::TcpListener::bind(addr).map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// Serves `/metrics` and nothing else on its own listener, plain HTTP
+/// (docs/OPERATIONS.md, "Metrics"); returns the server and its addresses.
+fn serve_metrics(
+    listener: std::net::TcpListener,
+    state: web::Data<AppState>,
+) -> Result<(actix_web::dev::Server, Vec<SocketAddr>), ServeError> {
+    let addr = listener.local_addr()?;
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
@@ -325,7 +338,7 @@ fn bind_metrics(
     })
     .workers(1)
     .disable_signals()
-    .bind(addr)
+    .listen(listener)
     .map_err(|source| ServeError::Bind { addr, source })?;
     let addrs = server.addrs();
     Ok((server.run(), addrs))

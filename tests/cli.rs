@@ -709,6 +709,18 @@ fn serve_on_a_taken_port_exits_1() {
     let finished = Tether::spawn(dir.path(), &["serve", "--listen", &listen], &[]).wait(QUICK);
     assert_eq!(finished.code(), Some(1), "serve on a port in use should exit 1\n{}", finished.describe());
     assert!(finished.stderr.contains(&listen), "{}", finished.describe());
+    // Refused before anything started, so nothing is torn down half-started.
+    assert!(!finished.stderr.contains("panicked"), "{}", finished.describe());
+    // The same for the metrics listener.
+    let finished = Tether::spawn(
+        dir.path(),
+        &["serve", "--listen", "127.0.0.1:0"],
+        &[("TETHER_METRICS__LISTEN", listen.as_str())],
+    )
+    .wait(QUICK);
+    assert_eq!(finished.code(), Some(1), "metrics.listen on a port in use should exit 1\n{}", finished.describe());
+    assert!(finished.stderr.contains(&listen), "{}", finished.describe());
+    assert!(!finished.stderr.contains("panicked"), "{}", finished.describe());
     drop(taken);
 }
 
