@@ -489,7 +489,10 @@ async fn exit_reaches_viewers_and_later_viewers_get_the_final_screen() {
     assert_eq!(v.expect_close().await, Some(1000));
     s.api.wait_for(&format!("/api/v1/terminals/{}", s.terminal), "exited", |b| b["terminal"]["exitCode"] == 3).await;
     let mut late = s.viewer("").await;
-    assert_eq!(until(&mut late, "status").await["state"], "exited");
+    let status = until(&mut late, "status").await;
+    assert_eq!(status["state"], "exited");
+    // The daemon is still connected: the host reads online, as REST has it.
+    assert_eq!(status["host"], "online", "{status}");
     assert_eq!(until(&mut late, "size").await["cols"], 80);
     assert_eq!(bytes(&mut late, 12).await, b"FINAL SCREEN");
     assert_eq!(until(&mut late, "exit").await["exitCode"], 3);

@@ -30,7 +30,7 @@ use super::token_watch::{TokenRevoked, Watched};
 use super::*;
 use crate::audit::{Subject, Throttle};
 use crate::auth::Principal;
-use crate::store::{AuditAction, Terminal, TerminalState};
+use crate::store::{host_lease_key, AuditAction, Terminal, TerminalState};
 use crate::viewer_protocol::{ClientMessage, ServerMessage};
 
 /// The largest outbound queue any viewer reached, in bytes (for /metrics).
@@ -134,23 +134,29 @@ impl Viewer {
         ctx.stop();
     }
 
-    /// An exited or failed terminal: status, size, final snapshot, exit.
+    /// An exited or failed terminal: status (with the host's live state,
+    /// from its lease as the REST API reads it), size, final snapshot, exit.
     fn replay_ended(&mut self, ctx: &mut Context<Self>) {
         let store = self.relay.store.clone();
         let id = self.terminal.id;
-        async move { store.get_snapshot(id).await }
-            .into_actor(self)
-            .map(|snapshot, act, ctx| {
-                for message in ended_messages(&act.terminal, snapshot.ok().flatten(), false) {
-                    match message {
-                        ViewerOut::Binary(data) => act.push(Frame::Binary(data), ctx),
-                        ViewerOut::Text(text) => act.push(Frame::Text(text), ctx),
-                        _ => {}
-                    }
+        let lease = [host_lease_key(self.terminal.host_id)];
+        async move {
+            let snapshot = store.get_snapshot(id).await.ok().flatten();
+            let host_online = store.lease_holders(&lease).await.is_ok_and(|live| !live.is_empty());
+            (snapshot, host_online)
+        }
+        .into_actor(self)
+        .map(|(snapshot, host_online), act, ctx| {
+            for message in ended_messages(&act.terminal, snapshot, host_online) {
+                match message {
+                    ViewerOut::Binary(data) => act.push(Frame::Binary(data), ctx),
+                    ViewerOut::Text(text) => act.push(Frame::Text(text), ctx),
+                    _ => {}
                 }
-                act.close(close::NORMAL, "terminal ended", ctx);
-            })
-            .wait(ctx);
+            }
+            act.close(close::NORMAL, "terminal ended", ctx);
+        })
+        .wait(ctx);
     }
 
     /// Joins the terminal's arbiter on this instance, or, when another
