@@ -219,6 +219,24 @@ async fn spawn_start_and_exit_through_a_scripted_daemon() {
         .send_frame(daemon_frame::Frame::Started(tether::proto::v1::Started { terminal_id: parked.clone(), pid: 42 }))
         .await;
     api.wait_for(&format!("/api/v1/terminals/{parked}"), "running", |b| b["terminal"]["state"] == "running").await;
+    // Out of place for a running terminal (a Usage before its Exit, a
+    // SpawnError after its start): they change nothing, and the server
+    // still knows the terminal when its Exit comes.
+    daemon
+        .send_frame(daemon_frame::Frame::Usage(tether::proto::v1::Usage {
+            terminal_id: parked.clone(),
+            cpu_ms: 1,
+            max_rss_kb: 1,
+            output_bytes: 1,
+            wall_ms: 1,
+        }))
+        .await;
+    daemon
+        .send_frame(daemon_frame::Frame::SpawnError(tether::proto::v1::SpawnError {
+            terminal_id: parked.clone(),
+            message: "late".into(),
+        }))
+        .await;
     // Frames for a terminal this host does not own are dropped.
     let (_, other) = user_with_host(&server, "bob").await;
     let _ = other;

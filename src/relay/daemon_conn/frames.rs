@@ -116,7 +116,10 @@ impl Handler<Inbound> for DaemonConn {
             }
             daemon_frame::Frame::Started(s) => {
                 let Some(id) = owned_id(&s.terminal_id, &self.owned) else { return done() };
-                let run_id = self.owned.get(&id).and_then(|o| o.run_id);
+                let run_id = self.owned.get_mut(&id).and_then(|o| {
+                    o.started = true;
+                    o.run_id
+                });
                 let registry = self.relay.registry.clone();
                 let write = Write::new("terminal started", move |store| async move {
                     store.mark_started(host_id, id).await?;
@@ -134,6 +137,10 @@ impl Handler<Inbound> for DaemonConn {
             }
             daemon_frame::Frame::SpawnError(s) => {
                 let Some(id) = owned_id(&s.terminal_id, &self.owned) else { return done() };
+                if self.owned.get(&id).is_some_and(|o| o.started || o.exited) {
+                    tracing::debug!(terminal_id = %id, "tether_daemon_spawn_error_after_start_dropped");
+                    return done();
+                }
                 let run_id = self.owned.remove(&id).and_then(|o| o.run_id);
                 let registry = self.relay.registry.clone();
                 let message = spawn_error_message(&s.message);
@@ -171,8 +178,11 @@ impl Handler<Inbound> for DaemonConn {
                 let Some(id) = owned_id(&e.terminal_id, &self.owned) else { return done() };
                 let snapshot = self.owned.get_mut(&id).and_then(|o| o.final_snapshot.take());
                 // A run's terminal is forgotten when its Usage arrives; others now.
-                if self.owned.get(&id).is_some_and(|o| o.run_id.is_none()) {
-                    self.owned.remove(&id);
+                match self.owned.get_mut(&id) {
+                    Some(o) if o.run_id.is_some() => o.exited = true,
+                    _ => {
+                        self.owned.remove(&id);
+                    }
                 }
                 let status = ExitStatus { code: e.exit_code, signal: e.signal };
                 let arbiter = self.attached.remove(&id);
@@ -189,9 +199,15 @@ impl Handler<Inbound> for DaemonConn {
                 })))
             }
             daemon_frame::Frame::Usage(u) => {
-                let Some(id) = terminal_id(&u.terminal_id) else { return done() };
-                // Usage follows Exit; the terminal is forgotten once it arrives.
-                let Some(run_id) = self.owned.remove(&id).and_then(|o| o.run_id) else { return done() };
+                let Some(id) = owned_id(&u.terminal_id, &self.owned) else { return done() };
+                // Only a run keeps its usage. It follows Exit, and the
+                // terminal is forgotten once it arrives (not before).
+                let Some((run_id, exited)) = self.owned.get(&id).and_then(|o| Some((o.run_id?, o.exited))) else {
+                    return done();
+                };
+                if exited {
+                    self.owned.remove(&id);
+                }
                 let usage = run_usage(&u);
                 let write =
                     Write::new("run usage", move |store| async move { store.set_run_usage(run_id, &usage).await });

@@ -211,7 +211,10 @@ impl Handler<Hello> for DaemonConn {
                 act.relay.cell.seats().seated(host_id, epoch, accepted.claim.conn_no, by);
                 act.seated = true;
                 for t in &accepted.live {
-                    act.owned.entry(t.id).or_default().run_id = t.run_id;
+                    // Reported by the daemon: its process runs.
+                    let owned = act.owned.entry(t.id).or_default();
+                    owned.run_id = t.run_id;
+                    owned.started = true;
                 }
                 let ack = crate::proto::v1::HelloAck { instance_id: act.relay.instance_id.clone() };
                 act.send(server_frame::Frame::HelloAck(ack), ctx);

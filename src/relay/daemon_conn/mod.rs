@@ -76,6 +76,11 @@ struct HostSession {
 struct Owned {
     run_id: Option<Uuid>,
     final_snapshot: Option<(Bytes, u16, u16)>,
+    /// Its process runs (Started came, or the hello reported it): a
+    /// SpawnError for it is out of place and changes nothing.
+    started: bool,
+    /// Its Exit came (a run's terminal is kept for the Usage behind it).
+    exited: bool,
 }
 
 pub struct DaemonConn {
