@@ -6,8 +6,10 @@ mod support;
 
 use std::time::Duration;
 
+use actix_http::ws::Item;
+use bytes::Bytes;
 use serde_json::json;
-use support::client::{create_token, daemon_url, hello, viewer_url, Api, Event, Socket};
+use support::client::{create_token, daemon_url, frame_header, hello, viewer_url, Api, Event, Socket};
 use support::TetherServer;
 use tether::proto::v1::{daemon_frame, server_frame};
 
@@ -111,6 +113,31 @@ async fn frame_over_one_mib_is_4413() {
     let mut sock = connected_daemon(&server, &api, &host).await;
     sock.send_binary(vec![0u8; 1024 * 1024 + 1]).await;
     assert_eq!(sock.expect_close().await, Some(4413));
+}
+
+#[actix_rt::test]
+async fn a_header_declaring_over_one_mib_is_4413_before_its_payload() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let mut sock = connected_daemon(&server, &api, &host).await;
+    sock.send_raw(&frame_header(true, 2, 1 << 40)).await;
+    sock.send_raw(&[0u8; 64 * 1024]).await;
+    assert_eq!(sock.expect_close().await, Some(4413));
+    // Fragments count together: two of 700 KiB make one message over 1 MiB.
+    let mut sock = connected_daemon(&server, &api, &host).await;
+    let half = Bytes::from(vec![0u8; 700 * 1024]);
+    sock.send_continuation(Item::FirstBinary(half.clone())).await;
+    sock.send_continuation(Item::Last(half)).await;
+    assert_eq!(sock.expect_close().await, Some(4413));
+}
+
+#[actix_rt::test]
+async fn a_daemons_close_is_answered_with_its_code() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let mut sock = connected_daemon(&server, &api, &host).await;
+    sock.close_with(1001).await;
+    assert_eq!(sock.expect_close().await, Some(1001), "a close frame answers the daemon's");
 }
 
 #[actix_rt::test]

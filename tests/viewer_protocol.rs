@@ -87,7 +87,7 @@ impl Setup {
         loop {
             match self.daemon.next_server_frame().await {
                 server_frame::Frame::Attach(a) => return a,
-                server_frame::Frame::Resize(_) => continue,
+                server_frame::Frame::Resize(_) | server_frame::Frame::Detach(_) => continue,
                 other => panic!("expected Attach, got {other:?}"),
             }
         }
@@ -443,6 +443,13 @@ async fn bad_viewer_input_closes_with_its_code() {
     v.send_binary(vec![b'x'; 1024 * 1024 + 1]).await;
     assert_eq!(v.expect_close().await, Some(4413));
 
+    // A header that declares more is refused as it arrives, not after
+    // the server has held whatever the peer sends behind it.
+    let mut v = s.viewer("").await;
+    v.send_raw(&support::client::frame_header(true, 2, 1 << 40)).await;
+    v.send_raw(&[b'x'; 64 * 1024]).await;
+    assert_eq!(v.expect_close().await, Some(4413));
+
     let url = viewer_url(&s.server, "00000000-0000-0000-0000-000000000000");
     let mut v = Socket::connect(&url, Some(&s.api.token), &["tether.v1"]).await;
     assert_eq!(v.expect_close().await, Some(4404));
@@ -610,4 +617,16 @@ async fn credits_follow_delivery_and_stop_for_a_stalled_viewer() {
     stream(daemon, &terminal, &mut offset, &mut limit, Duration::from_secs(5)).await;
     assert!(offset > stalled_at, "Credits resumed once the stalled viewer was closed");
     assert_eq!(viewer.expect_close().await, Some(1008));
+}
+
+#[actix_rt::test]
+async fn a_viewers_close_is_answered_with_its_code() {
+    let mut s = setup(&[]).await;
+    for code in [1000, 4000] {
+        let mut v = s.viewer("").await;
+        s.answer_attach(b"S", 0).await;
+        until(&mut v, "live").await;
+        v.close_with(code).await;
+        assert_eq!(v.expect_close().await, Some(code), "a close frame answers the viewer's {code}");
+    }
 }

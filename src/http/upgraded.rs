@@ -40,7 +40,7 @@ use actix_codec::{AsyncRead, AsyncWrite, Encoder, Framed, ReadBuf};
 use actix_http::body::{BodySize, BoxBody, MessageBody};
 use actix_http::error::PayloadError;
 use actix_http::h1::{Codec, Message};
-use actix_http::{Request, Response};
+use actix_http::{Request, Response, StatusCode};
 use actix_web::dev::{fn_factory, fn_service, AppConfig, Service, ServiceFactory, ServiceResponse};
 use bytes::{Buf, Bytes, BytesMut};
 use futures_util::Stream;
@@ -330,14 +330,21 @@ where
     .unwrap_or_else(|error| error.error_response().into());
 
     let (head, body) = response.into_parts();
+    // A 101's body is the upgraded protocol's stream, whatever its size
+    // says (a refused socket's outbox may already read 0: its close frame
+    // is all it will take); any other answer is a sized HTTP body.
+    let size = match head.status() {
+        StatusCode::SWITCHING_PROTOCOLS => BodySize::Stream,
+        _ => body.size(),
+    };
     let mut encoded = BytesMut::new();
-    if let Err(error) = codec.encode(Message::Item((head, body.size())), &mut encoded) {
+    if let Err(error) = codec.encode(Message::Item((head, size)), &mut encoded) {
         tracing::debug!(error = %error, "tether_upgraded_head_failed");
         return;
     }
     // Every request here is an upgrade, whose streamed body the codec
     // passes through unchanged (a sized one it counts, and is kept to).
-    let mut writer = Writer::new(encoded, body.size() == BodySize::Stream);
+    let mut writer = Writer::new(encoded, size == BodySize::Stream);
     // What the connection keeps while it lives moves into its own task.
     actix_rt::spawn(async move {
         let _open = open;
@@ -349,7 +356,8 @@ where
             // A body with nothing left to give may not have said so yet
             // (the writer stops taking chunks while a batch waits), but its
             // size does: a sized body is down to 0, and the outbox's body
-            // reads 0 once its close frame is taken.
+            // reads 0 once it takes no more frames (a close frame queued,
+            // or its last handle gone), and then wakes this task.
             if written.is_pending() && (writer.body_done || body.size() == BodySize::Sized(0)) {
                 let cut = cut.get_or_insert_with(|| Box::pin(tokio::time::sleep(close_grace)));
                 if cut.as_mut().poll(cx).is_ready() {
@@ -530,6 +538,41 @@ mod tests {
         assert_eq!(live.count(), 1, "the response is still being written");
         // The peer keeps its end open and never reads: the two megabytes
         // cannot all be written, and the connection goes after the grace.
+        soon("the connection is dropped after its grace", live.settled()).await;
+        drop(client);
+    }
+
+    /// A WebSocket handler that queues more than the socket takes, then
+    /// closes behind it while keeping its outbox: the peer never reads.
+    async fn closes_behind_a_full_socket(req: HttpRequest, body: web::Payload) -> actix_web::Result<HttpResponse> {
+        use crate::relay::outbox::{Frame, Outbox};
+        let (response, _session, stream) = actix_ws::handle(&req, body)?;
+        let (response, outbox) = Outbox::for_response(response, usize::MAX, None);
+        actix_rt::spawn(async move {
+            for _ in 0..64 {
+                let _ = outbox.push(Frame::Binary(Bytes::from(vec![7u8; 64 * 1024])));
+            }
+            // The connection's task writes until the socket is full and
+            // stops taking from the body; the close comes after that.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            outbox.close(4503, "closing");
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop((outbox, stream));
+        });
+        Ok(response)
+    }
+
+    #[actix_rt::test]
+    async fn a_peer_that_stops_reading_is_dropped_once_its_outbox_is_closed() {
+        let app = Rc::new(
+            actix_web::test::init_service(App::new().route("/ws", web::get().to(closes_behind_a_full_socket))).await,
+        );
+        let (req, framed, client) = handed_over(b"");
+        let live = Arc::new(Owed::default());
+        serve(app, req, framed, &live, Duration::from_millis(300)).await;
+        assert_eq!(live.count(), 1, "the socket is being written");
+        // Its handler still holds the outbox, but the queue takes no more
+        // frames: the close grace runs from then, however full the socket.
         soon("the connection is dropped after its grace", live.settled()).await;
         drop(client);
     }

@@ -90,6 +90,7 @@ fn upgrade(
         return Err(Refused::Origin);
     }
     // actix-ws's session is not used: the outbox's body writes the socket.
+    let body = crate::relay::frame_guard::guard(req, body, MAX_FRAME_BYTES)?;
     let (res, _session, stream) = actix_ws::handle_with_protocols(req, body, &[protocol])?;
     let (res, outbox) = Outbox::for_response(res, queue_limit, high_water);
     let stream =

@@ -16,6 +16,7 @@ pub mod arbiter;
 pub mod capture;
 pub mod daemon_conn;
 pub mod ended;
+pub mod frame_guard;
 pub mod grid;
 pub mod lapse_grace;
 pub mod limiter;

@@ -135,6 +135,25 @@ struct Queue {
     state: State,
     /// The connection's task, waiting for a frame.
     waker: Option<Waker>,
+    /// The connection's task as of its last poll of the body, woken when
+    /// the queue stops taking frames (a close, or the last handle gone):
+    /// it may not be polling the body while its socket is full, and from
+    /// then on it has only its close grace (`crate::http::upgraded`).
+    task: Option<Waker>,
+}
+
+impl Queue {
+    /// Who to wake once the queue takes no more frames: the connection,
+    /// whether it waits for a frame or for its socket (the same task twice,
+    /// as a rule; a second wake is a no-op).
+    fn stop_wakers(&mut self) -> [Option<Waker>; 2] {
+        [self.waker.take(), self.task.take()]
+    }
+}
+
+/// Wakes what [`Queue::stop_wakers`] gave, outside the queue's lock.
+fn wake_all(wakers: [Option<Waker>; 2]) {
+    wakers.into_iter().flatten().for_each(Waker::wake);
 }
 
 /// The capacity an emptied queue keeps: a few frames, so a socket with a
@@ -144,7 +163,13 @@ const KEPT_CAPACITY: usize = 4;
 impl Shared {
     fn for_one_handle() -> Self {
         Self {
-            queue: Mutex::new(Queue { frames: VecDeque::new(), handles: 1, state: State::Open, waker: None }),
+            queue: Mutex::new(Queue {
+                frames: VecDeque::new(),
+                handles: 1,
+                state: State::Open,
+                waker: None,
+                task: None,
+            }),
             queued: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -157,20 +182,21 @@ impl Shared {
     /// Queues `frame` (a close frame closes the queue behind it); gives it
     /// back if the queue is closed.
     fn send(&self, frame: Frame) -> Result<(), Frame> {
-        let waker = {
+        let wakers = {
             let mut queue = self.queue();
             if queue.state != State::Open {
                 return Err(frame);
             }
-            if matches!(frame, Frame::Close(..)) {
-                queue.state = State::Closing;
-            }
+            let close = matches!(frame, Frame::Close(..));
             queue.frames.push_back(frame);
-            queue.waker.take()
+            if close {
+                queue.state = State::Closing;
+                queue.stop_wakers()
+            } else {
+                [queue.waker.take(), None]
+            }
         };
-        if let Some(waker) = waker {
-            waker.wake();
-        }
+        wake_all(wakers);
         Ok(())
     }
 
@@ -195,18 +221,16 @@ impl Drop for Outbox {
         if !self.counted {
             return;
         }
-        let waker = {
+        let wakers = {
             let mut queue = self.shared.queue();
             queue.handles -= 1;
             if queue.handles == 0 {
-                queue.waker.take()
+                queue.stop_wakers()
             } else {
-                None
+                [None, None]
             }
         };
-        if let Some(waker) = waker {
-            waker.wake();
-        }
+        wake_all(wakers);
     }
 }
 
@@ -298,7 +322,7 @@ impl Outbox {
     /// the close frame follows only what the socket already holds.
     pub fn abort(&self, code: u16, reason: &str) {
         let frame = Frame::Close(code, reason.to_string());
-        let (left, waker) = {
+        let (left, wakers) = {
             let mut queue = self.shared.queue();
             if queue.state == State::Gone {
                 return;
@@ -306,12 +330,27 @@ impl Outbox {
             self.shared.queued.fetch_add(frame.weight(), Ordering::Relaxed);
             let left = std::mem::replace(&mut queue.frames, VecDeque::from([frame]));
             queue.state = State::Closing;
-            (left, queue.waker.take())
+            (left, queue.stop_wakers())
         };
         self.shared.discard(left);
-        if let Some(waker) = waker {
-            waker.wake();
-        }
+        wake_all(wakers);
+    }
+
+    /// Answers the peer's close frame, as a close must be (RFC 6455
+    /// section 5.5.1), with the peer's code: at once, dropping what is
+    /// queued, since the peer reads nothing after its close.
+    pub fn answer_close(&self, theirs: Option<&CloseReason>) {
+        self.abort(echoed_code(theirs), "");
+    }
+}
+
+/// The code to answer a peer's close frame with: its own where that code
+/// may be sent in a frame (RFC 6455 section 7.4), else 1000 (a close with
+/// no code, or one only an endpoint's API may report).
+fn echoed_code(theirs: Option<&CloseReason>) -> u16 {
+    match theirs.map(|reason| u16::from(reason.code)) {
+        Some(code @ (1000..=1003 | 1007..=1011 | 3000..=4999)) => code,
+        _ => super::close::NORMAL,
     }
 }
 
@@ -336,6 +375,10 @@ impl Body {
     /// The next queued frame; `None` once nothing more will come.
     fn next(&self, cx: &Context<'_>) -> Poll<Option<Frame>> {
         let mut queue = self.shared.queue();
+        match &queue.task {
+            Some(task) if task.will_wake(cx.waker()) => {}
+            _ => queue.task = Some(cx.waker().clone()),
+        }
         if let Some(frame) = queue.frames.pop_front() {
             if queue.frames.is_empty() && queue.frames.capacity() > KEPT_CAPACITY {
                 queue.frames = VecDeque::new();
@@ -360,6 +403,7 @@ impl Body {
             let mut queue = self.shared.queue();
             queue.state = State::Gone;
             queue.waker = None;
+            queue.task = None;
             std::mem::take(&mut queue.frames)
         };
         self.shared.discard(left);
@@ -369,13 +413,18 @@ impl Body {
 impl MessageBody for Body {
     type Error = ProtocolError;
 
-    /// A stream while frames may come; 0 once the body has ended (the
-    /// connection gives what is left its close grace, `crate::http::upgraded`).
+    /// A stream while frames may come; 0 once the queue takes no more (a
+    /// close frame is queued, or no handle is left) or the body has ended:
+    /// the connection then gives what is left its close grace
+    /// (`crate::http::upgraded`), a peer that does not read included.
     fn size(&self) -> BodySize {
         if self.ended {
-            BodySize::Sized(0)
-        } else {
-            BodySize::Stream
+            return BodySize::Sized(0);
+        }
+        let queue = self.shared.queue();
+        match queue.state == State::Open && queue.handles > 0 {
+            true => BodySize::Stream,
+            false => BodySize::Sized(0),
         }
     }
 
@@ -596,7 +645,8 @@ mod tests {
         outbox.push(binary(1)).expect("queued");
         outbox.close(4503, "draining");
         outbox.push(binary(2)).expect("a push after close is not an overflow");
-        assert_eq!(body.size(), BodySize::Stream);
+        // It takes no more frames: the connection's close grace runs from here.
+        assert_eq!(body.size(), BodySize::Sized(0));
         let (frames, ended) = written(&mut body).await;
         assert!(ended);
         assert_eq!(body.size(), BodySize::Sized(0), "nothing left to give");

@@ -21,6 +21,7 @@ use actix_ws::{AggregatedMessage, AggregatedMessageStream, ProtocolError};
 use bytes::Bytes;
 
 use super::ended::ended_messages;
+use super::frame_guard::too_large;
 use super::limiter::AddressGuard;
 use super::outbox::{Frame, Outbox};
 use super::registry::OpenTerminal;
@@ -300,8 +301,11 @@ impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for Viewer {
                 self.to_arbiter(|viewer| FromViewer::Pong { viewer });
             }
             Ok(AggregatedMessage::Pong(_)) => self.to_arbiter(|viewer| FromViewer::Pong { viewer }),
-            Ok(AggregatedMessage::Close(_)) => ctx.stop(),
-            Err(ProtocolError::Overflow) => self.close(close::TOO_LARGE, "frame over 1 MiB", ctx),
+            Ok(AggregatedMessage::Close(reason)) => {
+                self.outbox.answer_close(reason.as_ref());
+                ctx.stop();
+            }
+            Err(e) if too_large(&e) => self.close(close::TOO_LARGE, "frame over 1 MiB", ctx),
             Err(_) => ctx.stop(),
         }
     }

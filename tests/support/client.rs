@@ -175,6 +175,23 @@ impl Socket {
         let _ = self.framed.send(ws::Message::Close(None)).await;
     }
 
+    /// Sends a close frame with `code`.
+    pub async fn close_with(&mut self, code: u16) {
+        let _ = self.framed.send(ws::Message::Close(Some(ws::CloseCode::from(code).into()))).await;
+    }
+
+    /// Sends one fragment of a message.
+    pub async fn send_continuation(&mut self, item: ws::Item) {
+        let _ = self.framed.send(ws::Message::Continuation(item)).await;
+    }
+
+    /// Writes bytes to the socket past the codec (a header that lies
+    /// about its frame's length, say).
+    pub async fn send_raw(&mut self, bytes: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        let _ = self.framed.io_mut().write_all(bytes).await;
+    }
+
     /// The next frame, answering pings; `None` on timeout.
     pub async fn next_within(&mut self, wait: Duration) -> Option<Event> {
         loop {
@@ -240,6 +257,25 @@ impl Socket {
 }
 
 /// Daemon socket URL of a server.
+/// A client's (masked) frame header: `fin`, `opcode`, and a payload
+/// length of `len` bytes, which need not follow.
+pub fn frame_header(fin: bool, opcode: u8, len: u64) -> Vec<u8> {
+    let mut out = vec![if fin { 0x80 } else { 0 } | opcode];
+    match len {
+        0..=125 => out.push(0x80 | len as u8),
+        126..=0xffff => {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&(len as u16).to_be_bytes());
+        }
+        _ => {
+            out.push(0x80 | 127);
+            out.extend_from_slice(&len.to_be_bytes());
+        }
+    }
+    out.extend_from_slice(&[0x11, 0x22, 0x33, 0x44]);
+    out
+}
+
 pub fn daemon_url(server: &TetherServer) -> String {
     format!("{}/ws/v1/daemon", server.ws_url())
 }

@@ -52,6 +52,9 @@ use writes::{Outcome, Write, WriteQueue};
 /// Frames held before the hello is done (docs/PROTOCOL.md, "What the server enforces").
 const EARLY_FRAMES: usize = 256;
 const EARLY_BYTES: usize = 4 * 1024 * 1024;
+/// The close reason of a daemon whose outbound queue is full.
+const NOT_READING: &str = "daemon is not reading";
+
 /// Bytes queued towards a daemon before it counts as not reading.
 pub const OUTBOUND_LIMIT: usize = 8 * 1024 * 1024;
 
@@ -147,7 +150,9 @@ impl DaemonConn {
     fn send(&mut self, frame: server_frame::Frame, ctx: &mut Context<Self>) {
         if self.outbox.push(encoded(frame)).is_err() {
             tracing::warn!("tether_daemon_not_reading");
-            self.close(close::POLICY, "daemon is not reading", ctx);
+            // What is queued will not be read: the close goes first.
+            self.outbox.abort(close::POLICY, NOT_READING);
+            self.close(close::POLICY, NOT_READING, ctx);
         }
     }
 

@@ -6,6 +6,7 @@
 //! thousands of idle daemons cost (docs/BENCHMARKS.md).
 
 use super::*;
+use crate::relay::frame_guard::too_large;
 
 /// A decoded frame, or why the reader stopped.
 enum Read {
@@ -25,7 +26,11 @@ pub fn decode_frame(bytes: impl bytes::Buf) -> Option<DaemonFrame> {
 
 fn decode(msg: Option<Result<AggregatedMessage, ProtocolError>>, outbox: &Outbox) -> Read {
     match msg {
-        None | Some(Ok(AggregatedMessage::Close(_))) => Read::Closed,
+        None => Read::Closed,
+        Some(Ok(AggregatedMessage::Close(reason))) => {
+            outbox.answer_close(reason.as_ref());
+            Read::Closed
+        }
         Some(Ok(AggregatedMessage::Binary(bytes))) => {
             let len = bytes.len();
             match decode_frame(bytes) {
@@ -41,7 +46,7 @@ fn decode(msg: Option<Result<AggregatedMessage, ProtocolError>>, outbox: &Outbox
             Read::Skip
         }
         Some(Ok(AggregatedMessage::Pong(_))) => Read::Skip,
-        Some(Err(ProtocolError::Overflow)) => Read::Fail(close::TOO_LARGE, "frame over 1 MiB"),
+        Some(Err(e)) if too_large(&e) => Read::Fail(close::TOO_LARGE, "frame over 1 MiB"),
         Some(Err(_)) => Read::Closed,
     }
 }
@@ -108,7 +113,9 @@ pub(super) async fn read_loop(
                 heard.stamp();
                 if outbox.push(encoded(server_frame::Frame::Pong(crate::proto::v1::Pong {}))).is_err() {
                     tracing::warn!("tether_daemon_not_reading");
-                    addr.do_send(Fail(close::POLICY, "daemon is not reading"));
+                    // What is queued will not be read: the close goes first.
+                    outbox.abort(close::POLICY, NOT_READING);
+                    addr.do_send(Fail(close::POLICY, NOT_READING));
                     return;
                 }
             }
