@@ -125,7 +125,7 @@ async fn database_state(store: &PgStore) -> String {
         }
         let terminals =
             store.page_terminals(user.id, &Default::default(), &PageAfter::first(usize::MAX)).await.expect("terminals");
-        let runs = store.list_runs(user.id, None, &PageAfter::first(100)).await.expect("runs");
+        let runs = store.list_runs(user.id, &Default::default(), &PageAfter::first(100)).await.expect("runs");
         let mut tokens = store.list_tokens(user.id).await.expect("tokens");
         for t in &mut tokens {
             t.last_used_at = None;

@@ -232,6 +232,45 @@ async fn runs_create_list_get_log(fx: Fixture) {
         call_service(&app, auth(TestRequest::get().uri(&format!("/api/v1/runs/{id}/log")), &t).to_request()).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert!(read_body(res).await.is_empty());
+
+    // `?state=` filters, with `?hostId=` and across pages.
+    let other = register_host(&app, &t, "other").await;
+    let mut ids = vec![id.to_string()];
+    for on in [&host, &other] {
+        let res = call_service(
+            &app,
+            auth(TestRequest::post().uri("/api/v1/runs"), &t)
+                .set_json(json!({"hostId": on["id"], "argv": ["true"]}))
+                .to_request(),
+        )
+        .await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+        ids.push(json_body(res).await["run"]["id"].as_str().expect("id").to_string());
+    }
+    let run_id = uuid::Uuid::parse_str(&ids[0]).expect("uuid");
+    assert!(fx.state.store.finish_run(run_id, store::RunState::Failed, Some(1)).await.expect("finish"));
+    let listed = |uri: String| {
+        let app = &app;
+        let t = &t;
+        async move {
+            let res = call_service(app, auth(TestRequest::get().uri(&uri), t).to_request()).await;
+            assert_eq!(res.status(), StatusCode::OK, "{uri}");
+            let body = json_body(res).await;
+            let ids: Vec<String> =
+                body["runs"].as_array().expect("runs").iter().map(|r| r["id"].as_str().expect("id").into()).collect();
+            (ids, body["nextCursor"].as_str().map(String::from))
+        }
+    };
+    let hid = host["id"].as_str().expect("id");
+    assert_eq!(listed("/api/v1/runs?state=failed".into()).await, (vec![ids[0].clone()], None));
+    assert_eq!(listed("/api/v1/runs?state=queued".into()).await.0, ids[1..]);
+    assert_eq!(listed("/api/v1/runs?state=running".into()).await, (vec![], None));
+    assert_eq!(listed(format!("/api/v1/runs?hostId={hid}&state=queued")).await, (vec![ids[1].clone()], None));
+    assert_eq!(listed(format!("/api/v1/runs?hostId={hid}&state=failed")).await, (vec![ids[0].clone()], None));
+    let (first, cursor) = listed("/api/v1/runs?state=queued&limit=1".into()).await;
+    assert_eq!(first, [ids[1].clone()]);
+    let cursor = cursor.expect("a next page");
+    assert_eq!(listed(format!("/api/v1/runs?state=queued&limit=1&after={cursor}")).await, (vec![ids[2].clone()], None));
 }
 
 async fn unauthorized_is_401(fx: Fixture) {
@@ -355,6 +394,13 @@ async fn bad_input_is_400(fx: Fixture) {
         call_service(&app, auth(TestRequest::get().uri("/api/v1/terminals?state=sleeping"), &t).to_request()).await;
     expect_error(res, StatusCode::BAD_REQUEST, "invalid_state").await;
     let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/terminals?hostId=zzz"), &t).to_request()).await;
+    expect_error(res, StatusCode::BAD_REQUEST, "invalid_id").await;
+    for state in ["sleeping", "QUEUED", "pending", ""] {
+        let uri = format!("/api/v1/runs?state={state}");
+        let res = call_service(&app, auth(TestRequest::get().uri(&uri), &t).to_request()).await;
+        expect_error(res, StatusCode::BAD_REQUEST, "invalid_state").await;
+    }
+    let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/runs?hostId=zzz"), &t).to_request()).await;
     expect_error(res, StatusCode::BAD_REQUEST, "invalid_id").await;
     // Nothing was created by the refused requests.
     let res = call_service(&app, auth(TestRequest::get().uri("/api/v1/terminals"), &t).to_request()).await;

@@ -71,6 +71,7 @@ conformance!(
     a_drain_releases_its_host_leases_at_once,
     hosts_without_a_live_lease_are_marked_offline_at_once,
     runs_queue_and_finish,
+    run_pages_filter_by_host_and_state,
     run_claims_never_overlap,
     run_log_is_capped,
     run_log_is_idempotent_by_offset_and_counts_gaps,
@@ -807,8 +808,53 @@ async fn runs_queue_and_finish(store: &Arc<dyn Store>) {
         (RunState::Failed, Some(7), Some(usage), Some(t.id))
     );
     assert!(run.finished_at.is_some());
-    assert_eq!(store.list_runs(ann.id, Some(h.id), &PageAfter::first(100)).await.expect("list").len(), 1);
-    assert!(store.list_runs(bob.id, None, &PageAfter::first(100)).await.expect("list").is_empty());
+    let of_h = RunFilter { host_id: Some(h.id), state: None };
+    assert_eq!(store.list_runs(ann.id, &of_h, &PageAfter::first(100)).await.expect("list").len(), 1);
+    assert!(store.list_runs(bob.id, &RunFilter::default(), &PageAfter::first(100)).await.expect("list").is_empty());
+}
+
+/// Runs page like terminals: in creation order after a cursor, filtered by
+/// host, by state, or both.
+async fn run_pages_filter_by_host_and_state(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let bob = user(store, "bob").await;
+    let (h1, h2) = (host(store, &ann, "h1").await, host(store, &ann, "h2").await);
+    let mut runs = Vec::new();
+    for on in [&h1, &h2, &h1, &h1, &h2] {
+        let new = NewRun { user_id: ann.id, host_id: on.id, argv: vec!["true".into()], dir: None };
+        runs.push(store.insert_run(&new, None).await.expect("run"));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // runs[0] and runs[3] (h1) and runs[1] (h2) leave the queue; runs[3] ends.
+    assert_eq!(store.claim_queued_runs(&[h1.id], 1).await.expect("claim")[0].id, runs[0].id);
+    assert_eq!(store.claim_queued_runs(&[h2.id], 1).await.expect("claim")[0].id, runs[1].id);
+    let claimed = store.claim_queued_runs(&[h1.id], 2).await.expect("claim");
+    assert_eq!(claimed.iter().map(|r| r.id).collect::<Vec<_>>(), [runs[2].id, runs[3].id]);
+    assert!(store.mark_run_running(runs[3].id).await.expect("running"));
+    assert!(store.finish_run(runs[3].id, RunState::Succeeded, Some(0)).await.expect("finish"));
+    let page = |host_id: Option<Uuid>, state: Option<RunState>, after: Option<&Run>, limit| {
+        let page = PageAfter { after: after.map(|r| (r.created_at, r.id)), limit };
+        async move {
+            let rows = store.list_runs(ann.id, &RunFilter { host_id, state }, &page).await.expect("page");
+            rows.into_iter().map(|r| r.id).collect::<Vec<_>>()
+        }
+    };
+    let ids = |list: &[&Run]| list.iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(page(None, None, None, 10).await, ids(&runs.iter().collect::<Vec<_>>()));
+    assert_eq!(page(None, Some(RunState::Queued), None, 10).await, ids(&[&runs[4]]));
+    assert_eq!(page(None, Some(RunState::Dispatched), None, 10).await, ids(&[&runs[0], &runs[1], &runs[2]]));
+    assert_eq!(page(None, Some(RunState::Succeeded), None, 10).await, ids(&[&runs[3]]));
+    assert!(page(None, Some(RunState::Lost), None, 10).await.is_empty());
+    assert_eq!(page(Some(h1.id), Some(RunState::Dispatched), None, 10).await, ids(&[&runs[0], &runs[2]]));
+    assert!(page(Some(h2.id), Some(RunState::Succeeded), None, 10).await.is_empty());
+    // The filter holds across pages: a page of one after each cursor.
+    assert_eq!(page(None, Some(RunState::Dispatched), None, 1).await, ids(&[&runs[0]]));
+    assert_eq!(page(None, Some(RunState::Dispatched), Some(&runs[0]), 1).await, ids(&[&runs[1]]));
+    assert_eq!(page(None, Some(RunState::Dispatched), Some(&runs[1]), 1).await, ids(&[&runs[2]]));
+    assert!(page(None, Some(RunState::Dispatched), Some(&runs[2]), 1).await.is_empty());
+    assert_eq!(page(Some(h1.id), Some(RunState::Dispatched), Some(&runs[0]), 10).await, ids(&[&runs[2]]));
+    let none = RunFilter { host_id: None, state: Some(RunState::Dispatched) };
+    assert!(store.list_runs(bob.id, &none, &PageAfter::first(10)).await.expect("list").is_empty());
 }
 
 async fn run_claims_never_overlap(store: &Arc<dyn Store>) {
@@ -885,7 +931,7 @@ async fn run_log_is_idempotent_by_offset_and_counts_gaps(store: &Arc<dyn Store>)
     assert_eq!(store.run_log(ann.id, run.id).await.expect("log").as_deref(), Some(&b"hello world!?"[..]));
     let got = store.get_run(ann.id, run.id).await.expect("get").expect("run");
     assert_eq!((got.log_end, got.log_gap_bytes), (21, 8), "bytes 11..15 and 16..20 are lost");
-    let listed = store.list_runs(ann.id, None, &PageAfter::first(100)).await.expect("list");
+    let listed = store.list_runs(ann.id, &RunFilter::default(), &PageAfter::first(100)).await.expect("list");
     assert_eq!(listed.iter().find(|r| r.id == run.id).map(|r| r.log_gap_bytes), Some(8));
 }
 

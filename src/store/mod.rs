@@ -287,8 +287,8 @@ pub trait Store: Send + Sync + 'static {
     /// run counts as the terminal it becomes).
     async fn insert_run(&self, new: &NewRun, caps: Option<TerminalCaps>) -> StoreResult<Run>;
     async fn get_run(&self, user_id: Uuid, id: Uuid) -> StoreResult<Option<Run>>;
-    /// A page of a user's runs, of one host when given.
-    async fn list_runs(&self, user_id: Uuid, host_id: Option<Uuid>, page: &PageAfter) -> StoreResult<Vec<Run>>;
+    /// A page of a user's runs that match `filter`.
+    async fn list_runs(&self, user_id: Uuid, filter: &RunFilter, page: &PageAfter) -> StoreResult<Vec<Run>>;
     /// The distinct hosts that have queued runs: what the dispatcher asks
     /// each tick, so an idle tick reads the (empty) queue and never ships
     /// the list of connected hosts.

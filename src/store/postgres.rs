@@ -948,15 +948,17 @@ impl Store for PgStore {
             .transpose()
     }
 
-    async fn list_runs(&self, user_id: Uuid, host_id: Option<Uuid>, page: &PageAfter) -> StoreResult<Vec<Run>> {
+    async fn list_runs(&self, user_id: Uuid, filter: &RunFilter, page: &PageAfter) -> StoreResult<Vec<Run>> {
+        let state = filter.state.map(|s| s.as_str());
         let (after_at, after_id) = page.after.unzip();
         self.query(
             &format!(
                 "SELECT {RUN_COLS} FROM runs WHERE user_id = $1 AND ($2::uuid IS NULL OR host_id = $2) \
-                 AND ($3::timestamptz IS NULL OR (created_at, id) > ($3, $4::uuid)) \
-                 ORDER BY created_at, id LIMIT $5"
+                 AND ($3::text IS NULL OR state = $3) \
+                 AND ($4::timestamptz IS NULL OR (created_at, id) > ($4, $5::uuid)) \
+                 ORDER BY created_at, id LIMIT $6"
             ),
-            &[&user_id, &host_id, &after_at, &after_id, &page.sql_limit()],
+            &[&user_id, &filter.host_id, &state, &after_at, &after_id, &page.sql_limit()],
         )
         .await?
         .iter()

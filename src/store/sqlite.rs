@@ -1143,18 +1143,25 @@ impl Store for SqliteStore {
         self.call(move |c| run_by(c, "id = ?1 AND user_id = ?2", &[&id.to_string(), &user_id.to_string()])).await
     }
 
-    async fn list_runs(&self, user_id: Uuid, host_id: Option<Uuid>, page: &PageAfter) -> StoreResult<Vec<Run>> {
-        let page = *page;
+    async fn list_runs(&self, user_id: Uuid, filter: &RunFilter, page: &PageAfter) -> StoreResult<Vec<Run>> {
+        let (filter, page) = (*filter, *page);
         self.call(move |c| {
             let (after_at, after_id) = page.after.map(|(at, id)| (at.timestamp_millis(), id.to_string())).unzip();
             let mut stmt = c.prepare_cached(&format!(
                 "SELECT {RUN_COLS} FROM runs WHERE user_id = ?1 AND (?2 IS NULL OR host_id = ?2) \
-                 AND {} ORDER BY created_at, rowid LIMIT ?5",
-                after_cursor("runs", 3, 4)
+                 AND (?3 IS NULL OR state = ?3) AND {} ORDER BY created_at, rowid LIMIT ?6",
+                after_cursor("runs", 4, 5)
             ))?;
             let raws = stmt
                 .query_map(
-                    params![user_id.to_string(), host_id.map(|h| h.to_string()), after_at, after_id, page.sql_limit()],
+                    params![
+                        user_id.to_string(),
+                        filter.host_id.map(|h| h.to_string()),
+                        filter.state.map(|s| s.as_str()),
+                        after_at,
+                        after_id,
+                        page.sql_limit()
+                    ],
                     run_raw,
                 )?
                 .collect::<Result<Vec<_>, _>>()?;

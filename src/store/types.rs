@@ -219,6 +219,13 @@ pub struct TerminalFilter {
     pub state: Option<TerminalState>,
 }
 
+/// Which of a user's runs a list returns: of one host, in one state, or both.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunFilter {
+    pub host_id: Option<Uuid>,
+    pub state: Option<RunState>,
+}
+
 /// How a PTY process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ExitStatus {

@@ -1,5 +1,6 @@
-//! `/api/v1/runs` (docs/REST.md, "Runs"): queue a batch command on a host, list, get
-//! (exit code, usage, terminal id) and read its captured output.
+//! `/api/v1/runs` (docs/REST.md, "Runs"): queue a batch command on a host, list
+//! (by host and state, paged), get (exit code, usage, terminal id) and read its
+//! captured output.
 
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
@@ -10,7 +11,7 @@ use super::{check_argv, check_dir, field_id, path_id};
 use crate::http::body::Json;
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
-use crate::store::{NewRun, TerminalCaps};
+use crate::store::{NewRun, RunFilter, RunState, TerminalCaps};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -59,6 +60,7 @@ pub async fn create(
 #[serde(rename_all = "camelCase")]
 pub struct ListQuery {
     host_id: Option<String>,
+    state: Option<String>,
     #[serde(flatten)]
     page: PageQuery,
 }
@@ -69,8 +71,21 @@ pub async fn list(
     query: web::Query<ListQuery>,
 ) -> Result<HttpResponse, ApiError> {
     let host_id = query.host_id.as_deref().map(|h| field_id(h, "hostId")).transpose()?;
+    let run_state = query
+        .state
+        .as_deref()
+        .map(|s| {
+            s.parse::<RunState>().map_err(|_| {
+                ApiError::bad_request(
+                    "invalid_state",
+                    "`state` must be queued, dispatched, running, succeeded, failed or lost",
+                )
+            })
+        })
+        .transpose()?;
     let pager = query.page.pager()?;
-    let runs = state.store.list_runs(user.id(), host_id, &pager.read()).await?;
+    let filter = RunFilter { host_id, state: run_state };
+    let runs = state.store.list_runs(user.id(), &filter, &pager.read()).await?;
     let body = pager.body(runs, "runs", |r| Position { created_at: r.created_at, id: r.id });
     Ok(HttpResponse::Ok().json(body))
 }
