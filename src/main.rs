@@ -317,6 +317,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 ca_file,
             };
             tether::daemon::run(options).await.map_err(|e| match e {
+                // A --server that is not an http(s) base URL is a usage error,
+                // as it is for the client commands.
+                tether::daemon::DaemonError::BadServerUrl(_) => Failure::config(format!("--server: {e}")),
                 tether::daemon::DaemonError::Tls(_) => Failure::config(e),
                 other => Failure::runtime(other),
             })

@@ -3,7 +3,8 @@
 //!
 //! - every subcommand answers `--help` with status 0 and lists its flags
 //!   (`--config` everywhere);
-//! - usage errors (unknown subcommand, missing or bad arguments) exit 2;
+//! - usage errors (unknown subcommand, missing or bad arguments, a
+//!   `daemon --server` that is not an http(s) URL) exit 2;
 //! - configuration errors (environment `TETHER_<SECTION>__<KEY>`, a
 //!   `--config` file with an unknown key, a missing `--config` file) exit 2
 //!   with a message naming the key;
@@ -428,6 +429,8 @@ fn usage_errors_exit_2() {
         &["serve", "--role", "nonsense"],
         &["serve", "--no-such-flag"],
         &["daemon", "--token", "tth_x"],
+        &["daemon", "--server", "notaurl", "--token", "tth_x"],
+        &["daemon", "--server", "ftp://x", "--token", "tth_x"],
         &["attach", "--server", "http://127.0.0.1:1", "--token", "tth_x"],
     ];
     for args in cases {
@@ -454,6 +457,23 @@ fn unknown_subcommand_and_bad_role_are_named_in_the_message() {
     let finished = run_in_empty_dir(&["token", "create"], &[]);
     assert_status_2(&finished, "token create without --user");
     assert!(finished.stderr.contains("--user"), "{}", finished.describe());
+}
+
+/// `daemon --server` that is not an http(s) base URL stops at once with
+/// exit 2, like the client commands, naming the flag and the value.
+#[test]
+fn daemon_with_a_bad_server_url_exits_2_naming_it() {
+    for server in ["notaurl", "ftp://x", "http://", "http://h?x=1"] {
+        let finished = run_in_empty_dir(&["daemon", "--server", server, "--token", "tth_x"], &[]);
+        assert_status_2(&finished, &format!("daemon --server {server}"));
+        assert!(
+            finished.stderr.contains("--server") && finished.stderr.contains(&format!("{server:?}")),
+            "daemon --server {server}: the message names neither the flag nor the value\n{}",
+            finished.describe()
+        );
+    }
+    let finished = run_in_empty_dir(&["hosts", "--server", "notaurl", "--token", "tth_x"], &[]);
+    assert_status_2(&finished, "hosts --server notaurl");
 }
 
 // ---------------------------------------------------------------------------
