@@ -392,6 +392,127 @@ async fn requests_to_an_offline_host_are_409_and_a_silent_daemon_is_504() {
     assert!(matches!(daemon.next_server_frame().await, server_frame::Frame::Dirs(_)));
 }
 
+/// Handled in order: once the Pong is back, every frame sent before the
+/// Ping was applied (docs/PROTOCOL.md, "What the server enforces").
+async fn ping_pong(daemon: &mut Socket) {
+    daemon.send_frame(daemon_frame::Frame::Ping(Default::default())).await;
+    match daemon.next_server_frame().await {
+        server_frame::Frame::Pong(_) => {}
+        other => panic!("expected Pong, got {other:?}"),
+    }
+}
+
+/// A daemon answer counts only for the waiting request its id names, and
+/// only if it is of that request's kind: a DirsResult for no request (or
+/// for a limits refresh) leaves the host's dirs as they were, and an
+/// answer of the wrong kind is 502 daemon_refused, logged, not a 500.
+#[actix_rt::test]
+async fn answers_with_a_wrong_id_or_kind_change_nothing_and_are_502() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let mut daemon = connected_daemon(&server, &api, &host).await;
+    let dirs_now = |api: &Api| {
+        let path = format!("/api/v1/hosts/{host}");
+        let api = Api::new(api.base.clone(), api.token.clone());
+        async move { api.get(&path).await.1["host"]["dirs"].clone() }
+    };
+    let forged = |request_id: String| {
+        daemon_frame::Frame::DirsResult(tether::proto::v1::DirsResult {
+            request_id,
+            dirs: vec!["/forged".into()],
+            error: None,
+        })
+    };
+    let ask = |path: &'static str, body: serde_json::Value| {
+        let api = Api::new(api.base.clone(), api.token.clone());
+        let host = host.clone();
+        actix_rt::spawn(async move { api.post(&format!("/api/v1/hosts/{host}/{path}"), body).await })
+    };
+    assert_eq!(dirs_now(&api).await, json!(["/tmp"]));
+
+    // A DirsResult that answers nothing: no request waits for that id.
+    daemon.send_frame(forged(uuid::Uuid::new_v4().to_string())).await;
+    daemon.send_frame(forged(String::new())).await;
+    ping_pong(&mut daemon).await;
+    assert_eq!(dirs_now(&api).await, json!(["/tmp"]), "an unmatched DirsResult changed the dirs");
+
+    // A DirsResult answering a limits refresh.
+    let request = ask("limits/refresh", json!({}));
+    let limits = match daemon.next_server_frame().await {
+        server_frame::Frame::LimitsRefresh(l) => l,
+        other => panic!("expected LimitsRefresh, got {other:?}"),
+    };
+    daemon.send_frame(forged(limits.request_id.clone())).await;
+    let (status, body) = request.await.expect("request");
+    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("daemon_refused")), "{body}");
+    assert_eq!(dirs_now(&api).await, json!(["/tmp"]), "a DirsResult for a limits refresh changed the dirs");
+    // The request is over: its right answer, late, changes nothing either.
+    daemon
+        .send_frame(daemon_frame::Frame::LimitsResult(tether::proto::v1::LimitsResult {
+            request_id: limits.request_id,
+            limits_json: "{}".into(),
+            error: None,
+        }))
+        .await;
+    ping_pong(&mut daemon).await;
+
+    // A LimitsResult answering a dirs request: the request ends 502 and the
+    // DirsResult that follows with the same id is not recorded.
+    let request = ask("dirs", json!({"path": "/srv"}));
+    let dirs = match daemon.next_server_frame().await {
+        server_frame::Frame::Dirs(d) => d,
+        other => panic!("expected Dirs, got {other:?}"),
+    };
+    daemon
+        .send_frame(daemon_frame::Frame::LimitsResult(tether::proto::v1::LimitsResult {
+            request_id: dirs.request_id.clone(),
+            limits_json: "{}".into(),
+            error: None,
+        }))
+        .await;
+    let (status, body) = request.await.expect("request");
+    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("daemon_refused")), "{body}");
+    daemon.send_frame(forged(dirs.request_id)).await;
+    ping_pong(&mut daemon).await;
+    assert_eq!(dirs_now(&api).await, json!(["/tmp"]), "a DirsResult after its request ended changed the dirs");
+
+    // A CredentialsResult answering a dirs request.
+    let request = ask("dirs", json!({"path": "/srv"}));
+    let dirs = match daemon.next_server_frame().await {
+        server_frame::Frame::Dirs(d) => d,
+        other => panic!("expected Dirs, got {other:?}"),
+    };
+    daemon
+        .send_frame(daemon_frame::Frame::CredentialsResult(tether::proto::v1::CredentialsResult {
+            request_id: dirs.request_id,
+            credentials_json: Default::default(),
+            error: Some("no credentials file".into()),
+        }))
+        .await;
+    let (status, body) = request.await.expect("request");
+    assert_eq!((status, body["error"]["code"].as_str()), (502, Some("daemon_refused")), "{body}");
+
+    // The connection still answers: a right answer is recorded.
+    let request = ask("dirs", json!({"path": "/srv"}));
+    let dirs = match daemon.next_server_frame().await {
+        server_frame::Frame::Dirs(d) => d,
+        other => panic!("expected Dirs, got {other:?}"),
+    };
+    daemon
+        .send_frame(daemon_frame::Frame::DirsResult(tether::proto::v1::DirsResult {
+            request_id: dirs.request_id,
+            dirs: vec!["/tmp".into(), "/srv".into()],
+            error: None,
+        }))
+        .await;
+    let (status, body) = request.await.expect("request");
+    assert_eq!((status, body["dirs"].clone()), (200, json!(["/tmp", "/srv"])));
+    assert_eq!(dirs_now(&api).await, json!(["/tmp", "/srv"]));
+    let log = server.log();
+    assert_eq!(log.matches("tether_daemon_answer_wrong_kind").count(), 3, "each wrong kind is logged:\n{log}");
+    assert!(!log.contains("tether_daemon_answer_mismatch"), "{log}");
+}
+
 #[actix_rt::test]
 async fn the_per_address_cap_is_4429_for_daemons_and_viewers() {
     let server = TetherServer::start(&[("TETHER_HTTP__WS_PER_ADDRESS", "2")], &[]).await;

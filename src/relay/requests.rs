@@ -259,7 +259,12 @@ async fn finish(relay: &RelayContext, host_id: Uuid, dispatched: Dispatched) -> 
             })?;
             Ok(OpAnswer::CredentialsStored)
         }
-        _ => Err(RequestError::Internal),
+        // The connection hands on only answers of the request's kind
+        // (`daemon_conn::requests`); anything else is a bug here.
+        _ => {
+            tracing::error!(%host_id, "tether_daemon_answer_mismatch");
+            Err(RequestError::Internal)
+        }
     }
 }
 

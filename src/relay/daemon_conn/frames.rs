@@ -1,7 +1,9 @@
 //! Frames from a daemon after its hello, applied in order: terminal
 //! lifecycle (Started, SpawnError, Exit, Usage, Snapshot), stream frames
-//! for the arbiters, and answers to requests.
+//! for the arbiters, and answers to requests (applied only when they answer
+//! a pending request of their kind, see `requests`).
 
+use super::requests::AnswerKind;
 use super::*;
 
 /// A terminal id as a daemon sends it; `None` when it is not a UUID.
@@ -214,6 +216,10 @@ impl Handler<Inbound> for DaemonConn {
                 AtomicResponse::new(Box::pin(self.store(write).map(|_, _, _| ())))
             }
             daemon_frame::Frame::DirsResult(r) => {
+                // Only the answer to a pending dirs request is recorded.
+                if !self.claim_answer(&r.request_id, AnswerKind::Dirs) {
+                    return done();
+                }
                 let answer = match r.error {
                     Some(error) => Err(RequestError::Refused(error)),
                     None => Ok(DaemonAnswer::Dirs(r.dirs.clone())),
@@ -232,16 +238,20 @@ impl Handler<Inbound> for DaemonConn {
                 AtomicResponse::new(Box::pin(self.store(write).map(move |_, act, _| act.answer(&r.request_id, answer))))
             }
             daemon_frame::Frame::LimitsResult(r) => {
-                let answer = limits_answer(&r);
-                self.answer(&r.request_id, answer);
+                if self.claim_answer(&r.request_id, AnswerKind::Limits) {
+                    let answer = limits_answer(&r);
+                    self.answer(&r.request_id, answer);
+                }
                 done()
             }
             daemon_frame::Frame::CredentialsResult(r) => {
-                let answer = match r.error {
-                    Some(error) => Err(RequestError::Refused(error)),
-                    None => Ok(DaemonAnswer::Credentials(r.credentials_json.to_vec())),
-                };
-                self.answer(&r.request_id, answer);
+                if self.claim_answer(&r.request_id, AnswerKind::Credentials) {
+                    let answer = match r.error {
+                        Some(error) => Err(RequestError::Refused(error)),
+                        None => Ok(DaemonAnswer::Credentials(r.credentials_json.to_vec())),
+                    };
+                    self.answer(&r.request_id, answer);
+                }
                 done()
             }
         }

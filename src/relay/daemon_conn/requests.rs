@@ -1,14 +1,84 @@
 //! Requests to the daemon that expect an answer (dirs, limits,
 //! credentials): sent with a request id, answered from the daemon's
 //! result frame, forgotten on timeout so a late answer is ignored.
+//!
+//! A result frame answers only the pending request its id names, and only
+//! if it is of that request's kind ([`DaemonConn::claim_answer`]): one that
+//! names no pending request changes nothing, one of another kind ends the
+//! request as refused (docs/PROTOCOL.md, "What the server enforces").
 
 use super::*;
+
+/// The kind of a daemon's result frame, and of the answer a request waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AnswerKind {
+    Dirs,
+    Limits,
+    Credentials,
+}
+
+impl AnswerKind {
+    /// The answer a request of `kind` waits for.
+    fn awaited_by(kind: &DaemonRequestKind) -> Self {
+        match kind {
+            DaemonRequestKind::AddDir(_) | DaemonRequestKind::RemoveDir(_) => Self::Dirs,
+            DaemonRequestKind::RefreshLimits => Self::Limits,
+            DaemonRequestKind::Credentials => Self::Credentials,
+        }
+    }
+
+    /// The result frame's name (docs/PROTOCOL.md).
+    fn frame(self) -> &'static str {
+        match self {
+            Self::Dirs => "DirsResult",
+            Self::Limits => "LimitsResult",
+            Self::Credentials => "CredentialsResult",
+        }
+    }
+
+    /// The request's name, as the REST error message says it.
+    fn request(self) -> &'static str {
+        match self {
+            Self::Dirs => "dirs",
+            Self::Limits => "limits refresh",
+            Self::Credentials => "credentials",
+        }
+    }
+}
 
 impl DaemonConn {
     pub(super) fn answer(&mut self, request_id: &str, answer: Result<DaemonAnswer, RequestError>) {
         if let Some((_, reply)) = self.pending.remove(request_id) {
             let _ = reply.send(answer);
         }
+    }
+
+    /// Whether a result frame of kind `got` answers the pending request
+    /// `request_id`: true when that request waits for this kind of answer.
+    /// A frame that names no pending request (an answer after the timeout,
+    /// or an id never sent) is dropped; one of another kind ends the
+    /// request it names as refused (`502 daemon_refused`). Either way the
+    /// caller applies nothing of the frame.
+    pub(super) fn claim_answer(&mut self, request_id: &str, got: AnswerKind) -> bool {
+        let host_id = self.host_id();
+        let Some((kind, _)) = self.pending.get(request_id) else {
+            tracing::debug!(?host_id, request_id, frame = got.frame(), "tether_daemon_answer_unmatched");
+            return false;
+        };
+        let awaited = AnswerKind::awaited_by(kind);
+        if awaited == got {
+            return true;
+        }
+        tracing::warn!(
+            ?host_id,
+            request_id,
+            frame = got.frame(),
+            awaited = awaited.frame(),
+            "tether_daemon_answer_wrong_kind"
+        );
+        let message = format!("the daemon answered a {} request with a {}", awaited.request(), got.frame());
+        self.answer(request_id, Err(RequestError::Refused(message)));
+        false
     }
 }
 
