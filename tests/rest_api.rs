@@ -510,7 +510,8 @@ async fn ops_endpoints(fx: Fixture) {
 
 /// A body that is present must parse and fit, also where the body is
 /// optional: a malformed or oversized kill body is refused before anything
-/// is sent (it used to be read as "no body" and the kill went ahead).
+/// is sent (it used to be read as "no body" and the kill went ahead); a
+/// token needs no body at all.
 async fn bad_optional_bodies_are_refused(fx: Fixture) {
     let app = app!(fx);
     let t = token(&fx.state, "ann").await;
@@ -554,6 +555,19 @@ async fn bad_optional_bodies_are_refused(fx: Fixture) {
     assert_eq!(kills.len(), 2, "{events:?}");
     assert_eq!(kills[0]["detail"], "signal 9", "newest first: {events:?}");
     assert_eq!(kills[1]["detail"], "signal 15");
+
+    // Every field of a new token is optional, so is the body: none makes
+    // a full token; a malformed one is still refused.
+    let res = call_service(&app, auth(TestRequest::post().uri("/api/v1/tokens"), &t).to_request()).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let made = json_body(res).await;
+    assert_eq!(made["token"]["scope"], "full", "{made}");
+    assert!(made["secret"].as_str().is_some_and(|s| !s.is_empty()), "{made}");
+    let bad = auth(TestRequest::post().uri("/api/v1/tokens"), &t)
+        .insert_header(("Content-Type", "application/json"))
+        .set_payload("{not json")
+        .to_request();
+    expect_error(call_service(&app, bad).await, StatusCode::BAD_REQUEST, "bad_json").await;
 }
 
 /// Polls `GET /api/v1/audit` (events are written in the background) until

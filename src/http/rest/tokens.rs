@@ -12,7 +12,7 @@ use serde_json::json;
 use super::{check_text, field_id, path_id};
 use crate::audit::Subject;
 use crate::auth;
-use crate::http::body::Json;
+use crate::http::body::OptionalJson;
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::store::{AuditAction, NewToken, TokenScope};
@@ -22,7 +22,7 @@ pub const SHARE_TTL_SECONDS: u64 = 24 * 3600;
 /// The longest `ttlSeconds` accepted (ten years).
 pub const MAX_TTL_SECONDS: u64 = 10 * 365 * 24 * 3600;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateToken {
     #[serde(default)]
@@ -82,9 +82,10 @@ pub async fn list(state: web::Data<AppState>, user: AuthUser) -> Result<HttpResp
 pub async fn create(
     state: web::Data<AppState>,
     user: AuthUser,
-    body: Json<CreateToken>,
+    body: OptionalJson<CreateToken>,
 ) -> Result<HttpResponse, ApiError> {
-    let body = body.into_inner();
+    // Every field is optional, so is the body: none is `{}`.
+    let body = body.0.unwrap_or_default();
     let (scope, expires_at, terminal_id) = body.check()?;
     if let Some(terminal_id) = terminal_id {
         state.store.get_terminal(user.id(), terminal_id).await?.ok_or_else(|| ApiError::not_found("terminal"))?;
