@@ -349,18 +349,9 @@ async fn requests_to_an_offline_host_are_409_and_a_silent_daemon_is_504() {
         let host = host.clone();
         async move { api.post(&format!("/api/v1/hosts/{host}/dirs"), json!({"path": "/srv"})).await }
     });
-    let dirs = match daemon.next_server_frame().await {
-        server_frame::Frame::Dirs(d) => d,
-        other => panic!("expected Dirs, got {other:?}"),
-    };
+    let dirs = next_dirs(&mut daemon).await;
     assert_eq!(dirs.path, "/srv");
-    daemon
-        .send_frame(daemon_frame::Frame::DirsResult(tether::proto::v1::DirsResult {
-            request_id: dirs.request_id,
-            dirs: vec!["/tmp".into(), "/srv".into()],
-            error: None,
-        }))
-        .await;
+    daemon.send_frame(dirs_result(dirs.request_id, &["/tmp", "/srv"], None)).await;
     let (status, body) = request.await.expect("request");
     assert_eq!((status, body["dirs"].clone()), (200, json!(["/tmp", "/srv"])));
     let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
@@ -371,17 +362,8 @@ async fn requests_to_an_offline_host_are_409_and_a_silent_daemon_is_504() {
         let host = host.clone();
         async move { api.post(&format!("/api/v1/hosts/{host}/dirs"), json!({"path": "/nope"})).await }
     });
-    let dirs = match daemon.next_server_frame().await {
-        server_frame::Frame::Dirs(d) => d,
-        other => panic!("expected Dirs, got {other:?}"),
-    };
-    daemon
-        .send_frame(daemon_frame::Frame::DirsResult(tether::proto::v1::DirsResult {
-            request_id: dirs.request_id,
-            dirs: vec![],
-            error: Some("no such directory".into()),
-        }))
-        .await;
+    let dirs = next_dirs(&mut daemon).await;
+    daemon.send_frame(dirs_result(dirs.request_id, &[], Some("no such directory"))).await;
     let (status, body) = request.await.expect("request");
     assert_eq!((status, body["error"]["code"].as_str()), (502, Some("daemon_refused")));
     // A daemon that never answers: 504 after the 10 s dirs timeout.
@@ -390,6 +372,23 @@ async fn requests_to_an_offline_host_are_409_and_a_silent_daemon_is_504() {
     assert_eq!((status, body["error"]["code"].as_str()), (504, Some("daemon_timeout")));
     assert!(started.elapsed() >= Duration::from_secs(9), "answered before the timeout");
     assert!(matches!(daemon.next_server_frame().await, server_frame::Frame::Dirs(_)));
+}
+
+/// The daemon's next frame, which must be a Dirs request.
+async fn next_dirs(daemon: &mut Socket) -> tether::proto::v1::Dirs {
+    match daemon.next_server_frame().await {
+        server_frame::Frame::Dirs(d) => d,
+        other => panic!("expected Dirs, got {other:?}"),
+    }
+}
+
+/// The daemon's DirsResult for `request_id`.
+fn dirs_result(request_id: String, dirs: &[&str], error: Option<&str>) -> daemon_frame::Frame {
+    daemon_frame::Frame::DirsResult(tether::proto::v1::DirsResult {
+        request_id,
+        dirs: dirs.iter().map(|d| d.to_string()).collect(),
+        error: error.map(str::to_string),
+    })
 }
 
 /// Handled in order: once the Pong is back, every frame sent before the
@@ -416,13 +415,7 @@ async fn answers_with_a_wrong_id_or_kind_change_nothing_and_are_502() {
         let api = Api::new(api.base.clone(), api.token.clone());
         async move { api.get(&path).await.1["host"]["dirs"].clone() }
     };
-    let forged = |request_id: String| {
-        daemon_frame::Frame::DirsResult(tether::proto::v1::DirsResult {
-            request_id,
-            dirs: vec!["/forged".into()],
-            error: None,
-        })
-    };
+    let forged = |request_id: String| dirs_result(request_id, &["/forged"], None);
     let ask = |path: &'static str, body: serde_json::Value| {
         let api = Api::new(api.base.clone(), api.token.clone());
         let host = host.clone();
@@ -459,10 +452,7 @@ async fn answers_with_a_wrong_id_or_kind_change_nothing_and_are_502() {
     // A LimitsResult answering a dirs request: the request ends 502 and the
     // DirsResult that follows with the same id is not recorded.
     let request = ask("dirs", json!({"path": "/srv"}));
-    let dirs = match daemon.next_server_frame().await {
-        server_frame::Frame::Dirs(d) => d,
-        other => panic!("expected Dirs, got {other:?}"),
-    };
+    let dirs = next_dirs(&mut daemon).await;
     daemon
         .send_frame(daemon_frame::Frame::LimitsResult(tether::proto::v1::LimitsResult {
             request_id: dirs.request_id.clone(),
@@ -478,10 +468,7 @@ async fn answers_with_a_wrong_id_or_kind_change_nothing_and_are_502() {
 
     // A CredentialsResult answering a dirs request.
     let request = ask("dirs", json!({"path": "/srv"}));
-    let dirs = match daemon.next_server_frame().await {
-        server_frame::Frame::Dirs(d) => d,
-        other => panic!("expected Dirs, got {other:?}"),
-    };
+    let dirs = next_dirs(&mut daemon).await;
     daemon
         .send_frame(daemon_frame::Frame::CredentialsResult(tether::proto::v1::CredentialsResult {
             request_id: dirs.request_id,
@@ -494,17 +481,8 @@ async fn answers_with_a_wrong_id_or_kind_change_nothing_and_are_502() {
 
     // The connection still answers: a right answer is recorded.
     let request = ask("dirs", json!({"path": "/srv"}));
-    let dirs = match daemon.next_server_frame().await {
-        server_frame::Frame::Dirs(d) => d,
-        other => panic!("expected Dirs, got {other:?}"),
-    };
-    daemon
-        .send_frame(daemon_frame::Frame::DirsResult(tether::proto::v1::DirsResult {
-            request_id: dirs.request_id,
-            dirs: vec!["/tmp".into(), "/srv".into()],
-            error: None,
-        }))
-        .await;
+    let dirs = next_dirs(&mut daemon).await;
+    daemon.send_frame(dirs_result(dirs.request_id, &["/tmp", "/srv"], None)).await;
     let (status, body) = request.await.expect("request");
     assert_eq!((status, body["dirs"].clone()), (200, json!(["/tmp", "/srv"])));
     assert_eq!(dirs_now(&api).await, json!(["/tmp", "/srv"]));
@@ -759,13 +737,7 @@ async fn requests_past_the_pending_cap_are_429() {
     assert_eq!((status, body["error"]["code"].as_str()), (429, Some("too_many_requests")), "{body}");
     assert!(daemon.next_within(Duration::from_millis(300)).await.is_none(), "the refused request reached the daemon");
     for d in asked {
-        daemon
-            .send_frame(daemon_frame::Frame::DirsResult(tether::proto::v1::DirsResult {
-                request_id: d.request_id,
-                dirs: vec![d.path],
-                error: None,
-            }))
-            .await;
+        daemon.send_frame(dirs_result(d.request_id, &[&d.path], None)).await;
     }
     for request in waiting {
         assert_eq!(request.await.expect("request").0, 200);
