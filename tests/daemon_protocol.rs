@@ -201,6 +201,53 @@ async fn newest_daemon_wins() {
     api.wait_for(&format!("/api/v1/hosts/{host}"), "host offline", |b| b["host"]["state"] == "offline").await;
 }
 
+/// Daemons of one host that say hello at the same moment on one instance:
+/// whichever connection the instance keeps holds the lease, so the host
+/// reads online. Claims used
+/// to commit in database order rather than in the order the registry saw
+/// them: an older connection whose seize committed last held the lease, then
+/// released it as it was replaced, leaving the kept connection acked,
+/// lease-less (the host offline) until its next renewal closed it 4000.
+#[actix_rt::test]
+async fn simultaneous_hellos_leave_one_connection_holding_the_host() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    for round in 0..8 {
+        let mut sockets = Vec::new();
+        for _ in 0..4 {
+            sockets.push(Socket::connect(&daemon_url(&server), Some(&api.token), PROTOCOL).await);
+        }
+        futures_util::future::join_all(sockets.iter_mut().map(|s| s.send_frame(hello(&host)))).await;
+        // Each ends acked and kept, or closed 4000 as replaced.
+        let outcomes = futures_util::future::join_all(sockets.iter_mut().map(|s| async move {
+            let until = tokio::time::Instant::now() + Duration::from_millis(1500);
+            let mut acked = false;
+            loop {
+                let left = until.saturating_duration_since(tokio::time::Instant::now());
+                match s.next_within(left).await {
+                    None => return (acked, None),
+                    Some(Event::Binary(_)) => acked = true,
+                    Some(Event::Close(code)) => return (acked, Some(code)),
+                    Some(_) => {}
+                }
+            }
+        }))
+        .await;
+        let open: Vec<usize> = (0..outcomes.len()).filter(|&i| outcomes[i].1.is_none()).collect();
+        assert_eq!(open.len(), 1, "round {round}: one connection stays: {outcomes:?}");
+        assert!(outcomes[open[0]].0, "round {round}: the kept connection was acked: {outcomes:?}");
+        for (acked, code) in outcomes.iter().filter(|o| o.1.is_some()) {
+            assert_eq!(*code, Some(Some(4000)), "round {round}: the others are replaced (acked: {acked})");
+        }
+        let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
+        assert_eq!(body["host"]["state"], "online", "round {round}");
+        let kept = &mut sockets[open[0]];
+        ping_pong(kept).await;
+        kept.close().await;
+        api.wait_for(&format!("/api/v1/hosts/{host}"), "host offline", |b| b["host"]["state"] == "offline").await;
+    }
+}
+
 #[actix_rt::test]
 async fn subprotocols_are_selected_and_the_token_never_echoed() {
     let server = server().await;

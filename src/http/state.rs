@@ -140,6 +140,7 @@ impl AppState {
             remotes: Arc::new(crate::relay::remote::Remotes::default()),
             audit: crate::audit::AuditLog::start(store.clone(), instance.instance_id.clone()),
             tokens: Arc::new(crate::relay::token_watch::TokenWatch::default()),
+            claims: crate::relay::claims::HostClaims::default(),
             releases: crate::relay::releases::LeaseReleases::start(store.clone()),
             writes: owed_writes,
         };

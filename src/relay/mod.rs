@@ -14,6 +14,7 @@
 
 pub mod arbiter;
 pub mod capture;
+pub mod claims;
 pub mod daemon_conn;
 pub mod ended;
 pub mod frame_guard;
@@ -82,6 +83,8 @@ pub struct RelayContext {
     pub audit: crate::audit::AuditLog,
     /// Open sockets by token, closed 4401 when their token stops being usable.
     pub tokens: Arc<token_watch::TokenWatch>,
+    /// Hosts being claimed by a hello here, one claim per host at a time.
+    pub claims: claims::HostClaims,
     /// Where ended daemon connections queue their host leases.
     pub releases: releases::LeaseReleases,
     /// Daemon writes not yet stored or failed for good, kept ones included

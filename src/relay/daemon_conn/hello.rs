@@ -149,6 +149,10 @@ impl Handler<Hello> for DaemonConn {
                 }
                 Verdict::Refuse { code, reason } => return Err(refused((code, reason))),
             };
+            // Registered, subscribed and seized in this host's turn
+            // (`relay::claims`), so the connection the registry keeps is the
+            // one whose seize commits last.
+            let _turn = relay.claims.turn(host_id).await;
             let conn_no = relay
                 .registry
                 .send(Register { host_id, conn })
