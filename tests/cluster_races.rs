@@ -10,7 +10,9 @@
 //! - a spawn whose acknowledgement came too late is never sent twice;
 //! - credentials refreshed through another instance never cross Redis, and
 //!   forged ones (from the bus or unasked from the daemon) are refused;
-//! - the sweeper spawns parked terminals of hosts owned elsewhere.
+//! - the sweeper spawns parked terminals of hosts owned elsewhere;
+//! - input through another instance is refused, never lost, while the
+//!   daemon does not read.
 
 mod support;
 
@@ -18,7 +20,9 @@ use std::time::Duration;
 
 use futures_util::future::join;
 use serde_json::{json, Value};
-use support::client::{create_token, daemon_url, hello, Api, Event, Socket};
+use support::client::{
+    create_token, daemon_url, hello, input_until_refused, inputs_arrive_in_order, Api, Event, Socket,
+};
 use support::{pg_connect, pg_database, redis_url, unique_prefix, TetherServer};
 use tether::proto::v1::{daemon_frame, server_frame, CredentialsResult, Started};
 
@@ -595,4 +599,30 @@ async fn looks_everywhere(apis: &[Api], looks: f64) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// REST input through B for a daemon on A that does not read: B's requests
+/// are refused 429 `input_backlog` once 4 MiB waits at A, before A closes
+/// the daemon for not reading, so every input B answered 202 reaches the
+/// daemon in order once it reads. A refusal travels in place of the
+/// owner's acknowledgement; B used to answer 202 at the acknowledgement
+/// whatever the owner then did with the input.
+#[actix_rt::test]
+async fn input_through_another_instance_is_refused_while_the_daemon_does_not_read() {
+    let trio = trio(&[], [&[], &[], &[]]).await;
+    let mut daemon = trio.daemon(0).await;
+    trio.host_everywhere("online").await;
+    let (status, body) = trio.apis[0].post("/api/v1/terminals", json!({"hostId": trio.host, "argv": ["sh"]})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    match daemon.next_server_frame().await {
+        server_frame::Frame::Spawn(s) => assert_eq!(s.terminal_id, id),
+        other => panic!("expected Spawn, got {other:?}"),
+    }
+    daemon.send_frame(daemon_frame::Frame::Started(Started { terminal_id: id.clone(), pid: 7 })).await;
+    let path = format!("/api/v1/terminals/{id}");
+    trio.apis[1].wait_for(&path, "running", |b| b["terminal"]["state"] == "running").await;
+
+    let taken = input_until_refused(&trio.apis[1], &id).await;
+    inputs_arrive_in_order(&mut daemon, &trio.apis[1], &id, taken).await;
 }

@@ -9,7 +9,10 @@ use std::time::Duration;
 use actix_http::ws::Item;
 use bytes::Bytes;
 use serde_json::json;
-use support::client::{create_token, daemon_url, frame_header, hello, viewer_url, Api, Event, Socket};
+use support::client::{
+    create_token, daemon_url, frame_header, hello, input_until_refused, inputs_arrive_in_order, viewer_url, Api, Event,
+    Socket,
+};
 use support::TetherServer;
 use tether::proto::v1::{daemon_frame, server_frame};
 
@@ -339,6 +342,37 @@ async fn spawn_start_and_exit_through_a_scripted_daemon() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (_, body) = api.get(&format!("/api/v1/terminals/{parked}")).await;
     assert_eq!(body["terminal"]["state"], "exited");
+}
+
+/// A running terminal of a scripted daemon: (daemon socket, terminal id).
+async fn running_terminal(server: &TetherServer, api: &Api, host: &str) -> (Socket, String) {
+    let mut daemon = connected_daemon(server, api, host).await;
+    let (status, body) = api.post("/api/v1/terminals", json!({"hostId": host, "argv": ["sh"]})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    match daemon.next_server_frame().await {
+        server_frame::Frame::Spawn(s) => assert_eq!(s.terminal_id, id),
+        other => panic!("expected Spawn, got {other:?}"),
+    }
+    daemon
+        .send_frame(daemon_frame::Frame::Started(tether::proto::v1::Started { terminal_id: id.clone(), pid: 7 }))
+        .await;
+    api.wait_for(&format!("/api/v1/terminals/{id}"), "running", |b| b["terminal"]["state"] == "running").await;
+    (daemon, id)
+}
+
+/// REST input towards a daemon that does not read is refused 429
+/// `input_backlog` once 4 MiB waits for it, before the daemon is closed for
+/// not reading (8 MiB), so every input that was answered 202 reaches the
+/// daemon, in order, once it reads; then input is taken again. It used to
+/// be taken until the daemon was closed 1008, and what was queued was lost.
+#[actix_rt::test]
+async fn rest_input_to_a_daemon_that_does_not_read_is_refused_and_none_taken_is_lost() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let (mut daemon, terminal) = running_terminal(&server, &api, &host).await;
+    let taken = input_until_refused(&api, &terminal).await;
+    inputs_arrive_in_order(&mut daemon, &api, &terminal, taken).await;
 }
 
 /// A terminal over a limit (an argv past its entries or bytes, a host past

@@ -104,7 +104,7 @@ impl AppState {
             ring_bytes: 512 * 1024,
             soft_queue_bytes: settings.viewer.queue_bytes / 2,
             slow: ms(settings.viewer.slow_ms),
-            input_queue_limit: 4 * 1024 * 1024,
+            input_queue_limit: crate::relay::INPUT_QUEUE_LIMIT,
             run_log_max_bytes: settings.runs.log_max_bytes,
             window_bytes: settings.daemon.window_bytes,
             max_viewers: settings.viewer.max_per_terminal,

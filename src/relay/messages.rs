@@ -101,6 +101,8 @@ pub enum RequestError {
     EncryptionNotConfigured,
     #[error("too many requests are waiting for this daemon's answers")]
     Busy,
+    #[error("the daemon has not read the input it was sent")]
+    InputBacklog,
     #[error("internal error")]
     Internal,
 }

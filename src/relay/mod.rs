@@ -54,6 +54,13 @@ pub mod close {
     pub const NORMAL: u16 = 1000;
 }
 
+/// Bytes queued towards a daemon past which it counts as not reading its
+/// input: a viewer's input then closes that viewer 1008, REST input is 429
+/// `input_backlog` (docs/PROTOCOL.md, "Slow viewers"; docs/REST.md).
+/// Below `daemon_conn::OUTBOUND_LIMIT`, so input is refused before the
+/// daemon is closed and what was accepted is never dropped for it.
+pub const INPUT_QUEUE_LIMIT: usize = 4 * 1024 * 1024;
+
 /// Largest WebSocket frame accepted from a daemon or a viewer.
 pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
 

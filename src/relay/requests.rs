@@ -197,6 +197,12 @@ fn dispatch(relay: &RelayContext, link: &DaemonLink, op: HostOp) -> Result<Dispa
             Ok(Dispatched::Spawn(spawned))
         }
         HostOp::Input { terminal_id, data } => {
+            // Refused rather than queued behind input the daemon has not
+            // read: past `OUTBOUND_LIMIT` the daemon is closed and what is
+            // queued is lost.
+            if link.queue.load(std::sync::atomic::Ordering::Relaxed) > super::INPUT_QUEUE_LIMIT {
+                return Err(RequestError::InputBacklog);
+            }
             daemon.frame(server_frame::Frame::Input(crate::proto::v1::Input {
                 terminal_id: terminal_id.to_string(),
                 data,
@@ -296,17 +302,21 @@ impl PendingRequests {
     }
 
     /// A reply from an owner. An answer also counts as the acknowledgement
-    /// (the two travel in order, but the ack may have been lost).
+    /// (the two travel in order, but the ack may have been lost); it is
+    /// handed over first, so a caller woken by the acknowledgement finds it.
     fn resolve(&self, reply: bus::Reply) {
         let mut waiting = self.waiting();
         let Some(entry) = waiting.get_mut(&reply.request_id) else { return };
-        if let Some(ack) = entry.ack.take() {
-            let _ = ack.send(());
-        }
+        let answered = matches!(reply.outcome, Some(reply::Outcome::Answer(_)));
         if let Some(reply::Outcome::Answer(answer)) = reply.outcome {
             if let Some(tx) = entry.answer.take() {
                 let _ = tx.send(answer);
             }
+        }
+        if let Some(ack) = entry.ack.take() {
+            let _ = ack.send(());
+        }
+        if answered {
             waiting.remove(&reply.request_id);
         }
     }
@@ -383,6 +393,7 @@ fn answer_to_wire(result: Result<OpAnswer, RequestError>) -> bus::Answer {
                 RequestError::Unsupported => "unsupported",
                 RequestError::EncryptionNotConfigured => "encryption_not_configured",
                 RequestError::Busy => "busy",
+                RequestError::InputBacklog => "input_backlog",
                 RequestError::Internal => "internal",
             };
             let message = match e {
@@ -405,10 +416,14 @@ pub fn answer_from_wire(op: &HostOp, answer: bus::Answer) -> Result<OpAnswer, Re
             "unsupported" => RequestError::Unsupported,
             "encryption_not_configured" => RequestError::EncryptionNotConfigured,
             "busy" => RequestError::Busy,
+            "input_backlog" => RequestError::InputBacklog,
             _ => RequestError::Internal,
         }),
         (HostOp::Spawn(_) | HostOp::ViewerJoin { .. }, Some(answer::Result::Spawned(sent))) => {
             Ok(OpAnswer::Spawned(sent))
+        }
+        (HostOp::Input { .. } | HostOp::Resize { .. } | HostOp::Kill { .. }, Some(answer::Result::Spawned(true))) => {
+            Ok(OpAnswer::Sent)
         }
         (HostOp::Dirs { .. }, Some(answer::Result::Dirs(list))) => Ok(OpAnswer::Dirs(list.dirs)),
         (HostOp::RefreshLimits, Some(answer::Result::LimitsJson(json))) => {
@@ -423,7 +438,7 @@ pub fn answer_from_wire(op: &HostOp, answer: bus::Answer) -> Result<OpAnswer, Re
 /// request lifecycle says.
 pub(crate) async fn ask_owner(relay: &RelayContext, host_id: Uuid, op: HostOp) -> Result<OpAnswer, RequestError> {
     let request_id = Uuid::new_v4().to_string();
-    let (acked, answered) = relay.requests.insert(&request_id);
+    let (acked, mut answered) = relay.requests.insert(&request_id);
     let _forget = Forget(&relay.requests, request_id.clone());
     let request = bus::HostRequest {
         request_id,
@@ -443,7 +458,15 @@ pub(crate) async fn ask_owner(relay: &RelayContext, host_id: Uuid, op: HostOp) -
     if !matches!(tokio::time::timeout(ack_wait, acked).await, Ok(Ok(()))) {
         return Err(RequestError::Unacknowledged);
     }
-    let Some(wait) = op.answer_timeout() else { return Ok(OpAnswer::Sent) };
+    let Some(wait) = op.answer_timeout() else {
+        // Done once the owner has it, unless the owner refused it: a
+        // refusal comes instead of the acknowledgement and is in hand
+        // before it (`PendingRequests::resolve`).
+        return match answered.try_recv() {
+            Ok(answer) => answer_from_wire(&op, answer),
+            Err(_) => Ok(OpAnswer::Sent),
+        };
+    };
     match tokio::time::timeout(wait, answered).await {
         Ok(Ok(answer)) => answer_from_wire(&op, answer),
         _ => Err(RequestError::Timeout),
@@ -476,7 +499,13 @@ async fn serve_request(relay: &RelayContext, request: bus::HostRequest) {
     let reply_to = request.reply_to;
     let request_id = request.request_id;
     let ack = bus::Reply { request_id: request_id.clone(), outcome: Some(reply::Outcome::Ack(bus::Ack {})) };
-    send_reply(relay, &reply_to, ack).await;
+    // An operation done once it is handed over (input, resize, kill) is
+    // acknowledged once it is, or answered with why not instead: its caller
+    // reads no answer after the acknowledgement.
+    let answered_later = op.answer_timeout().is_some();
+    if answered_later {
+        send_reply(relay, &reply_to, ack.clone()).await;
+    }
     // No waiting for a hello here: this loop serves every host in order.
     let conn = match relay.registry.send(HostConn(host_id)).await {
         Ok(HostConnection::Ready(link)) => Some(link),
@@ -501,6 +530,7 @@ async fn serve_request(relay: &RelayContext, request: bus::HostRequest) {
     // apart.
     let dispatched = dispatch(relay, &conn, op);
     if let Ok(Dispatched::Sent) = dispatched {
+        send_reply(relay, &reply_to, ack).await;
         return;
     }
     let relay = relay.clone();

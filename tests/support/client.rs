@@ -303,3 +303,50 @@ pub fn hello(host_id: &str) -> daemon_frame::Frame {
         booking: None,
     })
 }
+
+/// Posts 64 KiB inputs, each starting with its number, to a terminal whose
+/// daemon does not read, until one is refused: that must be 429
+/// `input_backlog`, after at least 4 MiB was taken. Returns how many were
+/// taken.
+pub async fn input_until_refused(api: &Api, terminal: &str) -> usize {
+    let path = format!("/api/v1/terminals/{terminal}/input");
+    let mut taken = 0;
+    loop {
+        let data = format!("{taken:06}{}", "x".repeat(64 * 1024 - 6));
+        let (status, body) = api.post(&path, serde_json::json!({ "data": data })).await;
+        match status {
+            202 => taken += 1,
+            429 => {
+                assert_eq!(body["error"]["code"], "input_backlog", "{body}");
+                break;
+            }
+            _ => panic!("input {taken}: {status} {body}"),
+        }
+        assert!(taken < 1000, "64 MiB of input was taken for a daemon that does not read");
+    }
+    assert!(taken * 64 * 1024 >= 4 * 1024 * 1024, "refused after only {taken} inputs");
+    taken
+}
+
+/// Reads the `taken` inputs of [`input_until_refused`] from the daemon, in
+/// order, then checks input is taken again.
+pub async fn inputs_arrive_in_order(daemon: &mut Socket, api: &Api, terminal: &str, taken: usize) {
+    let mut next = 0;
+    while next < taken {
+        match daemon.next_server_frame().await {
+            server_frame::Frame::Input(i) => {
+                assert_eq!(i.terminal_id, terminal);
+                assert_eq!(&i.data[..6], format!("{next:06}").as_bytes(), "input arrives in order");
+                next += 1;
+            }
+            other => panic!("expected Input, got {other:?}"),
+        }
+    }
+    let path = format!("/api/v1/terminals/{terminal}/input");
+    let (status, body) = api.post(&path, serde_json::json!({ "data": "again" })).await;
+    assert_eq!(status, 202, "{body}");
+    match daemon.next_server_frame().await {
+        server_frame::Frame::Input(i) => assert_eq!(i.data, "again"),
+        other => panic!("expected Input, got {other:?}"),
+    }
+}

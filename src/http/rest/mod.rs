@@ -68,6 +68,11 @@ fn request_error(err: RequestError) -> ApiError {
             "too_many_requests",
             "too many requests are waiting for this daemon's answers; retry later",
         ),
+        RequestError::InputBacklog => ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "input_backlog",
+            "the daemon has not read the input it was sent; retry later",
+        ),
         RequestError::Internal => ApiError::internal(),
     }
 }
