@@ -474,7 +474,7 @@ async fn token_command(settings: &Settings, command: TokenCommand) -> Result<(),
         }
         TokenCommand::Revoke { id } => {
             let store = tether::store::open(settings).await.map_err(Failure::runtime)?;
-            if !store.revoke_token(None, id).await.map_err(Failure::runtime)? {
+            if store.revoke_token(None, id).await.map_err(Failure::runtime)?.is_none() {
                 return Err(Failure::runtime(format!("no token with id {id}")));
             }
             eprintln!("tether: token {id} revoked; its open sockets close within a second");

@@ -16,7 +16,7 @@ use serde_json::Value;
 use support::cli::{Person, CLI_WAIT};
 use support::e2e::{self, E2e};
 use tether::client::resolve::short_id;
-use tether::client::{AuditFilter, Client, ClientError, Host, NewTerminal, NewToken, TerminalFilter};
+use tether::client::{AuditEvent, AuditFilter, Client, ClientError, Host, NewTerminal, NewToken, TerminalFilter};
 use uuid::Uuid;
 
 /// The user's client, through the library.
@@ -725,6 +725,16 @@ async fn the_client_makes_lists_uses_and_revokes_tokens_and_reads_the_audit_log(
 
     // The API's refusals as typed errors.
     client.revoke_token(id).await.expect("revoking twice is not an error");
+    // ... and recorded once: the second revocation writes no event (a
+    // token created after it shows the log has caught up).
+    client.create_token(&NewToken::default()).await.expect("a token after the second revocation");
+    let count = |events: &[AuditEvent], action: &str| events.iter().filter(|e| e.action == action).count();
+    eventually("the later token in the audit log", || async {
+        count(&client.audit(&AuditFilter::default()).await.expect("audit"), "token_created") == 2
+    })
+    .await;
+    let events = client.audit(&AuditFilter::default()).await.expect("audit");
+    assert_eq!(count(&events, "token_revoked"), 1, "{events:#?}");
     let unknown = client.revoke_token(Uuid::new_v4()).await.expect_err("an unknown token");
     assert!(unknown.is_not_found(), "{unknown}");
     let bad = NewToken { scope: Some("admin".into()), ..Default::default() };

@@ -176,11 +176,11 @@ async fn tokens_scope_expiry_and_revocation(store: &Arc<dyn Store>) {
     assert_eq!(ended, vec![expired.id], "of fresh ids, only the unusable one");
 
     // Another user cannot revoke it; its owner (or the operator) can, once.
-    assert!(!store.revoke_token(Some(bob.id), daemon.id).await.expect("revoke as bob"));
+    assert_eq!(store.revoke_token(Some(bob.id), daemon.id).await.expect("revoke as bob"), None);
     assert!(store.token_by_hash("hash-daemon", chrono::Utc::now()).await.expect("lookup").is_some());
-    assert!(store.revoke_token(Some(ann.id), daemon.id).await.expect("revoke"));
+    assert_eq!(store.revoke_token(Some(ann.id), daemon.id).await.expect("revoke"), Some(Revocation::Now));
     let first = store.token_by_id(daemon.id).await.expect("read").expect("row").revoked_at.expect("revoked");
-    assert!(store.revoke_token(None, daemon.id).await.expect("revoke again"));
+    assert_eq!(store.revoke_token(None, daemon.id).await.expect("revoke again"), Some(Revocation::Earlier));
     assert_eq!(store.token_by_id(daemon.id).await.expect("read").expect("row").revoked_at, Some(first));
     assert_eq!(
         store.token_by_hash("hash-daemon", chrono::Utc::now()).await.expect("lookup"),
@@ -188,7 +188,7 @@ async fn tokens_scope_expiry_and_revocation(store: &Arc<dyn Store>) {
         "a revoked token is refused"
     );
     assert_eq!(store.ended_tokens(None, &[daemon.id]).await.expect("ended").ended, vec![daemon.id]);
-    assert!(!store.revoke_token(None, Uuid::new_v4()).await.expect("revoke unknown"));
+    assert_eq!(store.revoke_token(None, Uuid::new_v4()).await.expect("revoke unknown"), None);
 
     let listed: Vec<Uuid> = store.list_tokens(ann.id).await.expect("list").iter().map(|t| t.id).collect();
     assert_eq!(listed, vec![daemon.id, expired.id]);
@@ -220,7 +220,7 @@ async fn ended_tokens_are_read_from_the_log(store: &Arc<dyn Store>) {
     // The changes below must come after `since`, and SQLite stamps milliseconds.
     tokio::time::sleep(Duration::from_millis(2)).await;
 
-    assert!(store.revoke_token(None, revoked).await.expect("revoke"));
+    assert_eq!(store.revoke_token(None, revoked).await.expect("revoke"), Some(Revocation::Now));
     assert!(store.mark_exited(h.id, t.id, ExitStatus::default()).await.expect("exit"));
     assert_eq!(store.delete_terminal(ann.id, t.id).await.expect("delete"), DeleteOutcome::Deleted);
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -539,7 +539,7 @@ async fn tokens_are_looked_up_many_at_once(store: &Arc<dyn Store>) {
     let daemon = store.insert_token(&daemon).await.expect("token");
     assert_eq!(store.bind_token_host(daemon.id, bx.id).await.expect("bind"), Some(bx.id));
     let revoked = store.insert_token(&NewToken::full(ann.id, "hash-revoked")).await.expect("token");
-    assert!(store.revoke_token(None, revoked.id).await.expect("revoke"));
+    assert_eq!(store.revoke_token(None, revoked.id).await.expect("revoke"), Some(Revocation::Now));
     let expired =
         NewToken { expires_at: Some(now - chrono::Duration::seconds(1)), ..NewToken::full(ann.id, "hash-old") };
     store.insert_token(&expired).await.expect("token");

@@ -186,9 +186,10 @@ pub trait Store: Send + Sync + 'static {
     async fn token_by_id(&self, id: Uuid) -> StoreResult<Option<ApiToken>>;
     /// A user's tokens, oldest first, revoked ones included.
     async fn list_tokens(&self, user_id: Uuid) -> StoreResult<Vec<ApiToken>>;
-    /// Revokes a token (of `user_id` when given); false when there is no
-    /// such token. Revoking twice keeps the first revocation time.
-    async fn revoke_token(&self, user_id: Option<Uuid>, id: Uuid) -> StoreResult<bool>;
+    /// Revokes a token (of `user_id` when given); None when there is no
+    /// such token. Revoking twice keeps the first revocation time and says
+    /// so, so the revocation is recorded once.
+    async fn revoke_token(&self, user_id: Option<Uuid>, id: Uuid) -> StoreResult<Option<Revocation>>;
     /// Binds a token to `host_id` if it is bound to none yet; returns the
     /// host it is bound to afterwards (None: no such token).
     async fn bind_token_host(&self, id: Uuid, host_id: Uuid) -> StoreResult<Option<Uuid>>;

@@ -465,15 +465,24 @@ impl Store for PgStore {
         .collect()
     }
 
-    async fn revoke_token(&self, user_id: Option<Uuid>, id: Uuid) -> StoreResult<bool> {
-        let n = self
-            .execute(
-                "UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, now()) \
-                 WHERE id = $1 AND ($2::uuid IS NULL OR user_id = $2)",
+    async fn revoke_token(&self, user_id: Option<Uuid>, id: Uuid) -> StoreResult<Option<Revocation>> {
+        // The token is found in the statement's snapshot, before its update.
+        let row = self
+            .query_opt(
+                "WITH now_revoked AS ( \
+                   UPDATE api_tokens SET revoked_at = now() \
+                   WHERE id = $1 AND ($2::uuid IS NULL OR user_id = $2) AND revoked_at IS NULL RETURNING id) \
+                 SELECT EXISTS (SELECT 1 FROM now_revoked), \
+                        EXISTS (SELECT 1 FROM api_tokens WHERE id = $1 AND ($2::uuid IS NULL OR user_id = $2))",
                 &[&id, &user_id],
             )
             .await?;
-        Ok(n == 1)
+        // The statement has no FROM: it always answers one row.
+        Ok(match row.map(|r| (r.get(0), r.get(1))) {
+            Some((true, _)) => Some(Revocation::Now),
+            Some((false, true)) => Some(Revocation::Earlier),
+            _ => None,
+        })
     }
 
     async fn bind_token_host(&self, id: Uuid, host_id: Uuid) -> StoreResult<Option<Uuid>> {

@@ -578,14 +578,26 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn revoke_token(&self, user_id: Option<Uuid>, id: Uuid) -> StoreResult<bool> {
+    async fn revoke_token(&self, user_id: Option<Uuid>, id: Uuid) -> StoreResult<Option<Revocation>> {
         self.call(move |c| {
-            let n = c.execute(
-                "UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, ?1) \
-                 WHERE id = ?2 AND (?3 IS NULL OR user_id = ?3)",
-                params![now_ms(), id.to_string(), user_id.map(|u| u.to_string())],
+            // One connection: nothing comes between the two statements.
+            let (id, user_id) = (id.to_string(), user_id.map(|u| u.to_string()));
+            let revoked = c.execute(
+                "UPDATE api_tokens SET revoked_at = ?1 \
+                 WHERE id = ?2 AND (?3 IS NULL OR user_id = ?3) AND revoked_at IS NULL",
+                params![now_ms(), id, user_id],
             )?;
-            Ok(n == 1)
+            if revoked == 1 {
+                return Ok(Some(Revocation::Now));
+            }
+            let found = c
+                .query_row(
+                    "SELECT 1 FROM api_tokens WHERE id = ?1 AND (?2 IS NULL OR user_id = ?2)",
+                    params![id, user_id],
+                    |_| Ok(()),
+                )
+                .optional()?;
+            Ok(found.map(|()| Revocation::Earlier))
         })
         .await
     }

@@ -494,6 +494,15 @@ pub struct HelloTerminal {
     pub unfinished_run_log_end: Option<i64>,
 }
 
+/// What revoking a token found ([`super::Store::revoke_token`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revocation {
+    /// Revoked by this call.
+    Now,
+    /// Revoked before; its first revocation time stays.
+    Earlier,
+}
+
 /// A usable token as its lookup found it ([`super::Store::token_by_hash`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FoundToken {

@@ -15,7 +15,7 @@ use crate::auth;
 use crate::http::body::OptionalJson;
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
-use crate::store::{AuditAction, NewToken, TokenScope};
+use crate::store::{AuditAction, NewToken, Revocation, TokenScope};
 
 /// A share token lives this long unless `ttlSeconds` says otherwise.
 pub const SHARE_TTL_SECONDS: u64 = 24 * 3600;
@@ -115,10 +115,14 @@ pub async fn revoke(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let id = path_id(&id, "token")?;
-    if !state.store.revoke_token(Some(user.id()), id).await? {
-        return Err(ApiError::not_found("token"));
+    match state.store.revoke_token(Some(user.id()), id).await? {
+        None => return Err(ApiError::not_found("token")),
+        // Recorded once, by the call that revoked it.
+        Some(Revocation::Now) => {
+            let subject = Subject::default().with_detail(format!("token {id}")).by(user.0.token_id);
+            state.relay.audit.record(user.id(), AuditAction::TokenRevoked, subject);
+        }
+        Some(Revocation::Earlier) => {}
     }
-    let subject = Subject::default().with_detail(format!("token {id}")).by(user.0.token_id);
-    state.relay.audit.record(user.id(), AuditAction::TokenRevoked, subject);
     Ok(HttpResponse::NoContent().finish())
 }
