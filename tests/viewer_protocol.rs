@@ -519,6 +519,43 @@ async fn viewers_get_4503_when_the_daemon_goes() {
     assert_eq!(until(&mut again, "error").await["message"], "host offline");
 }
 
+/// A viewer waiting while its host is away hears once that the terminal
+/// ended when the daemon comes back without it (the hello reconciles the
+/// row to `exited`): one `status`, the `size`, the `exit`, then a normal
+/// close. The status used to come twice.
+#[actix_rt::test]
+async fn a_terminal_the_returning_daemon_no_longer_runs_ends_once_for_its_viewers() {
+    let mut s = setup(&[]).await;
+    let path = format!("/api/v1/terminals/{}", s.terminal);
+    let (_, body) = s.api.get(&path).await;
+    let host = body["terminal"]["hostId"].as_str().expect("host id").to_string();
+    s.daemon.close().await;
+    s.api.wait_for(&format!("/api/v1/hosts/{host}"), "host offline", |b| b["host"]["state"] == "offline").await;
+    let mut v = s.viewer("").await;
+    assert_eq!(until(&mut v, "status").await["host"], "offline");
+    until(&mut v, "error").await;
+    let mut daemon = Socket::connect(&daemon_url(&s.server), Some(&s.api.token), &["tether.daemon.v1"]).await;
+    daemon.send_frame(hello(&host)).await;
+    assert!(matches!(daemon.next_server_frame().await, server_frame::Frame::HelloAck(_)));
+    let mut said = Vec::new();
+    let code = loop {
+        match v.next().await {
+            Event::Text(t) => {
+                let m: Value = serde_json::from_str(&t).expect("json");
+                said.push(match m["type"].as_str() {
+                    Some("status") => format!("status {} {}", m["state"], m["host"]),
+                    other => other.unwrap_or("?").to_string(),
+                });
+            }
+            Event::Close(code) => break code,
+            _ => {}
+        }
+    };
+    assert_eq!(said, [r#"status "exited" "online""#, "size", "exit"]);
+    assert_eq!(code, Some(1000));
+    assert_eq!(s.api.get(&path).await.1["terminal"]["state"], "exited");
+}
+
 /// Grids are clamped to 1..1000 whatever number a client sends; a value
 /// that is not a number is still refused.
 #[actix_rt::test]

@@ -911,7 +911,11 @@ impl Handler<HostOnline> for TerminalArbiter {
                 if let Ok(Some(t)) = row {
                     act.state = Some(t.state);
                 }
-                act.broadcast(&act.status());
+                // A terminal the hello reconciled to ended is told as such
+                // once, status included, by `attach_waiting` below.
+                if !matches!(act.state, Some(TerminalState::Exited | TerminalState::Error)) {
+                    act.broadcast(&act.status());
+                }
                 act.retry_refused();
                 act.attach_waiting(ctx);
             })
