@@ -3,7 +3,8 @@
 //! per user behind one address and `http.trusted_proxies`, half-open
 //! handshakes (slow loris) cut at their deadline without a slot, a daemon whose
 //! allowlist is locked, the caps on a daemon's dirs, JSON nested too deep,
-//! the audit record of a real terminal session, and the open-file limit.
+//! the audit record of a real terminal session, the open-file limit, and
+//! HEAD and 405's `Allow`.
 
 mod support;
 
@@ -54,6 +55,54 @@ async fn responses_carry_security_headers_and_metrics_can_move() {
 
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).permissions().mode() & 0o777
+}
+
+/// Status, headers and body of a request with `method`, with a token.
+async fn request(method: &str, url: &str, token: Option<&str>) -> (u16, awc::http::header::HeaderMap, Vec<u8>) {
+    let method = awc::http::Method::from_bytes(method.as_bytes()).expect("method");
+    let mut req = awc::Client::default().request(method, url);
+    if let Some(token) = token {
+        req = req.bearer_auth(token);
+    }
+    let mut res = req.send().await.unwrap_or_else(|e| panic!("{url}: {e}"));
+    let body = res.body().await.unwrap_or_default();
+    (res.status().as_u16(), res.headers().clone(), body.to_vec())
+}
+
+/// HEAD answers every GET route but the sockets as GET does (status,
+/// headers, the token checks), without the body; a method a path does not
+/// serve is 405 with an `Allow` header naming the ones it does. HEAD used
+/// to be 405 everywhere, and a 405 said nothing of what was allowed.
+#[actix_rt::test]
+async fn head_is_a_get_without_a_body_and_a_405_says_what_is_allowed() {
+    let server = TetherServer::start(&[], &[]).await;
+    let token = create_token(&server, "ann");
+    for path in ["/healthz", "/api/v1/hosts", "/api/v1/tokens"] {
+        let url = format!("{}{path}", server.url());
+        let (get_status, get_headers, get_body) = request("GET", &url, Some(&token)).await;
+        let (status, headers, body) = request("HEAD", &url, Some(&token)).await;
+        assert_eq!((status, get_status), (200, 200), "{path}");
+        assert!(body.is_empty(), "{path}: a HEAD answer has no body");
+        assert!(!get_body.is_empty(), "{path}");
+        assert_eq!(headers.get("content-type"), get_headers.get("content-type"), "{path}");
+        assert_eq!(headers.get("content-length"), get_headers.get("content-length"), "{path}");
+    }
+    let hosts = format!("{}/api/v1/hosts", server.url());
+    assert_eq!(request("HEAD", &hosts, None).await.0, 401, "HEAD checks the token as GET does");
+    for (method, path, allow) in [
+        ("PATCH", "/api/v1/hosts", "POST, HEAD, GET"),
+        ("PUT", "/api/v1/tokens/00000000-0000-0000-0000-000000000000", "DELETE"),
+        ("HEAD", "/ws/v1/daemon", "GET"),
+        ("POST", "/healthz", "HEAD, GET"),
+    ] {
+        let (status, headers, body) = request(method, &format!("{}{path}", server.url()), Some(&token)).await;
+        assert_eq!(status, 405, "{method} {path}");
+        assert_eq!(headers.get("allow").and_then(|v| v.to_str().ok()), Some(allow), "{method} {path}");
+        if method != "HEAD" {
+            let body: serde_json::Value = serde_json::from_slice(&body).expect("json");
+            assert_eq!(body["error"]["code"], "method_not_allowed");
+        }
+    }
 }
 
 #[actix_rt::test]

@@ -133,6 +133,7 @@ pub const ROUTES: &[RouteSpec] = &[
 /// Registers the rows of [`ROUTES`] this instance serves: one resource per
 /// path, each behind [`authorize`]. A route it does not serve is 404.
 pub fn configure(cfg: &mut web::ServiceConfig, serving: Serving) {
+    cfg.app_data(web::Data::new(serving));
     let mut paths: Vec<&'static str> = Vec::new();
     for spec in ROUTES.iter().filter(|s| serving.serves(s)) {
         if !paths.contains(&spec.path) {
@@ -143,16 +144,41 @@ pub fn configure(cfg: &mut web::ServiceConfig, serving: Serving) {
         let mut resource = web::resource(path);
         for spec in ROUTES.iter().filter(|s| s.path == path && serving.serves(s)) {
             let method = Method::from_bytes(spec.method.as_bytes()).unwrap_or(Method::GET);
+            // HEAD is a GET without its body (RFC 9110, 9.3.2): the same
+            // handler, checks and headers; the server sends no body.
+            if method == Method::GET && !spec.is_socket() {
+                resource = resource.route((spec.handler)(web::route().method(Method::HEAD)));
+            }
             resource = resource.route((spec.handler)(web::route().method(method)));
         }
         cfg.service(resource.wrap(from_fn(authorize)));
     }
 }
 
-/// The table row a request matched.
+/// The rows of the path a request matched that this instance serves.
+fn served_rows(req: &ServiceRequest) -> impl Iterator<Item = &'static RouteSpec> {
+    let pattern = req.match_pattern();
+    let serving: Option<Serving> = req.app_data::<web::Data<Serving>>().map(|s| *s.get_ref());
+    ROUTES.iter().filter(move |s| Some(s.path) == pattern.as_deref() && serving.is_none_or(|serving| serving.serves(s)))
+}
+
+/// The table row a request matched (a HEAD matches its path's GET).
 fn spec_of(req: &ServiceRequest) -> Option<&'static RouteSpec> {
-    let pattern = req.match_pattern()?;
-    ROUTES.iter().find(|s| s.path == pattern && s.method == req.method().as_str())
+    let head = req.method() == Method::HEAD;
+    let method = if head { "GET" } else { req.method().as_str() };
+    served_rows(req).find(|s| s.method == method && !(head && s.is_socket()))
+}
+
+/// The methods a path serves, for the `Allow` header of a 405.
+fn allowed(req: &ServiceRequest) -> String {
+    let mut methods: Vec<&str> = Vec::new();
+    for spec in served_rows(req) {
+        if spec.method == "GET" && !spec.is_socket() {
+            methods.push("HEAD");
+        }
+        methods.push(spec.method);
+    }
+    methods.join(", ")
 }
 
 /// Authenticates a REST request and checks its scope against the route's
@@ -164,7 +190,11 @@ async fn authorize(
     let Some(spec) = spec_of(&req) else {
         // Only a method the resource does not serve gets here.
         let res = ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed");
-        return Ok(req.into_response(res.error_response()).map_into_right_body());
+        let mut res = res.error_response();
+        if let Ok(allow) = actix_web::http::header::HeaderValue::from_str(&allowed(&req)) {
+            res.headers_mut().insert(actix_web::http::header::ALLOW, allow);
+        }
+        return Ok(req.into_response(res).map_into_right_body());
     };
     if spec.access == Access::Public || spec.is_socket() {
         return Ok(next.call(req).await?.map_into_left_body());
