@@ -134,6 +134,33 @@ async fn a_header_declaring_over_one_mib_is_4413_before_its_payload() {
     assert_eq!(sock.expect_close().await, Some(4413));
 }
 
+/// Frames that break RFC 6455 are closed with its codes rather than
+/// dropped without a close frame: an unmasked frame, reserved bits, a
+/// reserved opcode, a continuation that starts nothing (1002), and text
+/// that is not UTF-8 (1007, before the daemon protocol refuses text).
+#[actix_rt::test]
+async fn frames_that_break_the_websocket_protocol_are_1002_or_1007() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let masked = |first: u8, payload: &[u8]| {
+        let mut frame = vec![first, 0x80 | payload.len() as u8, 0, 0, 0, 0];
+        frame.extend_from_slice(payload);
+        frame
+    };
+    let cases: [(&str, Vec<u8>, u16); 5] = [
+        ("an unmasked binary frame", vec![0x82, 0x01, 0x00], 1002),
+        ("reserved bits", masked(0x82 | 0x40, b"x"), 1002),
+        ("a reserved opcode", masked(0x83, b"x"), 1002),
+        ("a continuation that starts nothing", masked(0x80, b"x"), 1002),
+        ("text that is not UTF-8", masked(0x81, &[0xff, 0xfe]), 1007),
+    ];
+    for (what, frame, code) in cases {
+        let mut sock = connected_daemon(&server, &api, &host).await;
+        sock.send_raw(&frame).await;
+        assert_eq!(sock.expect_close().await, Some(code), "{what}");
+    }
+}
+
 #[actix_rt::test]
 async fn a_daemons_close_is_answered_with_its_code() {
     let server = server().await;

@@ -450,6 +450,14 @@ async fn bad_viewer_input_closes_with_its_code() {
     v.send_raw(&[b'x'; 64 * 1024]).await;
     assert_eq!(v.expect_close().await, Some(4413));
 
+    // Frames that break RFC 6455 get its close codes.
+    let mut v = s.viewer("").await;
+    v.send_raw(&[0x81, 0x01, b'x']).await; // unmasked
+    assert_eq!(v.expect_close().await, Some(1002));
+    let mut v = s.viewer("").await;
+    v.send_raw(&[0x81, 0x82, 0, 0, 0, 0, 0xff, 0xfe]).await; // text, not UTF-8
+    assert_eq!(v.expect_close().await, Some(1007));
+
     let url = viewer_url(&s.server, "00000000-0000-0000-0000-000000000000");
     let mut v = Socket::connect(&url, Some(&s.api.token), &["tether.v1"]).await;
     assert_eq!(v.expect_close().await, Some(4404));

@@ -149,16 +149,46 @@ pub fn guard(req: &HttpRequest, body: web::Payload, limit: usize) -> Result<web:
     web::Payload::from_request(req, &mut payload).into_inner()
 }
 
-/// True for a message stream's error that says a frame or a message was
-/// over the limit, from actix-http's own check or from [`guard`].
-pub fn too_large(error: &ProtocolError) -> bool {
+/// The close a message stream's error calls for (docs/PROTOCOL.md, "What
+/// the server enforces"), or `None` when the connection itself failed and
+/// no close frame can reach the peer:
+/// - a frame or message over the limit, from actix-http's own check or
+///   from [`guard`]: 4413;
+/// - text that is not UTF-8: 1007 (RFC 6455, 8.1);
+/// - any other breach of RFC 6455 (an unmasked frame, reserved bits or
+///   opcodes, a bad close frame, continuations out of order): 1002.
+pub fn failure(error: &ProtocolError) -> Option<(u16, &'static str)> {
+    use super::close;
+    const BROKEN: Option<(u16, &str)> = Some((close::PROTOCOL_ERROR, "WebSocket protocol error"));
     match error {
-        ProtocolError::Overflow => true,
-        ProtocolError::Io(error) => error
-            .get_ref()
-            .and_then(|inner| inner.downcast_ref::<PayloadError>())
-            .is_some_and(|inner| matches!(inner, PayloadError::Overflow)),
-        _ => false,
+        ProtocolError::Overflow => Some((close::TOO_LARGE, "frame over 1 MiB")),
+        ProtocolError::Io(error) => {
+            let inner = error.get_ref();
+            if inner
+                .and_then(|inner| inner.downcast_ref::<PayloadError>())
+                .is_some_and(|inner| matches!(inner, PayloadError::Overflow))
+            {
+                return Some((close::TOO_LARGE, "frame over 1 MiB"));
+            }
+            if error.kind() != std::io::ErrorKind::InvalidData {
+                return None;
+            }
+            // actix-http and actix-ws say both of these as InvalidData
+            // I/O errors; only the reserved bits name themselves.
+            if error.to_string().contains("reserved bits") {
+                BROKEN
+            } else {
+                Some((close::NOT_UTF8, "text is not UTF-8"))
+            }
+        }
+        ProtocolError::UnmaskedFrame
+        | ProtocolError::MaskedFrame
+        | ProtocolError::InvalidOpcode(_)
+        | ProtocolError::InvalidLength(_)
+        | ProtocolError::BadOpCode
+        | ProtocolError::ContinuationNotStarted
+        | ProtocolError::ContinuationStarted
+        | ProtocolError::ContinuationFragment(_) => BROKEN,
     }
 }
 
@@ -258,7 +288,10 @@ mod tests {
         assert!(matches!(error, Some(PayloadError::Overflow)), "{error:?}");
         assert!(guarded.next().await.is_none());
         let io = ProtocolError::Io(std::io::Error::other(PayloadError::Overflow));
-        assert!(too_large(&io) && too_large(&ProtocolError::Overflow));
-        assert!(!too_large(&ProtocolError::UnmaskedFrame));
+        assert_eq!(failure(&io).map(|f| f.0), Some(4413));
+        assert_eq!(failure(&ProtocolError::Overflow).map(|f| f.0), Some(4413));
+        assert_eq!(failure(&ProtocolError::UnmaskedFrame).map(|f| f.0), Some(1002));
+        let gone = ProtocolError::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(failure(&gone), None, "a failed connection gets no close frame");
     }
 }

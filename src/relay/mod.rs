@@ -50,6 +50,9 @@ pub mod close {
     pub const DRAINING: u16 = 4503;
     pub const HOST_GONE: u16 = 4503;
     pub const POLICY: u16 = 1008;
+    /// RFC 6455's own: a frame that breaks the protocol, text not UTF-8.
+    pub const PROTOCOL_ERROR: u16 = 1002;
+    pub const NOT_UTF8: u16 = 1007;
     pub const INTERNAL: u16 = 1011;
     pub const NORMAL: u16 = 1000;
 }

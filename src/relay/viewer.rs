@@ -21,7 +21,7 @@ use actix_ws::{AggregatedMessage, AggregatedMessageStream, ProtocolError};
 use bytes::Bytes;
 
 use super::ended::ended_messages;
-use super::frame_guard::too_large;
+use super::frame_guard::failure;
 use super::limiter::AddressGuard;
 use super::outbox::{Frame, Outbox};
 use super::registry::OpenTerminal;
@@ -305,8 +305,10 @@ impl StreamHandler<Result<AggregatedMessage, ProtocolError>> for Viewer {
                 self.outbox.answer_close(reason.as_ref());
                 ctx.stop();
             }
-            Err(e) if too_large(&e) => self.close(close::TOO_LARGE, "frame over 1 MiB", ctx),
-            Err(_) => ctx.stop(),
+            Err(e) => match failure(&e) {
+                Some((code, reason)) => self.close(code, reason, ctx),
+                None => ctx.stop(),
+            },
         }
     }
 

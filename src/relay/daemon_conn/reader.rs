@@ -6,7 +6,7 @@
 //! thousands of idle daemons cost (docs/BENCHMARKS.md).
 
 use super::*;
-use crate::relay::frame_guard::too_large;
+use crate::relay::frame_guard::failure;
 
 /// A decoded frame, or why the reader stopped.
 enum Read {
@@ -46,8 +46,10 @@ fn decode(msg: Option<Result<AggregatedMessage, ProtocolError>>, outbox: &Outbox
             Read::Skip
         }
         Some(Ok(AggregatedMessage::Pong(_))) => Read::Skip,
-        Some(Err(e)) if too_large(&e) => Read::Fail(close::TOO_LARGE, "frame over 1 MiB"),
-        Some(Err(_)) => Read::Closed,
+        Some(Err(e)) => match failure(&e) {
+            Some((code, reason)) => Read::Fail(code, reason),
+            None => Read::Closed,
+        },
     }
 }
 
