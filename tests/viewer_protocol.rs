@@ -246,6 +246,40 @@ async fn resume_from_an_offset_the_owner_still_holds() {
     assert_eq!(attach.resume_from, Some(999_999));
 }
 
+/// A daemon's stream is checked, not trusted: a resume for a viewer that
+/// asked for none is refused (the viewer is told, and gets no `resume`
+/// it never asked for), and a chunk whose end would pass 2^64 bytes is a
+/// malformed frame (1008), where offsets used to wrap.
+#[actix_rt::test]
+async fn a_daemons_unasked_resume_and_wrapping_offsets_are_refused() {
+    let mut s = setup(&[]).await;
+    let mut v = s.viewer("").await;
+    let attach = s.next_attach().await;
+    assert_eq!(attach.resume_from, None);
+    s.daemon
+        .send_frame(daemon_frame::Frame::Scrollback(tether::proto::v1::Scrollback {
+            terminal_id: s.terminal.clone(),
+            attach_id: attach.attach_id,
+            data: Bytes::from_static(b"bytes"),
+            cols: 80,
+            rows: 24,
+            offset: 0,
+            resumed: true,
+        }))
+        .await;
+    let error = loop {
+        let Event::Text(t) = v.next().await else { continue };
+        let m: Value = serde_json::from_str(&t).expect("json");
+        assert_ne!(m["type"], "resume", "{m}");
+        if m["type"] == "error" {
+            break m;
+        }
+    };
+    assert!(error["message"].as_str().is_some_and(|m| m.contains("not asked for")), "{error}");
+    s.output(u64::MAX - 2, b"wraps").await;
+    assert_eq!(s.daemon.expect_close().await, Some(1008));
+}
+
 #[actix_rt::test]
 async fn a_gap_in_the_stream_gets_a_fresh_replay() {
     let mut s = setup(&[]).await;

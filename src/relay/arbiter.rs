@@ -512,6 +512,21 @@ impl TerminalArbiter {
     }
 
     fn on_scrollback(&mut self, attach_id: String, data: Bytes, (cols, rows): (u16, u16), offset: u64, resumed: bool) {
+        // A resume answers only the Attach that asked for one, from where
+        // it asked (a capture takes one from further on: the daemon's ring
+        // starts later); anything else from the daemon is refused.
+        let awaiting = self.awaiting(&attach_id);
+        let asked = |m: &Member| match (&m.kind, m.resume_from) {
+            (_, None) => false,
+            (Kind::Viewer(..), Some(from)) => from == offset,
+            (Kind::Capture(_), Some(from)) => from <= offset,
+        };
+        if resumed && awaiting.iter().any(|id| self.members.get(id).is_some_and(|m| !asked(m))) {
+            tracing::warn!(terminal_id = %self.terminal_id, offset, "tether_daemon_unasked_resume");
+            let message = "the daemon resumed a stream that was not asked for";
+            self.refuse(&attach_id, message);
+            return;
+        }
         self.grid.pty_resized(cols, rows);
         let live_at = if resumed { offset + data.len() as u64 } else { offset };
         if resumed {
@@ -556,6 +571,19 @@ impl TerminalArbiter {
                         metrics::counter!("tether_run_log_gap_bytes_total").increment(lost);
                     }
                 }
+            }
+        }
+    }
+
+    /// The daemon refused (or answered wrongly) the Attach `attach_id`: its
+    /// viewers are told why and wait for the next try (`retry_refused`).
+    fn refuse(&mut self, attach_id: &str, message: &str) {
+        for id in self.awaiting(attach_id) {
+            if let MemberId::Viewer(viewer) = id {
+                self.send_to(viewer, ViewerOut::control(ServerMessage::error(message)));
+            }
+            if let Some(m) = self.members.get_mut(&id) {
+                m.phase = Phase::Refused;
             }
         }
     }
@@ -815,16 +843,7 @@ impl Handler<StreamEvent> for TerminalArbiter {
             StreamEvent::Scrollback { attach_id, data, cols, rows, offset, resumed } => {
                 self.on_scrollback(attach_id, data, (cols, rows), offset, resumed);
             }
-            StreamEvent::AttachError { attach_id, message } => {
-                for id in self.awaiting(&attach_id) {
-                    if let MemberId::Viewer(viewer) = id {
-                        self.send_to(viewer, ViewerOut::control(ServerMessage::error(message.clone())));
-                    }
-                    if let Some(m) = self.members.get_mut(&id) {
-                        m.phase = Phase::Refused;
-                    }
-                }
-            }
+            StreamEvent::AttachError { attach_id, message } => self.refuse(&attach_id, &message),
             StreamEvent::Size { cols, rows } => {
                 self.grid.pty_resized(cols, rows);
                 self.broadcast_sizes();

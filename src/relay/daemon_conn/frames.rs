@@ -42,6 +42,13 @@ pub fn limits_answer(r: &crate::proto::v1::LimitsResult) -> Result<DaemonAnswer,
     }
 }
 
+/// A stream chunk whose end would pass 2^64 bytes: no daemon gets there
+/// (16 EiB of output), so the frame is malformed, and every hop's offset
+/// arithmetic may count on the end fitting.
+fn offset_wraps(offset: u64, data: &Bytes) -> bool {
+    u64::try_from(data.len()).ok().and_then(|len| offset.checked_add(len)).is_none()
+}
+
 impl Handler<Inbound> for DaemonConn {
     type Result = AtomicResponse<Self, ()>;
 
@@ -54,6 +61,10 @@ impl Handler<Inbound> for DaemonConn {
         let owned_id = |raw: &str, owned: &HashMap<Uuid, Owned>| terminal_id(raw).filter(|id| owned.contains_key(id));
         match frame {
             daemon_frame::Frame::Output(out) => {
+                if offset_wraps(out.offset, &out.data) {
+                    self.close(close::POLICY, "malformed frame", ctx);
+                    return done();
+                }
                 let Some(id) = owned_id(&out.terminal_id, &self.owned) else {
                     metrics::counter!("tether_daemon_frames_dropped_total").increment(1);
                     return done();
@@ -77,6 +88,10 @@ impl Handler<Inbound> for DaemonConn {
                 ))
             }
             daemon_frame::Frame::Scrollback(s) => {
+                if offset_wraps(s.offset, &s.data) {
+                    self.close(close::POLICY, "malformed frame", ctx);
+                    return done();
+                }
                 if let Some(id) = owned_id(&s.terminal_id, &self.owned) {
                     self.arbiter_event(
                         id,
