@@ -406,7 +406,10 @@ fn answer_to_wire(result: Result<OpAnswer, RequestError>) -> bus::Answer {
     bus::Answer { result: Some(result) }
 }
 
-/// An answer from the owner's instance, checked against the operation asked.
+/// An answer from the owner's instance, checked against the operation
+/// asked. One that does not fit it (another kind, no result, limits that
+/// are not JSON: an owner of another version, or a bug) is refused as a
+/// daemon's wrong answer is (`502 daemon_refused`), not a 500.
 pub fn answer_from_wire(op: &HostOp, answer: bus::Answer) -> Result<OpAnswer, RequestError> {
     match (op, answer.result) {
         (_, Some(answer::Result::Failure(f))) => Err(match f.code.as_str() {
@@ -426,11 +429,11 @@ pub fn answer_from_wire(op: &HostOp, answer: bus::Answer) -> Result<OpAnswer, Re
             Ok(OpAnswer::Sent)
         }
         (HostOp::Dirs { .. }, Some(answer::Result::Dirs(list))) => Ok(OpAnswer::Dirs(list.dirs)),
-        (HostOp::RefreshLimits, Some(answer::Result::LimitsJson(json))) => {
-            serde_json::from_str(&json).map(OpAnswer::Limits).map_err(|_| RequestError::Internal)
-        }
+        (HostOp::RefreshLimits, Some(answer::Result::LimitsJson(json))) => serde_json::from_str(&json)
+            .map(OpAnswer::Limits)
+            .map_err(|_| RequestError::Refused("the daemon sent limits that are not JSON".into())),
         (HostOp::RefreshCredentials, Some(answer::Result::CredentialsOk(true))) => Ok(OpAnswer::CredentialsStored),
-        _ => Err(RequestError::Internal),
+        _ => Err(RequestError::Refused("the instance holding the host answered with another kind of answer".into())),
     }
 }
 
@@ -623,5 +626,36 @@ pub async fn serve_bus(relay: RelayContext, mut inbox: mpsc::Receiver<Inbound>) 
             }
             None => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(result: answer::Result) -> bus::Answer {
+        bus::Answer { result: Some(result) }
+    }
+
+    #[test]
+    fn answers_that_do_not_fit_the_request_are_refused() {
+        let dirs = HostOp::Dirs { add: true, path: "/srv".into() };
+        let fits = answer_from_wire(&dirs, answer(answer::Result::Dirs(bus::DirsList { dirs: vec!["/srv".into()] })));
+        assert!(matches!(fits, Ok(OpAnswer::Dirs(d)) if d == ["/srv"]));
+        for unfit in [
+            answer(answer::Result::LimitsJson("{}".into())),
+            answer(answer::Result::CredentialsOk(true)),
+            bus::Answer { result: None },
+        ] {
+            assert!(matches!(answer_from_wire(&dirs, unfit), Err(RequestError::Refused(_))));
+        }
+        let limits = answer(answer::Result::LimitsJson("not json".into()));
+        assert!(matches!(answer_from_wire(&HostOp::RefreshLimits, limits), Err(RequestError::Refused(_))));
+        let failure =
+            |code: &str| answer(answer::Result::Failure(bus::Failure { code: code.into(), message: "m".into() }));
+        assert!(matches!(answer_from_wire(&dirs, failure("input_backlog")), Err(RequestError::InputBacklog)));
+        assert!(matches!(answer_from_wire(&dirs, failure("what")), Err(RequestError::Internal)));
+        let input = HostOp::Input { terminal_id: Uuid::nil(), data: Bytes::new() };
+        assert!(matches!(answer_from_wire(&input, answer(answer::Result::Spawned(true))), Ok(OpAnswer::Sent)));
     }
 }
