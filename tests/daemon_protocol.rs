@@ -182,6 +182,29 @@ async fn garbage_protobuf_and_text_are_1008() {
     assert_eq!(sock.expect_close().await, Some(1008));
 }
 
+/// A hello's dirs are checked before anything is stored: an entry that is
+/// not absolute, holds a NUL or is over 4096 bytes closes the socket 1008,
+/// and the host stays offline with the dirs it had.
+#[actix_rt::test]
+async fn a_hello_with_dirs_that_are_not_absolute_paths_is_1008() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let long = format!("/{}", "d".repeat(4096));
+    for bad in ["relative/dir", "", "/tmp/a\0b", long.as_str()] {
+        let mut sock = Socket::connect(&daemon_url(&server), Some(&api.token), PROTOCOL).await;
+        let mut frame = hello(&host);
+        if let daemon_frame::Frame::Hello(h) = &mut frame {
+            h.dirs = vec!["/tmp".into(), bad.to_string()];
+        }
+        sock.send_frame(frame).await;
+        assert_eq!(sock.expect_close().await, Some(1008), "{bad:?}");
+        let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
+        assert_eq!(body["host"]["state"], "offline", "{bad:?}");
+        assert_eq!(body["host"]["dirs"], json!([]), "{bad:?}");
+    }
+    connected_daemon(&server, &api, &host).await;
+}
+
 #[actix_rt::test]
 async fn too_many_early_frames_is_1008() {
     let server = TetherServer::start(&[("TETHER_DAEMON__HELLO_TIMEOUT_MS", "20000")], &[]).await;

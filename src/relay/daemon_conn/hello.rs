@@ -44,6 +44,23 @@ fn database_error(e: StoreError) -> (u16, &'static str) {
     (close::INTERNAL, "database error")
 }
 
+/// Why a hello's dirs cannot be stored, if they cannot: each must be an
+/// absolute path without NUL, at most `MAX_DIR_PATH_BYTES` long, as the
+/// daemon keeps them (docs/PROTOCOL.md, "What the server enforces"). REST
+/// checks a terminal's `dir` against them by prefix, so a relative or
+/// empty entry would allow what no daemon lists.
+fn bad_dirs(dirs: &[String]) -> Option<&'static str> {
+    for dir in dirs {
+        if !dir.starts_with('/') || dir.contains('\0') {
+            return Some("malformed hello: a dir is not an absolute path");
+        }
+        if dir.len() > crate::daemon::MAX_DIR_PATH_BYTES {
+            return Some("malformed hello: a dir is longer than 4096 bytes");
+        }
+    }
+    None
+}
+
 /// What the rest of the hello established once the host was claimed.
 struct Taken {
     capabilities: Capabilities,
@@ -122,6 +139,11 @@ impl Handler<Hello> for DaemonConn {
     fn handle(&mut self, msg: Hello, ctx: &mut Context<Self>) -> Self::Result {
         self.heard.stamp();
         let hello = msg.0;
+        if let Some(reason) = bad_dirs(&hello.dirs) {
+            tracing::info!(reason, "tether_daemon_hello_refused");
+            self.close(close::POLICY, reason, ctx);
+            return AtomicResponse::new(Box::pin(actix::fut::ready(false)));
+        }
         let relay = self.relay.clone();
         let principal = self.principal.clone();
         let bound_host = self.bound_host.take();
