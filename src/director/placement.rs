@@ -7,8 +7,9 @@
 //! - a host connected to a cell that looks held to the director (its row
 //!   says `reserve`, its switch says `reserve`, and its seat feed has not
 //!   answered within `director.fresh_ms`) is never re-placed: it is told to
-//!   stay, at the epoch it holds there, and a redial there is admitted from
-//!   memory;
+//!   stay, at its assignment epoch (0 when it has none: a host booked
+//!   there, whose booking wrote no assignment row), and a redial there is
+//!   admitted from memory or by the database check;
 //! - reserve placement: the candidates are the cells whose switch says
 //!   `reserve`, whose row does not say `db` (a tripped cell answers `off`)
 //!   and whose seat feed answered within `director.fresh_ms`; of two picked
@@ -22,6 +23,11 @@
 //!   `director.effective_fresh_ms`, and never a cell whose row says
 //!   `reserve` (a held cell keeps writing `reserve`); the same two choices
 //!   pick among them, and the caller writes relay_assignments at the epoch.
+//!   A cell there must also be alive: its effective row written within
+//!   `director.effective_fresh_ms` or its seat feed answered within
+//!   `director.fresh_ms`. A cell that stopped stays listed in relay_cells,
+//!   and with no switch row it reads `db`: without this, daemons were sent
+//!   to cells long gone.
 //!
 //! The epoch is the host's assignment epoch + 1 (1 for a host never placed).
 //! Times are unix milliseconds: the effective rows carry database time.
@@ -62,6 +68,11 @@ impl CellState {
 
     fn polled_within(&self, now_ms: i64, fresh_ms: i64) -> bool {
         self.polled_at_ms.is_some_and(|at| now_ms - at <= fresh_ms)
+    }
+
+    /// Its effective row says `mode` and was written within `fresh_ms`.
+    fn row_fresh(&self, now_ms: i64, fresh_ms: i64) -> Option<AdmitMode> {
+        self.effective.filter(|row| now_ms - row.updated_at_ms <= fresh_ms).map(|row| row.mode)
     }
 
     fn load(&self) -> usize {
@@ -141,10 +152,11 @@ impl Placement {
         let database: Vec<&CellState> = cells
             .iter()
             .filter(|cell| {
-                let row_fresh_db = cell
-                    .effective
-                    .is_some_and(|row| row.mode == AdmitMode::Db && now_ms - row.updated_at_ms <= effective_fresh_ms);
-                !cell.row_says(AdmitMode::Reserve) && (cell.switch == AdmitMode::Db || row_fresh_db)
+                let fresh_row = cell.row_fresh(now_ms, effective_fresh_ms);
+                let alive = fresh_row.is_some() || cell.polled_within(now_ms, fresh_ms);
+                !cell.row_says(AdmitMode::Reserve)
+                    && alive
+                    && (cell.switch == AdmitMode::Db || fresh_row == Some(AdmitMode::Db))
             })
             .collect();
         match lighter_of_two(&database, rng) {
@@ -173,7 +185,7 @@ impl Placement {
 
     fn stay_on_held_cell(&self, cells: &[CellState], now_ms: i64) -> Option<Step> {
         let connected_on = self.host.connected_on.as_deref()?;
-        let epoch = self.host.epoch?;
+        let epoch = self.host.epoch.unwrap_or(0);
         let cell = cells.iter().find(|cell| cell.cell_id == connected_on)?;
         let held = cell.switch == AdmitMode::Reserve
             && cell.row_says(AdmitMode::Reserve)
@@ -251,7 +263,7 @@ mod tests {
         let cells = [
             reserve("fresh", 3_000, 50),
             reserve("stale", 3_001, 0),
-            cell("switched", AdmitMode::Db, None, Some(0), 0),
+            cell("switched", AdmitMode::Db, Some((AdmitMode::Db, 1_000)), Some(0), 0),
             cell("tripped", AdmitMode::Reserve, Some((AdmitMode::Db, 1_000)), Some(0), 0),
         ];
         assert_eq!(first_steps(&cells, &new_host()), HashSet::from([book("fresh", 5)]));
@@ -267,7 +279,7 @@ mod tests {
     #[test]
     fn after_three_refusals_the_host_goes_the_database_path() {
         let mut cells: Vec<CellState> = (0..5).map(|n| reserve(&format!("r{n}"), 0, n)).collect();
-        cells.push(cell("db", AdmitMode::Db, None, None, 0));
+        cells.push(cell("db", AdmitMode::Db, Some((AdmitMode::Db, 1_000)), None, 0));
         let mut rng = StdRng::seed_from_u64(1);
         let mut placement = Placement::new(new_host(), FRESHNESS);
         let mut booked = HashSet::new();
@@ -299,7 +311,7 @@ mod tests {
     #[test]
     fn the_database_path_places_only_on_db_cells_never_on_a_row_that_says_reserve() {
         let cells = [
-            cell("switched", AdmitMode::Db, None, None, 0),
+            cell("switched", AdmitMode::Db, Some((AdmitMode::Db, 1_000)), None, 0),
             // A tripped slot holder: its row says db, written 44 s ago.
             cell("tripped", AdmitMode::Reserve, Some((AdmitMode::Db, 44_000)), Some(60_000), 0),
             cell("tripped-stale", AdmitMode::Reserve, Some((AdmitMode::Db, 46_000)), None, 0),
@@ -311,6 +323,21 @@ mod tests {
         assert_eq!(first_steps(&cells[3..], &new_host()), HashSet::from([Step::NoCell]));
     }
 
+    /// A db cell must be alive to be given a host: its row written lately
+    /// or its feed answering. Cells that stopped stay in relay_cells, read
+    /// `db` with no switch row, and used to get most database placements.
+    #[test]
+    fn the_database_path_places_only_on_cells_that_are_alive() {
+        let cells = [
+            cell("gone", AdmitMode::Db, Some((AdmitMode::Db, 120_000)), None, 0),
+            cell("gone-never-wrote", AdmitMode::Db, None, Some(60_000), 0),
+            cell("writing", AdmitMode::Db, Some((AdmitMode::Db, 45_000)), None, 5),
+            cell("answering", AdmitMode::Db, None, Some(3_000), 5),
+        ];
+        assert_eq!(first_steps(&cells, &new_host()), HashSet::from([database("writing", 5), database("answering", 5)]));
+        assert_eq!(first_steps(&cells[..2], &new_host()), HashSet::from([Step::NoCell]));
+    }
+
     #[test]
     fn a_connected_host_of_a_held_cell_stays_there() {
         let cells = [
@@ -320,6 +347,9 @@ mod tests {
         ];
         let connected = HostView { epoch: Some(4), connected_on: Some("held".into()) };
         assert_eq!(first_steps(&cells, &connected), HashSet::from([Step::Stay { cell_id: "held".into(), epoch: 4 }]));
+        // Booked there, so never given an assignment row: it stays too.
+        let booked = HostView { epoch: None, connected_on: Some("held".into()) };
+        assert_eq!(first_steps(&cells, &booked), HashSet::from([Step::Stay { cell_id: "held".into(), epoch: 0 }]));
         // Once the director hears from the cell again, it is not held.
         let mut heard = cells.clone();
         heard[0].polled_at_ms = Some(NOW);
