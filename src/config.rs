@@ -22,6 +22,9 @@ pub enum ConfigError {
     Invalid { key: &'static str, message: String },
 }
 
+/// The longest a cell timing may be: 30 days.
+const MAX_TIMING_MS: u64 = 30 * 24 * 3600 * 1000;
+
 fn invalid(key: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { key, message: message.into() }
 }
@@ -595,6 +598,25 @@ impl Settings {
                 return Err(invalid(key, "must be positive"));
             }
         }
+        // None of the cell's timings means anything past a month, and a
+        // month keeps every deadline sum (a dead-man window is base +
+        // spread) far from overflowing.
+        let bounded = [
+            ("cell.dead_man_base_ms", self.cell.dead_man_base_ms),
+            ("cell.dead_man_spread_ms", self.cell.dead_man_spread_ms),
+            ("cell.held_retry_ms", self.cell.held_retry_ms),
+            ("cell.switch_poll_ms", self.cell.switch_poll_ms),
+            ("cell.effective_refresh_ms", self.cell.effective_refresh_ms),
+            ("cell.effective_forced_ms", self.cell.effective_forced_ms),
+            ("cell.slot_stale_ms", self.cell.slot_stale_ms),
+            ("cell.recent_seat_ms", self.cell.recent_seat_ms),
+        ];
+        for (key, value) in bounded {
+            if value > MAX_TIMING_MS {
+                return Err(invalid(key, format!("must be at most {MAX_TIMING_MS} (30 days)")));
+            }
+        }
+        self.validate_cell()?;
         if self.lease.renew_ms >= self.lease.ttl_ms {
             return Err(invalid("lease.renew_ms", "must be below lease.ttl_ms, or leases lapse between renewals"));
         }
@@ -632,6 +654,39 @@ impl Settings {
         }
         if self.runs.lost_after == 0 {
             return Err(invalid("runs.lost_after", "must be positive"));
+        }
+        Ok(())
+    }
+
+    /// The cell's identity and the timings the slot cap counts on
+    /// (docs/CELLS.md).
+    fn validate_cell(&self) -> Result<(), ConfigError> {
+        if let Some(id) = &self.cell.id {
+            let bad = |c: char| c.is_control() || c.is_whitespace() || c == '#' || c == '/';
+            if id.is_empty() || id.chars().count() > 128 || id.chars().any(bad) {
+                // An instance id is `<cell id>#<suffix>`, and the admin
+                // API names a cell in its path.
+                return Err(invalid(
+                    "cell.id",
+                    "must be 1 to 128 characters without `#`, `/`, spaces or control characters",
+                ));
+            }
+        }
+        if let Some(url) = &self.cell.url {
+            let uri = url.parse::<actix_web::http::Uri>().ok();
+            let web = uri.is_some_and(|u| matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some());
+            if !web {
+                return Err(invalid("cell.url", format!("`{url}` is not an http:// or https:// URL")));
+            }
+        }
+        // A tripped cell's row may go unwritten for effective_forced_ms
+        // while its pool has waiters; its slot must not read free meanwhile.
+        if self.cell.slot_stale_ms <= self.cell.effective_refresh_ms.max(self.cell.effective_forced_ms) {
+            return Err(invalid(
+                "cell.slot_stale_ms",
+                "must exceed cell.effective_refresh_ms and cell.effective_forced_ms, or a tripped cell's slot \
+                 reads free while the cell still holds it",
+            ));
         }
         Ok(())
     }
@@ -731,6 +786,14 @@ mod tests {
         assert!(err.to_string().contains("encryption.key"), "{err}");
     }
 
+    /// Each (variable, value) alone is refused with an error naming the key.
+    fn assert_refused(refused: &[(&str, &str, &str)]) {
+        for (key, value, named) in refused {
+            let err = Settings::load_from(None, &env(&[(key, value)])).unwrap_err();
+            assert!(err.to_string().contains(named), "{key}={value}: {err}");
+        }
+    }
+
     #[test]
     fn hardening_settings_are_checked() {
         let refused = [
@@ -741,10 +804,7 @@ mod tests {
             ("TETHER_HTTP__WS_PER_USER", "0", "http.ws_per_user"),
             ("TETHER_AUDIT__RETENTION_MS", "0", "audit.retention_ms"),
         ];
-        for (key, value, named) in refused {
-            let err = Settings::load_from(None, &env(&[(key, value)])).unwrap_err();
-            assert!(err.to_string().contains(named), "{key}={value}: {err}");
-        }
+        assert_refused(&refused);
         let s = Settings::load_from(
             None,
             &env(&[
@@ -759,6 +819,33 @@ mod tests {
         assert_eq!((defaults.http.ws_per_address, defaults.http.ws_per_user), (256, 1024));
         assert_eq!(defaults.audit.retention_ms, 90 * 24 * 3600 * 1000);
         assert!(defaults.http.trusted_proxies.is_empty() && defaults.metrics.listen.is_none());
+    }
+
+    /// Cell settings that would break the cell: an id that is not one, a
+    /// URL the director cannot call, a slot that reads free while held, a
+    /// dead-man window that wraps.
+    #[test]
+    fn cell_settings_are_checked() {
+        let long = "c".repeat(129);
+        let refused = [
+            ("TETHER_CELL__ID", "", "cell.id"),
+            ("TETHER_CELL__ID", "a#b", "cell.id"),
+            ("TETHER_CELL__ID", "a/b", "cell.id"),
+            ("TETHER_CELL__ID", long.as_str(), "cell.id"),
+            ("TETHER_CELL__URL", "notaurl", "cell.url"),
+            ("TETHER_CELL__URL", "ftp://x", "cell.url"),
+            ("TETHER_CELL__SLOT_STALE_MS", "1000", "cell.slot_stale_ms"),
+            ("TETHER_CELL__SLOT_STALE_MS", "300000", "cell.slot_stale_ms"),
+            ("TETHER_CELL__DEAD_MAN_BASE_MS", "18446744073709551615", "cell.dead_man_base_ms"),
+            ("TETHER_CELL__DEAD_MAN_SPREAD_MS", "18446744073709551615", "cell.dead_man_spread_ms"),
+        ];
+        assert_refused(&refused);
+        let s = Settings::load_from(
+            None,
+            &env(&[("TETHER_CELL__ID", "relay-7.eu_west"), ("TETHER_CELL__URL", "https://relay-7.example:8443")]),
+        )
+        .unwrap();
+        assert_eq!(s.cell_id(), "relay-7.eu_west");
     }
 
     #[test]
