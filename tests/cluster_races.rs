@@ -626,3 +626,43 @@ async fn input_through_another_instance_is_refused_while_the_daemon_does_not_rea
     let taken = input_until_refused(&trio.apis[1], &id).await;
     inputs_arrive_in_order(&mut daemon, &trio.apis[1], &id, taken).await;
 }
+
+/// A viewer that attaches through B while the instance holding the host
+/// died with its lease still live waits, told the host is offline, until
+/// the lease lapses; then it is closed 4503 once, and through B again it
+/// waits for the host there. It used to be closed 4503 at once, every
+/// time: a client reattached thousands of times while the lease lasted,
+/// and `tether attach` gave up after five.
+#[actix_rt::test]
+async fn a_viewer_of_a_host_whose_owner_died_waits_instead_of_bouncing() {
+    let short_leases = [("TETHER_LEASE__TTL_MS", "3000"), ("TETHER_LEASE__RENEW_MS", "1000")];
+    let mut trio = trio(&short_leases, [&[], &[], &[]]).await;
+    let mut daemon = trio.daemon(0).await;
+    trio.host_everywhere("online").await;
+    let (status, body) = trio.apis[0].post("/api/v1/terminals", json!({"hostId": trio.host, "argv": ["sh"]})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    assert!(matches!(daemon.next_server_frame().await, server_frame::Frame::Spawn(_)));
+    daemon.send_frame(daemon_frame::Frame::Started(Started { terminal_id: id.clone(), pid: 7 })).await;
+    let path = format!("/api/v1/terminals/{id}");
+    trio.apis[1].wait_for(&path, "running", |b| b["terminal"]["state"] == "running").await;
+
+    trio.servers[0].kill();
+    let killed = std::time::Instant::now();
+    let url = format!("{}/ws/v1/terminals/{id}", trio.servers[1].ws_url());
+    let mut viewer = Socket::connect(&url, Some(&trio.apis[1].token), &["tether.v1"]).await;
+    let status = viewer.until_message("status").await;
+    assert_eq!((status["state"].as_str(), status["host"].as_str()), (Some("running"), Some("offline")), "{status}");
+    assert_eq!(viewer.until_message("error").await["message"], "host offline");
+    let code = viewer.expect_close().await;
+    let waited = killed.elapsed();
+    assert_eq!(code, Some(4503));
+    assert!(waited >= Duration::from_millis(1500), "closed {waited:?} after the kill, before the lease lapsed");
+    // Reattached through B once the lease is gone: it waits there.
+    let mut viewer = Socket::connect(&url, Some(&trio.apis[1].token), &["tether.v1"]).await;
+    assert_eq!(viewer.until_message("status").await["host"], "offline");
+    match viewer.next_within(Duration::from_secs(2)).await {
+        None | Some(Event::Text(_) | Event::Ping) => {}
+        other => panic!("the waiting viewer got {other:?}"),
+    }
+}

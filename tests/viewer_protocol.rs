@@ -145,18 +145,7 @@ impl Setup {
 
 /// Reads a viewer until a JSON message of `kind`; returns it.
 async fn until(viewer: &mut Socket, kind: &str) -> Value {
-    loop {
-        match viewer.next().await {
-            Event::Text(t) => {
-                let v: Value = serde_json::from_str(&t).expect("json");
-                if v["type"] == kind {
-                    return v;
-                }
-            }
-            Event::Close(code) => panic!("closed ({code:?}) while waiting for {kind}"),
-            _ => continue,
-        }
-    }
+    viewer.until_message(kind).await
 }
 
 /// Reads a viewer until a `size` message for the given grid.

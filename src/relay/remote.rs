@@ -31,10 +31,11 @@ use super::ended::ended_messages;
 use super::lapse_grace::LapseGrace;
 use super::outbox::Frame;
 use super::registry::{HostsElsewhere, OpenTerminal, WaitingHosts};
-use super::requests::{ask_owner, HostOp, OpAnswer};
+use super::requests::{ask_owner, locate, HostOp, Location, OpAnswer};
 use super::*;
 use crate::proto::bus::{self, envelope, viewer_event, viewer_frame};
 use crate::store::host_lease_key;
+use crate::viewer_protocol::ServerMessage;
 
 /// Client messages a home viewer holds until the owner heard its join.
 const EARLY_EVENTS: usize = 256;
@@ -47,6 +48,8 @@ const QUEUED_EVENT_BYTES: usize = 4 * MAX_FRAME_BYTES;
 const CREDIT_REPORT: Duration = Duration::from_millis(5);
 /// What a ping frame weighs on both sides of the bus.
 const PING_WEIGHT: usize = 16;
+/// How often a home viewer whose owner did not listen looks again.
+const OWNER_RETRY: Duration = Duration::from_secs(1);
 
 /// The proxies of this instance, for the bus dispatcher: home viewers by
 /// their key (this instance's own numbering), remote viewers by their home
@@ -221,6 +224,13 @@ pub struct HomeViewer {
     reported: u64,
     report_scheduled: bool,
     attached: bool,
+    /// The lease names an owner that does not listen (it died, or has just
+    /// let the host go): the client is told the host is offline and the
+    /// join is tried again every [`OWNER_RETRY`] until the lease moves.
+    waiting: bool,
+    /// The terminal's state as the viewer read it, for the `status` of a
+    /// waiting viewer.
+    state: crate::store::TerminalState,
     early: VecDeque<FromViewer>,
     events: mpsc::UnboundedSender<(bus::ViewerEvent, usize)>,
     /// Encoded bytes in `events` and in the publish under way.
@@ -231,13 +241,13 @@ pub struct HomeViewer {
 impl HomeViewer {
     pub fn new(
         relay: RelayContext,
-        terminal_id: Uuid,
-        host_id: Uuid,
+        terminal: &crate::store::Terminal,
         owner: String,
         resume_from: Option<u64>,
         out: Recipient<ViewerOut>,
         client_queued: Arc<AtomicUsize>,
     ) -> Self {
+        let (terminal_id, host_id) = (terminal.id, terminal.host_id);
         let key = relay.remotes.next_home.fetch_add(1, Ordering::Relaxed) + 1;
         // One task publishes this viewer's messages, so they keep their order.
         let (events, mut queue) = mpsc::unbounded_channel::<(bus::ViewerEvent, usize)>();
@@ -272,6 +282,8 @@ impl HomeViewer {
             reported: 0,
             report_scheduled: false,
             attached: false,
+            waiting: false,
+            state: terminal.state,
             early: VecDeque::new(),
             events,
             events_queued,
@@ -356,6 +368,68 @@ impl HomeViewer {
         });
     }
 
+    /// Joins through the owner; attached once it answered.
+    fn join_owner(&mut self, ctx: &mut Context<Self>) {
+        let relay = self.relay.clone();
+        let join =
+            HostOp::ViewerJoin { terminal_id: self.terminal_id, viewer: self.key, resume_from: self.resume_from };
+        let host_id = self.host_id;
+        async move { ask_owner(&relay, host_id, join).await }
+            .into_actor(self)
+            .map(|joined, act, ctx| act.joined(joined, ctx))
+            .wait(ctx);
+    }
+
+    fn joined(&mut self, joined: Result<OpAnswer, RequestError>, ctx: &mut Context<Self>) {
+        match joined {
+            Ok(OpAnswer::Spawned(true)) => {
+                self.attached = true;
+                self.waiting = false;
+                while let Some(msg) = self.early.pop_front() {
+                    if self.closed {
+                        break;
+                    }
+                    self.forward(msg, ctx);
+                }
+            }
+            // Nobody listens for the host: its owner died with the lease
+            // still live (until it lapses, or the daemon redials), or let
+            // the host go a moment ago. Closing at once had the client
+            // reattach here, and be closed again, in a loop for as long as
+            // the lease lasted.
+            Err(RequestError::Offline) => self.wait_for_owner(ctx),
+            other => {
+                tracing::info!(terminal_id = %self.terminal_id, answer = ?other, "tether_home_viewer_join_failed");
+                self.close_client(close::HOST_GONE, "the host moved; reattach", ctx);
+            }
+        }
+    }
+
+    /// Tells the client the host is offline (once) and looks again after
+    /// [`OWNER_RETRY`]: the same owner is asked to join again, and any
+    /// other answer (another owner, this instance, nobody) has the client
+    /// reattach, where it joins as the lease now says.
+    fn wait_for_owner(&mut self, ctx: &mut Context<Self>) {
+        if !self.waiting {
+            self.waiting = true;
+            self.early.clear();
+            let status = ServerMessage::Status { state: self.state.as_str().into(), host: "offline".into() };
+            self.out.do_send(ViewerOut::control(status));
+            self.out.do_send(ViewerOut::control(ServerMessage::error("host offline")));
+        }
+        ctx.run_later(OWNER_RETRY, |act, ctx| {
+            let relay = act.relay.clone();
+            let host_id = act.host_id;
+            async move { locate(&relay, host_id).await }
+                .into_actor(act)
+                .map(|location, act, ctx| match location {
+                    Ok(Location::Remote(owner)) if owner == act.owner => act.join_owner(ctx),
+                    _ => act.close_client(close::HOST_GONE, "the host moved; reattach", ctx),
+                })
+                .wait(ctx);
+        });
+    }
+
     fn close_client(&mut self, code: u16, reason: &str, ctx: &mut Context<Self>) {
         self.closed = true;
         self.out.do_send(ViewerOut::Close { code, reason: reason.to_string() });
@@ -372,33 +446,16 @@ impl Actor for HomeViewer {
         lock(&self.relay.remotes.homes).insert(self.key, entry);
         let relay = self.relay.clone();
         let channel = relay.bus.terminal_channel(self.terminal_id);
-        let join =
-            HostOp::ViewerJoin { terminal_id: self.terminal_id, viewer: self.key, resume_from: self.resume_from };
-        let host_id = self.host_id;
-        async move {
-            relay.bus.subscribe(&channel).await.map_err(|e| {
-                tracing::warn!(error = %e, "tether_home_viewer_subscribe_failed");
-                RequestError::Offline
-            })?;
-            ask_owner(&relay, host_id, join).await
-        }
-        .into_actor(self)
-        .map(|joined, act, ctx| match joined {
-            Ok(OpAnswer::Spawned(true)) => {
-                act.attached = true;
-                while let Some(msg) = act.early.pop_front() {
-                    if act.closed {
-                        break;
-                    }
-                    act.forward(msg, ctx);
+        async move { relay.bus.subscribe(&channel).await }
+            .into_actor(self)
+            .map(|subscribed, act, ctx| match subscribed {
+                Ok(()) => act.join_owner(ctx),
+                Err(e) => {
+                    tracing::warn!(error = %e, "tether_home_viewer_subscribe_failed");
+                    act.close_client(close::HOST_GONE, "the host moved; reattach", ctx);
                 }
-            }
-            other => {
-                tracing::info!(terminal_id = %act.terminal_id, answer = ?other, "tether_home_viewer_join_failed");
-                act.close_client(close::HOST_GONE, "the host moved; reattach", ctx);
-            }
-        })
-        .wait(ctx);
+            })
+            .wait(ctx);
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
@@ -420,6 +477,19 @@ impl Handler<FromViewer> for HomeViewer {
     fn handle(&mut self, msg: FromViewer, ctx: &mut Context<Self>) {
         if self.attached {
             self.forward(msg, ctx);
+        } else if self.waiting {
+            // As an arbiter does for a host that is offline: input is
+            // refused, the rest waits for the client's next view.
+            match msg {
+                FromViewer::Input { .. } => {
+                    self.out.do_send(ViewerOut::control(ServerMessage::error("host offline")));
+                }
+                FromViewer::Leave { .. } => {
+                    self.closed = true;
+                    ctx.stop();
+                }
+                _ => {}
+            }
         } else if self.early.len() < EARLY_EVENTS {
             self.early.push_back(msg);
         } else {

@@ -194,8 +194,7 @@ impl Viewer {
             Some(Ok(Joined::Remote(owner))) => {
                 let home = HomeViewer::new(
                     act.relay.clone(),
-                    act.terminal.id,
-                    act.terminal.host_id,
+                    &act.terminal,
                     owner,
                     act.resume_from,
                     ctx.address().recipient(),

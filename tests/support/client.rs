@@ -226,6 +226,23 @@ impl Socket {
         self.close_reason.as_deref()
     }
 
+    /// Reads until a JSON text message of type `kind` and returns it;
+    /// panics if the socket closes first.
+    pub async fn until_message(&mut self, kind: &str) -> Value {
+        loop {
+            match self.next().await {
+                Event::Text(t) => {
+                    let message: Value = serde_json::from_str(&t).expect("json");
+                    if message["type"] == kind {
+                        return message;
+                    }
+                }
+                Event::Close(code) => panic!("closed ({code:?}) while waiting for {kind}"),
+                _ => continue,
+            }
+        }
+    }
+
     /// Reads until a close frame and returns its code.
     pub async fn expect_close(&mut self) -> Option<u16> {
         loop {
