@@ -388,7 +388,9 @@ async fn a_write_kept_through_an_outage_is_stored_before_a_sigterm_exit() {
 /// exactly once). While Redis is away `/readyz` says 503 and every host
 /// stays online on its owner; once it is back the subscriptions are too:
 /// a new viewer across instances streams, and requests across instances
-/// (spawn, input) reach the daemons. No lease changes hands throughout.
+/// (spawn, input) reach the daemons. A request across instances made while
+/// Redis is away is answered 504 after `bus.ack_ms`. No lease changes
+/// hands throughout.
 #[actix_rt::test]
 async fn redis_killed_and_restarted() {
     let mut redis = OwnRedis::start();
@@ -408,6 +410,14 @@ async fn redis_killed_and_restarted() {
         let body = wait_status(api, "/readyz", 503).await;
         assert_ne!(body["checks"]["bus"], "ok", "{body}");
     }
+    // A request across instances is unacknowledged after bus.ack_ms (5 s),
+    // not held until Redis is back (it used to wait out the outage, then
+    // read "nobody listens" and answer 409 host_offline).
+    let path = format!("/api/v1/terminals/{ann_ticking}/input");
+    let input = ann.away.post(&path, json!({"data": ""}));
+    let (status, body) =
+        tokio::time::timeout(Duration::from_secs(30), input).await.expect("answered while Redis is away");
+    assert_eq!((status, body["error"]["code"].as_str()), (504, Some("daemon_timeout")), "{body}");
     // The owners keep their hosts (PostgreSQL is up): over several renewals.
     for _ in 0..3 {
         for ticks in &mut same {

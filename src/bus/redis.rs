@@ -33,6 +33,13 @@ const CONFIRM: Duration = Duration::from_secs(5);
 /// A PUBLISH handed to the connection, waiting for the subscriber count.
 pub type Publishing<'a> = Pin<Box<dyn Future<Output = Result<u64, BusError>> + Send + 'a>>;
 
+/// The longest wait between two attempts to reach Redis again. Both
+/// clients (the publisher and the subscriber) back off on their own: with
+/// a long cap, one of them could come back many seconds after the other,
+/// and meanwhile requests across instances read "nobody listens" for hosts
+/// that are online. An attempt to reach a Redis that is away costs nothing.
+const RECONNECT_MAX_MS: u32 = 2_000;
+
 /// A connected (and reconnecting) Redis client.
 #[derive(Clone)]
 pub struct RedisLink {
@@ -75,7 +82,7 @@ impl RedisBus {
         };
         let key = if clustered { "redis.cluster_nodes" } else { "redis.url" };
         let invalid = |e: Error| ConfigError::Invalid { key, message: e.to_string() };
-        let policy = ReconnectPolicy::new_exponential(0, 100, 30_000, 2);
+        let policy = ReconnectPolicy::new_exponential(0, 100, RECONNECT_MAX_MS, 2);
         let client = Builder::from_config(config.clone()).set_policy(policy.clone()).build().map_err(invalid)?;
         let subscriber = Builder::from_config(config)
             .with_performance_config(|p| p.broadcast_channel_capacity = SUBSCRIBER_BUFFER)

@@ -450,14 +450,26 @@ pub(crate) async fn ask_owner(relay: &RelayContext, host_id: Uuid, op: HostOp) -
         op: Some(to_wire(op.clone())),
     };
     let channel = relay.bus.host_channel(host_id);
-    let receivers = relay.bus.publish(&channel, envelope::Body::Request(request)).await.map_err(|e| {
-        tracing::warn!(error = %e, %host_id, "tether_bus_publish_failed");
-        RequestError::Offline
-    })?;
+    let ack_wait = Duration::from_millis(relay.settings.bus.ack_ms);
+    // While Redis is away a publish waits for it to come back: the request
+    // is unacknowledged after `bus.ack_ms` like any other, and a publish
+    // that failed says nothing of the owner either (only one that reached
+    // nobody says the host is offline).
+    let receivers =
+        match tokio::time::timeout(ack_wait, relay.bus.publish(&channel, envelope::Body::Request(request))).await {
+            Ok(Ok(receivers)) => receivers,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, %host_id, "tether_bus_publish_failed");
+                return Err(RequestError::Unacknowledged);
+            }
+            Err(_) => {
+                tracing::warn!(%host_id, "tether_bus_publish_timed_out");
+                return Err(RequestError::Unacknowledged);
+            }
+        };
     if receivers == 0 {
         return Err(RequestError::Offline);
     }
-    let ack_wait = Duration::from_millis(relay.settings.bus.ack_ms);
     if !matches!(tokio::time::timeout(ack_wait, acked).await, Ok(Ok(()))) {
         return Err(RequestError::Unacknowledged);
     }
