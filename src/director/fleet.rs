@@ -58,8 +58,14 @@ impl Fleet {
                 mode: row.mode,
                 updated_at_ms: read_local_ms - (view.read_at - row.updated_at).num_milliseconds(),
             });
-            let state =
-                CellState { cell_id: cell_id.clone(), switch: view.admit_mode(), effective, polled_at_ms, figures };
+            let state = CellState {
+                cell_id: cell_id.clone(),
+                switch: view.admit_mode(),
+                effective,
+                polled_at_ms,
+                poll_failing: false,
+                figures,
+            };
             cells.insert(cell_id, FleetCell { url: view.cell.url.clone(), state });
         }
         self.cells = cells;

@@ -23,11 +23,13 @@
 //!   `director.effective_fresh_ms`, and never a cell whose row says
 //!   `reserve` (a held cell keeps writing `reserve`); the same two choices
 //!   pick among them, and the caller writes relay_assignments at the epoch.
-//!   A cell there must also be alive: its effective row written within
+//!   A cell that counts by its switch must also be alive: its latest poll
+//!   did not fail, and its effective row was written within
 //!   `director.effective_fresh_ms` or its seat feed answered within
 //!   `director.fresh_ms`. A cell that stopped stays listed in relay_cells,
 //!   and with no switch row it reads `db`: without this, daemons were sent
-//!   to cells long gone.
+//!   to cells long gone. A tripped cell counts by its fresh row alone: it
+//!   tripped because the director did not reach it.
 //!
 //! The epoch is the host's assignment epoch + 1 (1 for a host never placed).
 //! Times are unix milliseconds: the effective rows carry database time.
@@ -57,6 +59,8 @@ pub struct CellState {
     pub effective: Option<EffectiveRow>,
     /// When its seat feed last answered.
     pub polled_at_ms: Option<i64>,
+    /// Its latest poll failed (refused, timed out, a bad answer).
+    pub poll_failing: bool,
     /// What its seat feed last said (plus the bookings made since).
     pub figures: SeatFigures,
 }
@@ -153,10 +157,9 @@ impl Placement {
             .iter()
             .filter(|cell| {
                 let fresh_row = cell.row_fresh(now_ms, effective_fresh_ms);
-                let alive = fresh_row.is_some() || cell.polled_within(now_ms, fresh_ms);
-                !cell.row_says(AdmitMode::Reserve)
-                    && alive
-                    && (cell.switch == AdmitMode::Db || fresh_row == Some(AdmitMode::Db))
+                let tripped = fresh_row == Some(AdmitMode::Db);
+                let alive = !cell.poll_failing && (fresh_row.is_some() || cell.polled_within(now_ms, fresh_ms));
+                !cell.row_says(AdmitMode::Reserve) && (tripped || (cell.switch == AdmitMode::Db && alive))
             })
             .collect();
         match lighter_of_two(&database, rng) {
@@ -230,6 +233,7 @@ mod tests {
             switch,
             effective: row.map(|(mode, ago)| EffectiveRow { mode, updated_at_ms: NOW - ago }),
             polled_at_ms: polled_ago.map(|ago| NOW - ago),
+            poll_failing: false,
             figures: SeatFigures { seats: load, bookings: 0 },
         }
     }
@@ -336,6 +340,13 @@ mod tests {
         ];
         assert_eq!(first_steps(&cells, &new_host()), HashSet::from([database("writing", 5), database("answering", 5)]));
         assert_eq!(first_steps(&cells[..2], &new_host()), HashSet::from([Step::NoCell]));
+        // It answered a moment ago, but its latest poll failed: it just went
+        // away. A tripped cell whose feed fails still counts by its row.
+        let mut refusing = cells[3].clone();
+        refusing.poll_failing = true;
+        let mut tripped = cell("tripped", AdmitMode::Reserve, Some((AdmitMode::Db, 1_000)), None, 0);
+        tripped.poll_failing = true;
+        assert_eq!(first_steps(&[refusing, tripped], &new_host()), HashSet::from([database("tripped", 5)]));
     }
 
     #[test]

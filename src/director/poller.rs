@@ -168,7 +168,10 @@ impl Handler<Snapshot> for CellPoller {
     type Result = MessageResult<Snapshot>;
 
     fn handle(&mut self, _: Snapshot, _: &mut Context<Self>) -> Self::Result {
-        let cells = self.fleet.states();
+        let mut cells = self.fleet.states();
+        for cell in &mut cells {
+            cell.poll_failing = self.failing.contains(&cell.cell_id);
+        }
         let urls = cells.iter().map(|cell| self.fleet.url(&cell.cell_id).unwrap_or_default().to_owned()).collect();
         MessageResult(FleetSnapshot { cells, urls, now_ms: now_ms() })
     }
