@@ -384,13 +384,15 @@ async fn the_seat_feed_and_the_reserve_call_answer_the_cluster_secret_only() {
     let (_, feed) = director.get("/internal/v1/seats").await;
     assert_eq!((&feed["mode"], &feed["bookings"]), (&json!("reserve"), &json!(2)), "{feed}");
 
-    for bad in [
-        json!({"items": [{"hostId": "nope", "epoch": 1, "ttlMs": 1}]}),
-        json!({"items": [{"hostId": hosts[0], "epoch": 0, "ttlMs": 1}]}),
-        json!({}),
+    for (bad, code) in [
+        (json!({"items": [{"hostId": "nope", "epoch": 1, "ttlMs": 1}]}), "bad_json"),
+        (json!({"items": [{"hostId": hosts[0], "epoch": 0, "ttlMs": 1}]}), "invalid_epoch"),
+        (json!({"items": [{"hostId": hosts[0], "epoch": i64::MAX, "ttlMs": 1}]}), "invalid_epoch"),
+        (json!({"items": [{"hostId": hosts[0], "epoch": 3, "ttlMs": 0}]}), "invalid_ttl"),
+        (json!({}), "bad_json"),
     ] {
         let (status, body) = director.post("/internal/v1/reserve", bad.clone()).await;
-        assert_eq!(status, 400, "{bad}: {body}");
+        assert_eq!((status, body["error"]["code"].as_str()), (400, Some(code)), "{bad}: {body}");
     }
     for token in ["", "cell-runtime-cluster-secret-02"] {
         let api = Api::new(cell.server.url(), token);

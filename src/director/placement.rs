@@ -124,7 +124,7 @@ pub struct Placement {
 
 impl Placement {
     pub fn new(host: HostView, freshness: Freshness) -> Self {
-        let epoch = host.epoch.map_or(1, |epoch| epoch + 1);
+        let epoch = host.epoch.map_or(1, |epoch| epoch.saturating_add(1));
         Self { freshness, host, epoch, attempts: 0, ruled_out: HashSet::new() }
     }
 
@@ -176,7 +176,7 @@ impl Placement {
             ReserveAnswer::Full | ReserveAnswer::Draining | ReserveAnswer::Off => {
                 self.ruled_out.insert(cell_id.to_owned());
             }
-            ReserveAnswer::SeatedNewer { epoch } => self.epoch = self.epoch.max(epoch + 1),
+            ReserveAnswer::SeatedNewer { epoch } => self.epoch = self.epoch.max(epoch.saturating_add(1)),
         }
         false
     }

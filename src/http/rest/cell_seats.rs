@@ -18,6 +18,9 @@ use crate::http::state::AppState;
 /// The most items one reserve call may carry.
 pub const MAX_RESERVE_ITEMS: usize = 1000;
 
+/// The largest epoch a booking takes: 2^53.
+const MAX_EPOCH: i64 = 1 << 53;
+
 /// `GET /internal/v1/seats`: the seat feed.
 pub async fn seats(state: web::Data<AppState>) -> HttpResponse {
     let draining = state.draining.load(Ordering::Relaxed);
@@ -33,8 +36,16 @@ pub async fn reserve(state: web::Data<AppState>, body: Json<ReserveRequest>) -> 
             format!("at most {MAX_RESERVE_ITEMS} items per reserve call"),
         ));
     }
-    if let Some(item) = request.items.iter().find(|item| item.epoch < 1) {
-        return Err(ApiError::bad_request("invalid_epoch", format!("epoch must be at least 1, not {}", item.epoch)));
+    // An epoch past 2^53 is no director's (they count up by one from 1)
+    // and would not survive a JSON reader that reads numbers as doubles.
+    if let Some(item) = request.items.iter().find(|item| !(1..=MAX_EPOCH).contains(&item.epoch)) {
+        return Err(ApiError::bad_request(
+            "invalid_epoch",
+            format!("epoch must be between 1 and {MAX_EPOCH}, not {}", item.epoch),
+        ));
+    }
+    if let Some(item) = request.items.iter().find(|item| item.ttl_ms == 0) {
+        return Err(ApiError::bad_request("invalid_ttl", format!("ttlMs of host {} must be positive", item.host_id)));
     }
     let draining = state.draining.load(Ordering::Relaxed);
     let results = state.relay.cell.reserve(Instant::now(), &request.items, draining);
