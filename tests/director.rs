@@ -151,8 +151,11 @@ async fn reserve_placement_books_only_fresh_reserve_cells_then_falls_back_to_the
     let (status, body) = assign(&bound, late).await;
     assert_eq!((status, &body["error"]["code"]), (403, &json!("token_bound_to_other_host")), "{body}");
     assert_eq!(assign(&bound, first).await.0, 200, "a daemon token assigns its own host");
-    // A director serves placement, not the relay.
+    // A director serves placement, not the relay; its card says so.
     assert_eq!(ann.get("/api/v1/terminals").await.0, 404);
+    let (status, card) = ann.get("/api/v1/instance").await;
+    assert_eq!(status, 200, "{card}");
+    assert_eq!((&card["role"], &card["admitMode"], &card["cell"]), (&json!("director"), &json!("db"), &Value::Null));
 }
 
 #[actix_rt::test]

@@ -7,7 +7,7 @@ use actix_web::{web, HttpResponse};
 use serde_json::json;
 
 use super::error::ApiError;
-use super::state::AppState;
+use super::state::{AppState, Role};
 use crate::store::MIGRATIONS_POSTGRES;
 use crate::store::MIGRATIONS_SQLITE;
 
@@ -80,6 +80,15 @@ fn render_metrics(state: &AppState) -> HttpResponse {
 /// The instance card: who this is and, for a cell, how it admits
 /// (docs/REST.md, "Instance and operations").
 pub async fn instance(state: web::Data<AppState>) -> HttpResponse {
+    // A director admits no daemon: it reports db and nothing of a cell.
+    if state.instance.role == Role::Director {
+        return HttpResponse::Ok().json(json!({
+            "instanceId": state.instance.instance_id,
+            "cellId": state.instance.cell_id,
+            "role": state.instance.role.as_str(),
+            "admitMode": "db",
+        }));
+    }
     let cell = &state.relay.cell;
     let status = cell.status();
     HttpResponse::Ok().json(json!({

@@ -99,7 +99,7 @@ pub const ROUTES: &[RouteSpec] = &[
     route!("GET", "/metrics", Public, ops::metrics, Always),
     route!("GET", "/ws/v1/daemon", DaemonSocket, ws::daemon),
     route!("GET", "/ws/v1/terminals/{id}", ViewerSocket, ws::terminal),
-    route!("GET", "/api/v1/instance", Public, ops::instance),
+    route!("GET", "/api/v1/instance", Public, ops::instance, Always),
     route!("POST", "/api/v1/hosts", RegisterHost, rest::hosts::register, Always),
     route!("GET", "/api/v1/hosts", Read, rest::hosts::list),
     route!("GET", "/api/v1/hosts/{id}", Read, rest::hosts::get),
