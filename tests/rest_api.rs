@@ -537,6 +537,11 @@ async fn bad_optional_bodies_are_refused(fx: Fixture) {
     };
     expect_error(call_service(&app, post("{not json".into())).await, StatusCode::BAD_REQUEST, "bad_json").await;
     expect_error(call_service(&app, post("\"TERM\"".into())).await, StatusCode::BAD_REQUEST, "bad_json").await;
+    // A struct is not read from an array, or anything but an object.
+    for not_an_object in ["[]", "[\"TERM\"]", "null", " 9"] {
+        let res = call_service(&app, post(not_an_object.into())).await;
+        expect_error(res, StatusCode::BAD_REQUEST, "bad_json").await;
+    }
     let oversized = format!("{{\"signal\": \"TERM\", \"pad\": \"{}\"}}", "x".repeat(8000));
     expect_error(call_service(&app, post(oversized)).await, StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large").await;
     expect_error(

@@ -53,8 +53,14 @@ fn bad_json(err: crate::json_input::JsonError) -> ApiError {
     ApiError::bad_request("bad_json", err.to_string())
 }
 
-/// A whole body as a JSON value (400 `bad_json` when it is not one).
+/// A whole body as a JSON value (400 `bad_json` when it is not one). Every
+/// body of the API is an object: serde would read a struct from an array
+/// too (`[]` as a body of optional fields, say), so anything else is
+/// refused first.
 pub fn parse_required<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad_request("bad_json", "the body must be a JSON object"));
+    }
     crate::json_input::parse(body).map_err(bad_json)
 }
 
