@@ -193,6 +193,16 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
         (Some(cert), Some(key)) => Some(crate::tls::server_config(cert, key)?),
         _ => None,
     };
+    // A cell never serves placement; a setting that asks for it is a
+    // mistake to point out, not to pass over.
+    if role == Role::Cell && settings.director.enabled {
+        return Err(crate::config::ConfigError::Invalid {
+            key: "director.enabled",
+            message: "applies to a combined instance only: a cell never serves placement (run a --role director)"
+                .into(),
+        }
+        .into());
+    }
     let serving = Serving::of(role, settings.director.enabled);
     let ticket_key = match serving.placement {
         true => Some(crate::director::ticket_key(&settings)?),

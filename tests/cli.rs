@@ -813,6 +813,14 @@ fn serve_role_director_without_the_cluster_secret_is_refused_naming_the_key() {
     );
 }
 
+#[test]
+fn serve_role_cell_with_the_director_enabled_is_refused_naming_the_key() {
+    let env = [("TETHER_DIRECTOR__ENABLED", "true"), ("TETHER_CLUSTER__SECRET", "a-cluster-secret-of-16+")];
+    let finished = run_in_empty_dir(&["serve", "--role", "cell", "--listen", &free_listen()], &env);
+    assert_status_2(&finished, "serve --role cell with director.enabled");
+    assert!(finished.stderr.contains("director.enabled"), "the message does not name the key\n{}", finished.describe());
+}
+
 // ---------------------------------------------------------------------------
 // TETHER_TOKEN
 
