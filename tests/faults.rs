@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::client::{create_token, Api};
+use support::client::{create_token, viewer_url, Api, Event, Socket};
 use support::daemon::DaemonProcess;
 use support::disk::{limit_file_size, SmallDisk};
 use support::e2e::{ticks_script, wait_online, wait_state, Ticks, Viewer};
@@ -418,6 +418,11 @@ async fn redis_killed_and_restarted() {
     let (status, body) =
         tokio::time::timeout(Duration::from_secs(30), input).await.expect("answered while Redis is away");
     assert_eq!((status, body["error"]["code"].as_str()), (504, Some("daemon_timeout")), "{body}");
+    // A viewer that attaches across instances meanwhile waits, told the
+    // host cannot be reached, instead of being closed 4503 each time its
+    // join goes unacknowledged (checked below, past a few of those).
+    let mut waiting = Socket::connect(&viewer_url(&b, &ann_ticking), Some(ann.token()), &["tether.v1"]).await;
+    assert_eq!(waiting.until_message("status").await["host"], "offline");
     // The owners keep their hosts (PostgreSQL is up): over several renewals.
     for _ in 0..3 {
         for ticks in &mut same {
@@ -429,6 +434,11 @@ async fn redis_killed_and_restarted() {
         assert_eq!(host_leases(&database).await, leases, "no lease changed hands while Redis was away");
     }
 
+    // bus.ack_ms is 5 s: more than one unacknowledged join by now.
+    while let Some(event) = waiting.next_within(Duration::from_secs(12)).await {
+        assert!(!matches!(event, Event::Close(_)), "the waiting viewer was closed while Redis was away: {event:?}");
+    }
+    drop(waiting);
     redis.start_again();
     for api in [&ann.home, &ann.away] {
         wait_status(api, "/readyz", 200).await;

@@ -396,8 +396,10 @@ impl HomeViewer {
             // still live (until it lapses, or the daemon redials), or let
             // the host go a moment ago. Closing at once had the client
             // reattach here, and be closed again, in a loop for as long as
-            // the lease lasted.
-            Err(RequestError::Offline) => self.wait_for_owner(ctx),
+            // the lease lasted. No acknowledgement (Redis away, the owner
+            // stalled) is waited out the same way: the join goes through
+            // once the bus does.
+            Err(RequestError::Offline | RequestError::Unacknowledged) => self.wait_for_owner(ctx),
             other => {
                 tracing::info!(terminal_id = %self.terminal_id, answer = ?other, "tether_home_viewer_join_failed");
                 self.close_client(close::HOST_GONE, "the host moved; reattach", ctx);
