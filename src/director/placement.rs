@@ -29,7 +29,8 @@
 //!   `director.fresh_ms`. A cell that stopped stays listed in relay_cells,
 //!   and with no switch row it reads `db`: without this, daemons were sent
 //!   to cells long gone. A tripped cell counts by its fresh row alone: it
-//!   tripped because the director did not reach it.
+//!   tripped because the director did not reach it. Cells whose latest
+//!   poll answered are picked from first; the others only when none did.
 //!
 //! The epoch is the host's assignment epoch + 1 (1 for a host never placed).
 //! Times are unix milliseconds: the effective rows carry database time.
@@ -162,7 +163,11 @@ impl Placement {
                 !cell.row_says(AdmitMode::Reserve) && (tripped || (cell.switch == AdmitMode::Db && alive))
             })
             .collect();
-        match lighter_of_two(&database, rng) {
+        // Cells that answer their feed first: a tripped cell the director
+        // cannot reach may be one that just stopped, its row still fresh.
+        let answering: Vec<&CellState> = database.iter().copied().filter(|cell| !cell.poll_failing).collect();
+        let pool = if answering.is_empty() { &database } else { &answering };
+        match lighter_of_two(pool, rng) {
             Some(cell) => Step::Database { cell_id: cell.cell_id.clone(), epoch: self.epoch },
             None => Step::NoCell,
         }
@@ -346,7 +351,10 @@ mod tests {
         refusing.poll_failing = true;
         let mut tripped = cell("tripped", AdmitMode::Reserve, Some((AdmitMode::Db, 1_000)), None, 0);
         tripped.poll_failing = true;
-        assert_eq!(first_steps(&[refusing, tripped], &new_host()), HashSet::from([database("tripped", 5)]));
+        assert_eq!(first_steps(&[refusing, tripped.clone()], &new_host()), HashSet::from([database("tripped", 5)]));
+        // ... but a cell that answers goes first, however loaded.
+        let answering = cell("answering", AdmitMode::Db, Some((AdmitMode::Db, 1_000)), Some(0), 50);
+        assert_eq!(first_steps(&[tripped, answering], &new_host()), HashSet::from([database("answering", 5)]));
     }
 
     #[test]
