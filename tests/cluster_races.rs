@@ -74,6 +74,22 @@ impl Trio {
         sock
     }
 
+    /// A terminal created through A and started by `daemon` (on A), once
+    /// B shows it running; its id.
+    async fn running_terminal(&self, daemon: &mut Socket) -> String {
+        let (status, body) = self.apis[0].post("/api/v1/terminals", json!({"hostId": self.host, "argv": ["sh"]})).await;
+        assert_eq!(status, 201, "{body}");
+        let id = body["terminal"]["id"].as_str().expect("id").to_string();
+        match daemon.next_server_frame().await {
+            server_frame::Frame::Spawn(s) => assert_eq!(s.terminal_id, id),
+            other => panic!("expected Spawn, got {other:?}"),
+        }
+        daemon.send_frame(daemon_frame::Frame::Started(Started { terminal_id: id.clone(), pid: 7 })).await;
+        let path = format!("/api/v1/terminals/{id}");
+        self.apis[1].wait_for(&path, "running", |b| b["terminal"]["state"] == "running").await;
+        id
+    }
+
     /// The host as each instance shows it, once every one shows `state`.
     async fn host_everywhere(&self, state: &str) -> Vec<Value> {
         let path = format!("/api/v1/hosts/{}", self.host);
@@ -612,16 +628,7 @@ async fn input_through_another_instance_is_refused_while_the_daemon_does_not_rea
     let trio = trio(&[], [&[], &[], &[]]).await;
     let mut daemon = trio.daemon(0).await;
     trio.host_everywhere("online").await;
-    let (status, body) = trio.apis[0].post("/api/v1/terminals", json!({"hostId": trio.host, "argv": ["sh"]})).await;
-    assert_eq!(status, 201, "{body}");
-    let id = body["terminal"]["id"].as_str().expect("id").to_string();
-    match daemon.next_server_frame().await {
-        server_frame::Frame::Spawn(s) => assert_eq!(s.terminal_id, id),
-        other => panic!("expected Spawn, got {other:?}"),
-    }
-    daemon.send_frame(daemon_frame::Frame::Started(Started { terminal_id: id.clone(), pid: 7 })).await;
-    let path = format!("/api/v1/terminals/{id}");
-    trio.apis[1].wait_for(&path, "running", |b| b["terminal"]["state"] == "running").await;
+    let id = trio.running_terminal(&mut daemon).await;
 
     let taken = input_until_refused(&trio.apis[1], &id).await;
     inputs_arrive_in_order(&mut daemon, &trio.apis[1], &id, taken).await;
@@ -639,13 +646,7 @@ async fn a_viewer_of_a_host_whose_owner_died_waits_instead_of_bouncing() {
     let mut trio = trio(&short_leases, [&[], &[], &[]]).await;
     let mut daemon = trio.daemon(0).await;
     trio.host_everywhere("online").await;
-    let (status, body) = trio.apis[0].post("/api/v1/terminals", json!({"hostId": trio.host, "argv": ["sh"]})).await;
-    assert_eq!(status, 201, "{body}");
-    let id = body["terminal"]["id"].as_str().expect("id").to_string();
-    assert!(matches!(daemon.next_server_frame().await, server_frame::Frame::Spawn(_)));
-    daemon.send_frame(daemon_frame::Frame::Started(Started { terminal_id: id.clone(), pid: 7 })).await;
-    let path = format!("/api/v1/terminals/{id}");
-    trio.apis[1].wait_for(&path, "running", |b| b["terminal"]["state"] == "running").await;
+    let id = trio.running_terminal(&mut daemon).await;
 
     trio.servers[0].kill();
     let killed = std::time::Instant::now();
@@ -664,5 +665,49 @@ async fn a_viewer_of_a_host_whose_owner_died_waits_instead_of_bouncing() {
     match viewer.next_within(Duration::from_secs(2)).await {
         None | Some(Event::Text(_) | Event::Ping) => {}
         other => panic!("the waiting viewer got {other:?}"),
+    }
+}
+
+/// Viewers waiting through B for a dead owner's lease cost B one lease
+/// read a second between them all, not one each: B's store queries while
+/// 30 of them wait grow by fewer than one per viewer in 3 s over what B
+/// does with none. Each used to read the lease every second (90 queries in
+/// the window) and ask the dead owner to join as often.
+#[actix_rt::test]
+async fn viewers_waiting_for_a_dead_owner_share_one_lease_read() {
+    const VIEWERS: usize = 30;
+    const QUERIES: &str = "tether_store_queries_total{backend=\"postgres\"}";
+    let mut trio = trio(&[], [&[], &[], &[]]).await;
+    let mut daemon = trio.daemon(0).await;
+    trio.host_everywhere("online").await;
+    let id = trio.running_terminal(&mut daemon).await;
+
+    trio.servers[0].kill();
+    let window = Duration::from_secs(3);
+    let b = &trio.apis[1];
+    let queries = || async { support::e2e::metric(b, QUERIES).await.expect("B counts its store queries") };
+    let before = queries().await;
+    tokio::time::sleep(window).await;
+    let idle = queries().await - before;
+
+    let url = format!("{}/ws/v1/terminals/{id}", trio.servers[1].ws_url());
+    let mut viewers = Vec::new();
+    for _ in 0..VIEWERS {
+        let mut viewer = Socket::connect(&url, Some(&b.token), &["tether.v1"]).await;
+        assert_eq!(viewer.until_message("status").await["host"], "offline");
+        viewers.push(viewer);
+    }
+    let before = queries().await;
+    tokio::time::sleep(window).await;
+    let waiting = queries().await - before;
+    assert!(
+        waiting - idle < VIEWERS as f64,
+        "{VIEWERS} waiting viewers cost B {waiting} store queries in {window:?}, against {idle} with none"
+    );
+    for viewer in &mut viewers {
+        match viewer.next_within(Duration::from_millis(10)).await {
+            None | Some(Event::Text(_) | Event::Ping) => {}
+            other => panic!("a waiting viewer got {other:?}"),
+        }
     }
 }

@@ -147,6 +147,7 @@ impl AppState {
         actix_rt::spawn(relay.tokens.clone().run(store.clone(), ms(settings.auth.revocation_check_ms)));
         actix_rt::spawn(serve_bus(relay.clone(), inbox));
         actix_rt::spawn(crate::relay::remote::heartbeat(relay.clone()));
+        actix_rt::spawn(crate::relay::remote::watch_waiting(relay.clone()));
         let bus_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let runs = RunDispatcher::new(relay.clone()).start();
         Sweeper::new(relay.clone()).start();

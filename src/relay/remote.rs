@@ -31,7 +31,7 @@ use super::ended::ended_messages;
 use super::lapse_grace::LapseGrace;
 use super::outbox::Frame;
 use super::registry::{HostsElsewhere, OpenTerminal, WaitingHosts};
-use super::requests::{ask_owner, locate, HostOp, Location, OpAnswer};
+use super::requests::{ask_owner, HostOp, OpAnswer};
 use super::*;
 use crate::proto::bus::{self, envelope, viewer_event, viewer_frame};
 use crate::store::host_lease_key;
@@ -48,8 +48,15 @@ const QUEUED_EVENT_BYTES: usize = 4 * MAX_FRAME_BYTES;
 const CREDIT_REPORT: Duration = Duration::from_millis(5);
 /// What a ping frame weighs on both sides of the bus.
 const PING_WEIGHT: usize = 16;
-/// How often a home viewer whose owner did not listen looks again.
+/// How often the leases of the hosts home viewers wait for are read (in
+/// one query for all of them), and the first wait before a waiting home
+/// viewer asks its owner to join again.
 const OWNER_RETRY: Duration = Duration::from_secs(1);
+/// The longest a waiting home viewer goes without asking its owner again:
+/// the waits double up to it. A lease that moves is seen by the shared
+/// lease read (or the new owner's `HostTaken`), not by these joins; they
+/// only find an owner that holds on and was not hearing (the bus away).
+const OWNER_RETRY_MAX: Duration = Duration::from_secs(8);
 
 /// The proxies of this instance, for the bus dispatcher: home viewers by
 /// their key (this instance's own numbering), remote viewers by their home
@@ -69,6 +76,8 @@ struct HomeEntry {
     addr: Addr<HomeViewer>,
     host_id: Uuid,
     terminal_id: Uuid,
+    /// The owner it joined (or waits to join) through, while it waits.
+    waiting_for: Option<String>,
 }
 
 struct RemoteEntry {
@@ -137,6 +146,18 @@ impl Remotes {
         }
     }
 
+    /// Records whether home viewer `key` waits for `owner` to listen.
+    fn set_waiting(&self, key: u64, owner: Option<&str>) {
+        if let Some(entry) = lock(&self.homes).get_mut(&key) {
+            entry.waiting_for = owner.map(str::to_string);
+        }
+    }
+
+    /// The waiting home viewers, with their hosts and the owners they wait for.
+    fn waiting(&self) -> Vec<(Addr<HomeViewer>, Uuid, String)> {
+        lock(&self.homes).values().filter_map(|h| Some((h.addr.clone(), h.host_id, h.waiting_for.clone()?))).collect()
+    }
+
     /// A client message from a home viewer on `home`.
     pub fn event(&self, home: &str, event: bus::ViewerEvent) {
         let remote = lock(&self.remotes).get(&(home.to_string(), event.viewer_id)).map(|e| e.addr.clone());
@@ -201,6 +222,12 @@ struct FromOwner {
 #[rtype(result = "()")]
 struct Reattach(&'static str);
 
+/// The lease of a waiting viewer's host no longer names the owner it waits
+/// for; a viewer that joined meanwhile is left to the heartbeat.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct LeaseMoved;
+
 /// The named instance announced it took the host.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -225,9 +252,12 @@ pub struct HomeViewer {
     report_scheduled: bool,
     attached: bool,
     /// The lease names an owner that does not listen (it died, or has just
-    /// let the host go): the client is told the host is offline and the
-    /// join is tried again every [`OWNER_RETRY`] until the lease moves.
+    /// let the host go): the client is told the host is offline, and waits
+    /// until the lease moves ([`watch_waiting`]) or a join goes through.
     waiting: bool,
+    /// The next join of a waiting viewer, and the wait before the one after.
+    retry: Option<SpawnHandle>,
+    retry_in: Duration,
     /// The terminal's state as the viewer read it, for the `status` of a
     /// waiting viewer.
     state: crate::store::TerminalState,
@@ -283,6 +313,8 @@ impl HomeViewer {
             report_scheduled: false,
             attached: false,
             waiting: false,
+            retry: None,
+            retry_in: OWNER_RETRY,
             state: terminal.state,
             early: VecDeque::new(),
             events,
@@ -384,7 +416,10 @@ impl HomeViewer {
         match joined {
             Ok(OpAnswer::Spawned(true)) => {
                 self.attached = true;
-                self.waiting = false;
+                if self.waiting {
+                    self.waiting = false;
+                    self.relay.remotes.set_waiting(self.key, None);
+                }
                 while let Some(msg) = self.early.pop_front() {
                     if self.closed {
                         break;
@@ -407,29 +442,28 @@ impl HomeViewer {
         }
     }
 
-    /// Tells the client the host is offline (once) and looks again after
-    /// [`OWNER_RETRY`]: the same owner is asked to join again, and any
-    /// other answer (another owner, this instance, nobody) has the client
-    /// reattach, where it joins as the lease now says.
+    /// Tells the client the host is offline (once) and asks the same owner
+    /// to join again after a wait that doubles from [`OWNER_RETRY`] up to
+    /// [`OWNER_RETRY_MAX`], or at once when the owner announces it took
+    /// the host. Once the lease names another instance, this one or nobody,
+    /// [`watch_waiting`] has the client reattach, where it joins as the
+    /// lease then says.
     fn wait_for_owner(&mut self, ctx: &mut Context<Self>) {
         if !self.waiting {
             self.waiting = true;
+            self.retry_in = OWNER_RETRY;
+            self.relay.remotes.set_waiting(self.key, Some(&self.owner));
             self.early.clear();
             let status = ServerMessage::Status { state: self.state.as_str().into(), host: "offline".into() };
             self.out.do_send(ViewerOut::control(status));
             self.out.do_send(ViewerOut::control(ServerMessage::error("host offline")));
         }
-        ctx.run_later(OWNER_RETRY, |act, ctx| {
-            let relay = act.relay.clone();
-            let host_id = act.host_id;
-            async move { locate(&relay, host_id).await }
-                .into_actor(act)
-                .map(|location, act, ctx| match location {
-                    Ok(Location::Remote(owner)) if owner == act.owner => act.join_owner(ctx),
-                    _ => act.close_client(close::HOST_GONE, "the host moved; reattach", ctx),
-                })
-                .wait(ctx);
-        });
+        let wait = self.retry_in;
+        self.retry_in = (wait * 2).min(OWNER_RETRY_MAX);
+        self.retry = Some(ctx.run_later(wait, |act, ctx| {
+            act.retry = None;
+            act.join_owner(ctx);
+        }));
     }
 
     fn close_client(&mut self, code: u16, reason: &str, ctx: &mut Context<Self>) {
@@ -444,7 +478,8 @@ impl Actor for HomeViewer {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         metrics::gauge!("tether_home_viewers").increment(1.0);
-        let entry = HomeEntry { addr: ctx.address(), host_id: self.host_id, terminal_id: self.terminal_id };
+        let entry =
+            HomeEntry { addr: ctx.address(), host_id: self.host_id, terminal_id: self.terminal_id, waiting_for: None };
         lock(&self.relay.remotes.homes).insert(self.key, entry);
         let relay = self.relay.clone();
         let channel = relay.bus.terminal_channel(self.terminal_id);
@@ -547,12 +582,28 @@ impl Handler<Reattach> for HomeViewer {
     }
 }
 
+impl Handler<LeaseMoved> for HomeViewer {
+    type Result = ();
+    fn handle(&mut self, _: LeaseMoved, ctx: &mut Context<Self>) {
+        if self.waiting {
+            tracing::info!(terminal_id = %self.terminal_id, "tether_home_viewer_lease_moved");
+            self.close_client(close::HOST_GONE, "the host moved; reattach", ctx);
+        }
+    }
+}
+
 impl Handler<Taken> for HomeViewer {
     type Result = ();
     fn handle(&mut self, msg: Taken, ctx: &mut Context<Self>) {
         if msg.0 != self.owner {
             tracing::info!(terminal_id = %self.terminal_id, by = %msg.0, "tether_home_viewer_host_taken");
             self.close_client(close::HOST_GONE, "the host moved; reattach", ctx);
+        } else if let Some(retry) = self.retry.take() {
+            // The owner it waits for took the host again (its daemon
+            // redialed it): it listens now.
+            ctx.cancel_future(retry);
+            self.retry_in = OWNER_RETRY;
+            self.join_owner(ctx);
         }
     }
 }
@@ -930,6 +981,39 @@ async fn check_homes(relay: &RelayContext, grace: &mut LapseGrace) {
         let channel = relay.bus.reply_channel(&owner);
         if let Err(e) = relay.bus.publish(&channel, envelope::Body::ViewerReport(report)).await {
             tracing::warn!(error = %e, "tether_heartbeat_report_failed");
+        }
+    }
+}
+
+/// Every [`OWNER_RETRY`], while home viewers wait for owners that do not
+/// listen: reads the leases of all their hosts in one query, and has each
+/// viewer whose host is no longer held by the owner it waits for (another
+/// instance holds it, this one, or nobody) reattach, where it joins as the
+/// lease now says. When the database does not answer, they keep waiting.
+pub async fn watch_waiting(relay: RelayContext) {
+    if !relay.bus.is_shared() {
+        return;
+    }
+    let mut tick = tokio::time::interval(OWNER_RETRY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let waiting = relay.remotes.waiting();
+        if waiting.is_empty() {
+            continue;
+        }
+        let keys: HashSet<String> = waiting.iter().map(|(_, host_id, _)| host_lease_key(*host_id)).collect();
+        let holders = match relay.store.lease_holders(&keys.into_iter().collect::<Vec<_>>()).await {
+            Ok(live) => live.into_iter().map(|(key, holder)| (key, holder.instance)).collect::<HashMap<_, _>>(),
+            Err(e) => {
+                tracing::warn!(error = %e, "tether_waiting_lease_read_failed");
+                continue;
+            }
+        };
+        for (home, host_id, owner) in waiting {
+            if holders.get(&host_lease_key(host_id)) != Some(&owner) {
+                home.do_send(LeaseMoved);
+            }
         }
     }
 }
