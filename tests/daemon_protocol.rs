@@ -475,11 +475,7 @@ async fn requests_to_an_offline_host_are_409_and_a_silent_daemon_is_504() {
     assert_eq!(status, 409);
     let mut daemon = connected_daemon(&server, &api, &host).await;
     // A daemon that answers: the dirs come back and are recorded.
-    let request = actix_rt::spawn({
-        let api = Api::new(api.base.clone(), api.token.clone());
-        let host = host.clone();
-        async move { api.post(&format!("/api/v1/hosts/{host}/dirs"), json!({"path": "/srv"})).await }
-    });
+    let request = add_dir_in_background(&api, &host, "/srv");
     let dirs = next_dirs(&mut daemon).await;
     assert_eq!(dirs.path, "/srv");
     daemon.send_frame(dirs_result(dirs.request_id, &["/tmp", "/srv"], None)).await;
@@ -488,11 +484,7 @@ async fn requests_to_an_offline_host_are_409_and_a_silent_daemon_is_504() {
     let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
     assert_eq!(body["host"]["dirs"], json!(["/tmp", "/srv"]));
     // A daemon that refuses: 502.
-    let request = actix_rt::spawn({
-        let api = Api::new(api.base.clone(), api.token.clone());
-        let host = host.clone();
-        async move { api.post(&format!("/api/v1/hosts/{host}/dirs"), json!({"path": "/nope"})).await }
-    });
+    let request = add_dir_in_background(&api, &host, "/nope");
     let dirs = next_dirs(&mut daemon).await;
     daemon.send_frame(dirs_result(dirs.request_id, &[], Some("no such directory"))).await;
     let (status, body) = request.await.expect("request");
@@ -502,7 +494,44 @@ async fn requests_to_an_offline_host_are_409_and_a_silent_daemon_is_504() {
     let (status, body) = api.post(&format!("/api/v1/hosts/{host}/dirs"), json!({"path": "/late"})).await;
     assert_eq!((status, body["error"]["code"].as_str()), (504, Some("daemon_timeout")));
     assert!(started.elapsed() >= Duration::from_secs(9), "answered before the timeout");
-    assert!(matches!(daemon.next_server_frame().await, server_frame::Frame::Dirs(_)));
+    let late = next_dirs(&mut daemon).await;
+    // Its answer after the timeout is the daemon's list all the same: it is
+    // recorded (terminals are checked against it), once.
+    daemon.send_frame(dirs_result(late.request_id.clone(), &["/tmp", "/srv", "/late"], None)).await;
+    ping_pong(&mut daemon).await;
+    let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
+    assert_eq!(body["host"]["dirs"], json!(["/tmp", "/srv", "/late"]), "the late answer was not recorded");
+    daemon.send_frame(dirs_result(late.request_id, &["/again"], None)).await;
+    ping_pong(&mut daemon).await;
+    let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
+    assert_eq!(body["host"]["dirs"], json!(["/tmp", "/srv", "/late"]), "a second late answer was recorded");
+}
+
+/// A DirsResult whose dirs could not be stored (not absolute) closes the
+/// connection 1008 and leaves the host's dirs as they were, as a hello
+/// with such dirs does: REST checks a terminal's dir by prefix against
+/// them, and an empty entry would allow every dir.
+#[actix_rt::test]
+async fn a_dirs_result_with_a_dir_that_is_not_absolute_is_1008() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let mut daemon = connected_daemon(&server, &api, &host).await;
+    let request = add_dir_in_background(&api, &host, "/srv");
+    let dirs = next_dirs(&mut daemon).await;
+    daemon.send_frame(dirs_result(dirs.request_id, &["/tmp", ""], None)).await;
+    assert_eq!(daemon.expect_close().await, Some(1008));
+    let (status, _) = request.await.expect("request");
+    assert_ne!(status, 200, "the malformed answer was taken");
+    let (_, body) = api.get(&format!("/api/v1/hosts/{host}")).await;
+    assert_eq!(body["host"]["dirs"], json!(["/tmp"]));
+}
+
+/// `POST /hosts/{host}/dirs {path}` on a task of its own, for the test to
+/// play the daemon's side meanwhile.
+fn add_dir_in_background(api: &Api, host: &str, path: &str) -> actix_rt::task::JoinHandle<(u16, serde_json::Value)> {
+    let api = Api::new(api.base.clone(), api.token.clone());
+    let (host, path) = (host.to_string(), path.to_string());
+    actix_rt::spawn(async move { api.post(&format!("/api/v1/hosts/{host}/dirs"), json!({"path": path})).await })
 }
 
 /// The daemon's next frame, which must be a Dirs request.

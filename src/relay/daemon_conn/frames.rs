@@ -231,26 +231,43 @@ impl Handler<Inbound> for DaemonConn {
                 AtomicResponse::new(Box::pin(self.store(write).map(|_, _, _| ())))
             }
             daemon_frame::Frame::DirsResult(r) => {
-                // Only the answer to a pending dirs request is recorded.
-                if !self.claim_answer(&r.request_id, AnswerKind::Dirs) {
+                if super::hello::bad_dirs(&r.dirs).is_some() {
+                    self.close(close::POLICY, "malformed frame", ctx);
                     return done();
                 }
-                let answer = match r.error {
-                    Some(error) => Err(RequestError::Refused(error)),
-                    None => Ok(DaemonAnswer::Dirs(r.dirs.clone())),
-                };
-                if answer.is_err() {
-                    self.answer(&r.request_id, answer);
+                // A request that timed out (504) is no longer pending, but
+                // the change its answer reports was made all the same.
+                let awaited = self.is_pending(&r.request_id);
+                if !awaited && !self.take_overdue_dirs(&r.request_id) {
+                    tracing::debug!(%host_id, request_id = %r.request_id, "tether_daemon_answer_unmatched");
                     return done();
                 }
-                // Recorded before the caller hears the answer, so a read of
-                // the host right after shows the dirs the answer listed.
+                if awaited && !self.claim_answer(&r.request_id, AnswerKind::Dirs) {
+                    return done();
+                }
+                if let Some(error) = r.error {
+                    if awaited {
+                        self.answer(&r.request_id, Err(RequestError::Refused(error)));
+                    }
+                    return done();
+                }
+                // The daemon's list is recorded whoever still waits for it
+                // (REST checks a terminal's dir against the stored list),
+                // and before the caller hears the answer, so a read of the
+                // host right after shows the dirs the answer listed.
                 let dirs = Arc::new(r.dirs);
-                let write = Write::new("host dirs", move |store| {
+                let write = Write::new("host dirs", {
                     let dirs = dirs.clone();
-                    async move { store.set_host_dirs(host_id, &dirs).await }
+                    move |store| {
+                        let dirs = dirs.clone();
+                        async move { store.set_host_dirs(host_id, &dirs).await }
+                    }
                 });
-                AtomicResponse::new(Box::pin(self.store(write).map(move |_, act, _| act.answer(&r.request_id, answer))))
+                AtomicResponse::new(Box::pin(self.store(write).map(move |_, act, _| {
+                    if awaited {
+                        act.answer(&r.request_id, Ok(DaemonAnswer::Dirs(dirs.as_ref().clone())));
+                    }
+                })))
             }
             daemon_frame::Frame::LimitsResult(r) => {
                 if self.claim_answer(&r.request_id, AnswerKind::Limits) {

@@ -44,12 +44,13 @@ fn database_error(e: StoreError) -> (u16, &'static str) {
     (close::INTERNAL, "database error")
 }
 
-/// Why a hello's dirs cannot be stored, if they cannot: each must be an
-/// absolute path without NUL, at most `MAX_DIR_PATH_BYTES` long, as the
-/// daemon keeps them (docs/PROTOCOL.md, "What the server enforces"). REST
-/// checks a terminal's `dir` against them by prefix, so a relative or
-/// empty entry would allow what no daemon lists.
-fn bad_dirs(dirs: &[String]) -> Option<&'static str> {
+/// Why a hello's (or a DirsResult's) dirs cannot be stored, if they
+/// cannot: each must be an absolute path without NUL, at most
+/// `MAX_DIR_PATH_BYTES` long, as the daemon keeps them (docs/PROTOCOL.md,
+/// "What the server enforces"). REST checks a terminal's `dir` against
+/// them by prefix, so a relative or empty entry would allow what no daemon
+/// lists.
+pub(super) fn bad_dirs(dirs: &[String]) -> Option<&'static str> {
     for dir in dirs {
         if !dir.starts_with('/') || dir.contains('\0') {
             return Some("malformed hello: a dir is not an absolute path");

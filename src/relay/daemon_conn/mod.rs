@@ -101,6 +101,9 @@ pub struct DaemonConn {
     owned: HashMap<Uuid, Owned>,
     attached: HashMap<Uuid, ArbiterLink>,
     pending: HashMap<String, (DaemonRequestKind, oneshot::Sender<Result<DaemonAnswer, RequestError>>)>,
+    /// Dirs requests that timed out, newest last, at most
+    /// `requests::OVERDUE_DIRS`: their late answers are still recorded.
+    overdue_dirs: Vec<String>,
     /// When it last received a frame; the registry closes it after
     /// `daemon.idle_timeout_ms` of silence.
     heard: Heard,
@@ -137,6 +140,7 @@ impl DaemonConn {
             owned: HashMap::new(),
             attached: HashMap::new(),
             pending: HashMap::new(),
+            overdue_dirs: Vec::new(),
             heard: Heard::now(),
             closed: false,
             close_code: None,

@@ -1,11 +1,18 @@
 //! Requests to the daemon that expect an answer (dirs, limits,
 //! credentials): sent with a request id, answered from the daemon's
-//! result frame, forgotten on timeout so a late answer is ignored.
+//! result frame, forgotten on timeout so a late answer finds nobody
+//! waiting.
 //!
 //! A result frame answers only the pending request its id names, and only
 //! if it is of that request's kind ([`DaemonConn::claim_answer`]): one that
 //! names no pending request changes nothing, one of another kind ends the
-//! request as refused (docs/PROTOCOL.md, "What the server enforces").
+//! request as refused (docs/PROTOCOL.md, "What the server enforces"). The
+//! one exception is the late answer to a dirs request that timed out: the
+//! daemon made the change all the same, so the list it reports is
+//! recorded ([`DaemonConn::take_overdue_dirs`]).
+
+/// How many timed-out dirs requests a connection remembers.
+pub(super) const OVERDUE_DIRS: usize = 16;
 
 use super::*;
 
@@ -51,6 +58,31 @@ impl DaemonConn {
         if let Some((_, reply)) = self.pending.remove(request_id) {
             let _ = reply.send(answer);
         }
+    }
+
+    /// Ends a request that was not answered in time (504); a dirs request
+    /// is remembered as overdue.
+    fn time_out(&mut self, request_id: String) {
+        let Some((kind, reply)) = self.pending.remove(&request_id) else { return };
+        let _ = reply.send(Err(RequestError::Timeout));
+        if matches!(kind, DaemonRequestKind::AddDir(_) | DaemonRequestKind::RemoveDir(_)) {
+            if self.overdue_dirs.len() == OVERDUE_DIRS {
+                self.overdue_dirs.remove(0);
+            }
+            self.overdue_dirs.push(request_id);
+        }
+    }
+
+    /// Whether `request_id` names a dirs request that timed out; it is
+    /// forgotten then (one late answer per request).
+    pub(super) fn take_overdue_dirs(&mut self, request_id: &str) -> bool {
+        let found = self.overdue_dirs.iter().position(|id| id == request_id);
+        found.map(|i| self.overdue_dirs.remove(i)).is_some()
+    }
+
+    /// Whether `request_id` names a request still waiting for its answer.
+    pub(super) fn is_pending(&self, request_id: &str) -> bool {
+        self.pending.contains_key(request_id)
     }
 
     /// Whether a result frame of kind `got` answers the pending request
@@ -131,6 +163,6 @@ impl Handler<DaemonRequest> for DaemonConn {
         self.send(frame, ctx);
         // Unanswered in time: the caller hears Timeout and a late answer
         // finds nobody waiting.
-        ctx.run_later(timeout, move |act, _| act.answer(&request_id, Err(RequestError::Timeout)));
+        ctx.run_later(timeout, move |act, _| act.time_out(request_id));
     }
 }
