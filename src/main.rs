@@ -9,6 +9,8 @@ use std::process::ExitCode;
 use clap::{CommandFactory as _, Parser, Subcommand};
 use tether::config::Settings;
 use tether::http::state::Role;
+use tether::store::{AuditAction, Revocation};
+use uuid::Uuid;
 
 #[derive(Parser)]
 #[command(name = "tether", version, about = "A horizontally scaled terminal relay")]
@@ -418,6 +420,26 @@ fn user_name(user: &str) -> Result<String, Failure> {
     Ok(user)
 }
 
+/// Records an operator's change to a user's token in that user's audit
+/// log, as the API records the user's own (docs/SECURITY.md, "Audit"),
+/// with `instanceId` `cli` and no acting token. The change is made
+/// already: a failed write is reported, not fatal.
+async fn audit_operator(store: &dyn tether::store::Store, user_id: Uuid, action: AuditAction, token_id: Uuid) {
+    let event = tether::store::NewAuditEvent {
+        at: chrono::Utc::now(),
+        user_id,
+        token_id: None,
+        action,
+        host_id: None,
+        terminal_id: None,
+        instance_id: "cli".to_string(),
+        detail: Some(format!("token {token_id}")),
+    };
+    if let Err(e) = store.insert_audit_events(&[event]).await {
+        eprintln!("tether: warning: the audit log did not take the {} event: {e}", action.as_str());
+    }
+}
+
 /// `tether token create|list|revoke` against the database (docs/CLI.md, "Tokens").
 async fn token_command(settings: &Settings, command: TokenCommand) -> Result<(), Failure> {
     use tether::store::{NewToken, TokenScope};
@@ -456,6 +478,7 @@ async fn token_command(settings: &Settings, command: TokenCommand) -> Result<(),
                 ..NewToken::full(user.id, &tether::auth::hash_token(&secret))
             };
             let token = store.insert_token(&new).await.map_err(Failure::runtime)?;
+            audit_operator(store.as_ref(), user.id, AuditAction::TokenCreated, token.id).await;
             let expires = token.expires_at.map_or("never".to_string(), |e| e.to_rfc3339());
             eprintln!(
                 "tether: {scope} token {} created for user `{}` (expires: {expires}); it is shown only once",
@@ -474,8 +497,12 @@ async fn token_command(settings: &Settings, command: TokenCommand) -> Result<(),
         }
         TokenCommand::Revoke { id } => {
             let store = tether::store::open(settings).await.map_err(Failure::runtime)?;
-            if store.revoke_token(None, id).await.map_err(Failure::runtime)?.is_none() {
-                return Err(Failure::runtime(format!("no token with id {id}")));
+            match store.revoke_token(None, id).await.map_err(Failure::runtime)? {
+                None => return Err(Failure::runtime(format!("no token with id {id}"))),
+                Some(Revocation::Now { user_id }) => {
+                    audit_operator(store.as_ref(), user_id, AuditAction::TokenRevoked, id).await;
+                }
+                Some(Revocation::Earlier) => {}
             }
             eprintln!("tether: token {id} revoked; its open sockets close within a second");
             Ok(())

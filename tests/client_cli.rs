@@ -700,14 +700,15 @@ async fn the_client_makes_lists_uses_and_revokes_tokens_and_reads_the_audit_log(
     assert!(listed.revoked_at.is_some() && !listed.is_usable_at(chrono::Utc::now()), "{listed:?}");
 
     // The audit log, newest first: the revocation, then the creation, both
-    // naming the token, after the host's registration.
+    // naming the token, after the host's registration and the operator's
+    // creation of the test's own token.
     eventually("the token events in the audit log", || async {
         client.audit(&AuditFilter::default()).await.expect("audit").iter().any(|e| e.action == "token_revoked")
     })
     .await;
     let events = client.audit(&AuditFilter::default()).await.expect("audit");
     let actions: Vec<&str> = events.iter().map(|e| e.action.as_str()).collect();
-    assert_eq!(actions, ["token_revoked", "token_created", "host_registered"], "{events:#?}");
+    assert_eq!(actions, ["token_revoked", "token_created", "host_registered", "token_created"], "{events:#?}");
     for event in &events[..2] {
         assert_eq!(event.detail, Some(format!("token {id}")), "{event:?}");
         assert_eq!(event.token_id, Some(tokens.iter().find(|t| t.id != id).expect("the test's token").id));
@@ -730,7 +731,7 @@ async fn the_client_makes_lists_uses_and_revokes_tokens_and_reads_the_audit_log(
     client.create_token(&NewToken::default()).await.expect("a token after the second revocation");
     let count = |events: &[AuditEvent], action: &str| events.iter().filter(|e| e.action == action).count();
     eventually("the later token in the audit log", || async {
-        count(&client.audit(&AuditFilter::default()).await.expect("audit"), "token_created") == 2
+        count(&client.audit(&AuditFilter::default()).await.expect("audit"), "token_created") == 3
     })
     .await;
     let events = client.audit(&AuditFilter::default()).await.expect("audit");

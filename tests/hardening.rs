@@ -442,18 +442,21 @@ async fn a_terminal_session_is_audited_without_its_input() {
     }
     assert_eq!(of("resize").detail.as_deref(), Some("100x30"));
     assert_eq!(of("kill").detail.as_deref(), Some("signal 9"));
-    // Every event names the token it was done with (the test's one token).
+    // Every event names the token it was done with (the test's one token),
+    // but the operator's creation of that token, which no token did.
     let tokens = e.api.client().tokens().await.expect("tokens");
     let token_id = tokens.first().expect("the test's token").id;
     for event in &events {
-        assert_eq!(event.token_id, Some(token_id), "{event:?}");
+        let by_operator = event.action == "token_created" && event.instance_id == "cli";
+        assert_eq!(event.token_id, (!by_operator).then_some(token_id), "{event:?}");
     }
     // Newest first: the kill came last.
     assert_eq!(events[0].action, "kill", "{events:#?}");
 }
 
 /// Creating and revoking a token over REST is audited, naming the token
-/// that did it and the token it was done to.
+/// that did it and the token it was done to; so is the operator's `tether
+/// token create` and `revoke`, from instance `cli`.
 #[actix_rt::test]
 async fn tokens_created_and_revoked_are_audited() {
     let e = e2e::start(false, &[]).await;
@@ -461,15 +464,52 @@ async fn tokens_created_and_revoked_are_audited() {
     let new = NewToken { name: Some("ci".into()), scope: Some("read".into()), ..Default::default() };
     let new_id = client.create_token(&new).await.expect("create a token").token.id;
     client.revoke_token(new_id).await.expect("revoke it");
+    // The test's own token was made by the operator (`tether token create`).
     let events = audit_until(&e.api, "token events", |events| {
-        count(events, "token_created") == 1 && count(events, "token_revoked") == 1
+        count(events, "token_created") == 2 && count(events, "token_revoked") == 1
     })
     .await;
     let tokens = client.tokens().await.expect("tokens");
     let mine = tokens.iter().find(|t| t.id != new_id).expect("mine").id;
+    let about_new = Some(format!("token {new_id}"));
     for action in ["token_created", "token_revoked"] {
-        let event = events.iter().find(|ev| ev.action == action).expect(action);
+        let event = events.iter().find(|ev| ev.action == action && ev.detail == about_new).expect(action);
         assert_eq!(event.token_id, Some(mine), "{event:?}");
         assert_eq!(event.detail, Some(format!("token {new_id}")), "{event:?}");
     }
+
+    // The operator's `tether token create` and `revoke` are in the user's
+    // log too, from instance `cli`, with no acting token.
+    let out = e.server.run(&["token", "create", "--user", "ann", "--scope", "read"], &[]);
+    assert!(out.status.success(), "token create: {}", String::from_utf8_lossy(&out.stderr));
+    let tokens = client.tokens().await.expect("tokens");
+    let operators = tokens.iter().find(|t| t.id != new_id && t.id != mine).expect("the operator's token").id;
+    let out = e.server.run(&["token", "revoke", &operators.to_string()], &[]);
+    assert!(out.status.success(), "token revoke: {}", String::from_utf8_lossy(&out.stderr));
+    let events = audit_until(&e.api, "the operator's token events", |events| {
+        count(events, "token_created") == 3 && count(events, "token_revoked") == 2
+    })
+    .await;
+    let operator = format!("token {operators}");
+    for action in ["token_created", "token_revoked"] {
+        let event = events.iter().find(|ev| ev.action == action && ev.detail.as_ref() == Some(&operator));
+        let event = event.unwrap_or_else(|| panic!("the operator's {action}: {events:#?}"));
+        assert_eq!((event.token_id, event.instance_id.as_str()), (None, "cli"), "{event:?}");
+    }
+}
+
+/// A run is audited as a spawn when it is queued, naming the token that
+/// asked, the host and the run (its terminal does not exist yet).
+#[actix_rt::test]
+async fn a_run_is_audited_as_a_spawn() {
+    let e = e2e::start(false, &[]).await;
+    let (status, body) = e.api.post("/api/v1/runs", json!({"hostId": e.host, "argv": ["true"]})).await;
+    assert_eq!(status, 201, "{body}");
+    let run = body["run"]["id"].as_str().expect("run id").to_string();
+    let events = audit_until(&e.api, "the run's spawn", |events| count(events, "spawn") == 1).await;
+    let event = events.iter().find(|ev| ev.action == "spawn").expect("spawn");
+    let token = e.api.client().tokens().await.expect("tokens").first().expect("the test's token").id;
+    assert_eq!(event.detail, Some(format!("run {run}")), "{event:?}");
+    assert_eq!(event.host_id.map(|h| h.to_string()), Some(e.host.clone()), "{event:?}");
+    assert_eq!((event.token_id, event.terminal_id), (Some(token), None), "{event:?}");
 }

@@ -178,7 +178,10 @@ async fn tokens_scope_expiry_and_revocation(store: &Arc<dyn Store>) {
     // Another user cannot revoke it; its owner (or the operator) can, once.
     assert_eq!(store.revoke_token(Some(bob.id), daemon.id).await.expect("revoke as bob"), None);
     assert!(store.token_by_hash("hash-daemon", chrono::Utc::now()).await.expect("lookup").is_some());
-    assert_eq!(store.revoke_token(Some(ann.id), daemon.id).await.expect("revoke"), Some(Revocation::Now));
+    assert_eq!(
+        store.revoke_token(Some(ann.id), daemon.id).await.expect("revoke"),
+        Some(Revocation::Now { user_id: ann.id })
+    );
     let first = store.token_by_id(daemon.id).await.expect("read").expect("row").revoked_at.expect("revoked");
     assert_eq!(store.revoke_token(None, daemon.id).await.expect("revoke again"), Some(Revocation::Earlier));
     assert_eq!(store.token_by_id(daemon.id).await.expect("read").expect("row").revoked_at, Some(first));
@@ -220,7 +223,7 @@ async fn ended_tokens_are_read_from_the_log(store: &Arc<dyn Store>) {
     // The changes below must come after `since`, and SQLite stamps milliseconds.
     tokio::time::sleep(Duration::from_millis(2)).await;
 
-    assert_eq!(store.revoke_token(None, revoked).await.expect("revoke"), Some(Revocation::Now));
+    assert_eq!(store.revoke_token(None, revoked).await.expect("revoke"), Some(Revocation::Now { user_id: ann.id }));
     assert!(store.mark_exited(h.id, t.id, ExitStatus::default()).await.expect("exit"));
     assert_eq!(store.delete_terminal(ann.id, t.id).await.expect("delete"), DeleteOutcome::Deleted);
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -539,7 +542,7 @@ async fn tokens_are_looked_up_many_at_once(store: &Arc<dyn Store>) {
     let daemon = store.insert_token(&daemon).await.expect("token");
     assert_eq!(store.bind_token_host(daemon.id, bx.id).await.expect("bind"), Some(bx.id));
     let revoked = store.insert_token(&NewToken::full(ann.id, "hash-revoked")).await.expect("token");
-    assert_eq!(store.revoke_token(None, revoked.id).await.expect("revoke"), Some(Revocation::Now));
+    assert_eq!(store.revoke_token(None, revoked.id).await.expect("revoke"), Some(Revocation::Now { user_id: ann.id }));
     let expired =
         NewToken { expires_at: Some(now - chrono::Duration::seconds(1)), ..NewToken::full(ann.id, "hash-old") };
     store.insert_token(&expired).await.expect("token");

@@ -471,16 +471,16 @@ impl Store for PgStore {
             .query_opt(
                 "WITH now_revoked AS ( \
                    UPDATE api_tokens SET revoked_at = now() \
-                   WHERE id = $1 AND ($2::uuid IS NULL OR user_id = $2) AND revoked_at IS NULL RETURNING id) \
-                 SELECT EXISTS (SELECT 1 FROM now_revoked), \
+                   WHERE id = $1 AND ($2::uuid IS NULL OR user_id = $2) AND revoked_at IS NULL RETURNING user_id) \
+                 SELECT (SELECT user_id FROM now_revoked), \
                         EXISTS (SELECT 1 FROM api_tokens WHERE id = $1 AND ($2::uuid IS NULL OR user_id = $2))",
                 &[&id, &user_id],
             )
             .await?;
         // The statement has no FROM: it always answers one row.
-        Ok(match row.map(|r| (r.get(0), r.get(1))) {
-            Some((true, _)) => Some(Revocation::Now),
-            Some((false, true)) => Some(Revocation::Earlier),
+        Ok(match row.map(|r| (r.get::<_, Option<Uuid>>(0), r.get(1))) {
+            Some((Some(user_id), _)) => Some(Revocation::Now { user_id }),
+            Some((None, true)) => Some(Revocation::Earlier),
             _ => None,
         })
     }

@@ -582,13 +582,16 @@ impl Store for SqliteStore {
         self.call(move |c| {
             // One connection: nothing comes between the two statements.
             let (id, user_id) = (id.to_string(), user_id.map(|u| u.to_string()));
-            let revoked = c.execute(
-                "UPDATE api_tokens SET revoked_at = ?1 \
-                 WHERE id = ?2 AND (?3 IS NULL OR user_id = ?3) AND revoked_at IS NULL",
-                params![now_ms(), id, user_id],
-            )?;
-            if revoked == 1 {
-                return Ok(Some(Revocation::Now));
+            let revoked = c
+                .query_row(
+                    "UPDATE api_tokens SET revoked_at = ?1 \
+                     WHERE id = ?2 AND (?3 IS NULL OR user_id = ?3) AND revoked_at IS NULL RETURNING user_id",
+                    params![now_ms(), id, user_id],
+                    |row| uuid_col(row, 0),
+                )
+                .optional()?;
+            if let Some(user_id) = revoked {
+                return Ok(Some(Revocation::Now { user_id }));
             }
             let found = c
                 .query_row(

@@ -497,8 +497,8 @@ pub struct HelloTerminal {
 /// What revoking a token found ([`super::Store::revoke_token`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Revocation {
-    /// Revoked by this call.
-    Now,
+    /// Revoked by this call; the token was `user_id`'s.
+    Now { user_id: Uuid },
     /// Revoked before; its first revocation time stays.
     Earlier,
 }

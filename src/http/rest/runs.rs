@@ -8,10 +8,11 @@ use serde_json::json;
 
 use super::page::{PageQuery, Position};
 use super::{check_argv, check_dir, field_id, path_id};
+use crate::audit::Subject;
 use crate::http::body::Json;
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
-use crate::store::{NewRun, RunFilter, RunState, TerminalCaps};
+use crate::store::{AuditAction, NewRun, RunFilter, RunState, TerminalCaps};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -53,6 +54,11 @@ pub async fn create(
     }
     let new = NewRun { user_id: user.id(), host_id, argv: body.argv, dir: body.dir };
     let run = state.store.insert_run(&new, Some(TerminalCaps::of(&state.settings))).await?;
+    // A run is a spawn by this token; its terminal is made when a worker
+    // dispatches it, so the event names the run (whose resource names the
+    // terminal).
+    let subject = Subject::host(host_id).with_detail(format!("run {}", run.id)).by(user.0.token_id);
+    state.relay.audit.record(user.id(), AuditAction::Spawn, subject);
     Ok(HttpResponse::Created().json(json!({ "run": run })))
 }
 

@@ -118,7 +118,7 @@ pub async fn revoke(
     match state.store.revoke_token(Some(user.id()), id).await? {
         None => return Err(ApiError::not_found("token")),
         // Recorded once, by the call that revoked it.
-        Some(Revocation::Now) => {
+        Some(Revocation::Now { .. }) => {
             let subject = Subject::default().with_detail(format!("token {id}")).by(user.0.token_id);
             state.relay.audit.record(user.id(), AuditAction::TokenRevoked, subject);
         }
