@@ -216,9 +216,17 @@ async fn page_is_served_with_types_cache_and_csp() {
 
 /// The status of a viewer upgrade sent with `origin`: 101 or the refusal.
 async fn upgrade_status(url: &str, token: &str, origin: Option<&str>) -> u16 {
+    upgrade_status_with(url, token, origin, &[]).await
+}
+
+/// [`upgrade_status`] with more request headers.
+async fn upgrade_status_with(url: &str, token: &str, origin: Option<&str>, headers: &[(&str, &str)]) -> u16 {
     let mut req = client().ws(url).protocols(["tether.v1", &format!("tether.auth.{token}")]);
     if let Some(origin) = origin {
         req = req.origin(origin);
+    }
+    for (name, value) in headers {
+        req = req.set_header(*name, *value);
     }
     match req.connect().await {
         Ok((res, _)) => res.status().as_u16(),
@@ -240,4 +248,22 @@ async fn websocket_from_another_origin_gets_403() {
     assert_eq!(upgrade_status(&url, token, None).await, 101, "no Origin: not a browser");
     let daemon = format!("{}/ws/v1/daemon", e.server.ws_url());
     assert_eq!(upgrade_status(&daemon, token, Some("http://evil.example")).await, 403, "daemon socket too");
+
+    // What a proxy says the request's own origin is, is not believed from
+    // a peer outside http.trusted_proxies (here: none)...
+    let proxied = "https://tether.example";
+    let named: [&[(&str, &str)]; 2] = [
+        &[("X-Forwarded-Host", "tether.example"), ("X-Forwarded-Proto", "https")],
+        &[("Forwarded", "host=tether.example;proto=https")],
+    ];
+    for headers in named {
+        assert_eq!(upgrade_status_with(&url, token, Some(proxied), headers).await, 403, "{headers:?}");
+    }
+    // ... and is from a trusted proxy: the page is served under its name.
+    let behind = start(false, &[("TETHER_HTTP__TRUSTED_PROXIES", "127.0.0.0/8")]).await;
+    let id = terminal(&behind, &["sh"]).await;
+    let (url, token) = (viewer_url(&behind.server, &id), &behind.api.token);
+    for headers in named {
+        assert_eq!(upgrade_status_with(&url, token, Some(proxied), headers).await, 101, "{headers:?}");
+    }
 }

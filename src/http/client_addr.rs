@@ -72,6 +72,12 @@ pub fn trusted(proxies: &[String]) -> Vec<Cidr> {
     proxies.iter().filter_map(|p| Cidr::parse(p).ok()).collect()
 }
 
+/// Whether the TCP peer of `req` is a trusted proxy, whose forwarding
+/// headers may be believed.
+pub fn peer_is_trusted(req: &HttpRequest, proxies: &[Cidr]) -> bool {
+    req.peer_addr().is_some_and(|peer| proxies.iter().any(|c| c.contains(canonical(peer.ip()))))
+}
+
 /// The client address of `req`, or None when the peer is unknown.
 pub fn client_addr(req: &HttpRequest, proxies: &[Cidr]) -> Option<IpAddr> {
     let peer = canonical(req.peer_addr()?.ip());

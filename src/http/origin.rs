@@ -4,16 +4,33 @@
 //! is refused with 403 before the upgrade, so a page on another site
 //! cannot ride a user's token. Clients that send no Origin (the daemon,
 //! `tether attach`) are not browsers and pass.
+//!
+//! The instance's own origin is the request's scheme and `Host`; what a
+//! proxy says instead (`Forwarded`, `X-Forwarded-Proto`,
+//! `X-Forwarded-Host`) is believed only from a peer in
+//! `http.trusted_proxies`, as `X-Forwarded-For` is: anyone can send one.
 
 use actix_web::http::header;
 use actix_web::HttpRequest;
 
+use super::client_addr::{peer_is_trusted, Cidr};
+
 /// Whether the upgrade request may proceed.
-pub fn allowed(req: &HttpRequest, allowed_origins: &[String]) -> bool {
+pub fn allowed(req: &HttpRequest, allowed_origins: &[String], proxies: &[Cidr]) -> bool {
     let Some(origin) = req.headers().get(header::ORIGIN) else { return true };
     let Ok(origin) = origin.to_str() else { return false };
-    let info = req.connection_info();
-    origin_matches(origin, info.scheme(), info.host(), allowed_origins)
+    if peer_is_trusted(req, proxies) {
+        let info = req.connection_info();
+        return origin_matches(origin, info.scheme(), info.host(), allowed_origins);
+    }
+    let scheme = if req.app_config().secure() { "https" } else { "http" };
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()))
+        .unwrap_or_else(|| req.app_config().host());
+    origin_matches(origin, scheme, host, allowed_origins)
 }
 
 /// `origin` against `scheme://host` (the request's own origin, as the

@@ -84,7 +84,7 @@ fn upgrade(
     if state.draining.load(std::sync::atomic::Ordering::Relaxed) {
         return Err(Refused::Draining);
     }
-    if !super::origin::allowed(req, &state.settings.http.allowed_origins) {
+    if !super::origin::allowed(req, &state.settings.http.allowed_origins, &state.trusted_proxies) {
         let origin = req.headers().get(actix_web::http::header::ORIGIN).and_then(|o| o.to_str().ok()).unwrap_or("?");
         tracing::info!(origin, path = req.path(), "tether_ws_origin_refused");
         return Err(Refused::Origin);
