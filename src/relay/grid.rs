@@ -7,7 +7,10 @@
 //! in use (hidden, unresponsive, or idle for `in_use`); a holder heard
 //! within `fresh` keeps it; otherwise the holder is pinged, and without a
 //! pong within `ping_timeout` it counts as unresponsive and the arrival is
-//! retried. `resize` always claims; a leaving holder frees the grid.
+//! retried. `resize` always claims; a leaving holder frees the grid. A
+//! viewer that claims with `resize` before it sent any `view` counts as
+//! showing the terminal (open and visible) until a view says otherwise: a
+//! client that only resizes is as much in use as one that reports views.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -38,6 +41,8 @@ struct ViewerGrid {
     natural: Option<(u16, u16)>,
     visible: bool,
     open: bool,
+    /// It sent a `view`: `visible` and `open` are its own.
+    viewed: bool,
     last_use: Instant,
     last_heard: Instant,
     unresponsive: bool,
@@ -86,6 +91,7 @@ impl Grid {
                 natural: None,
                 visible: false,
                 open: false,
+                viewed: false,
                 last_use: now,
                 last_heard: now,
                 unresponsive: false,
@@ -127,6 +133,7 @@ impl Grid {
         v.natural = Some((report.cols, report.rows));
         v.visible = report.visible;
         v.open = report.open;
+        v.viewed = true;
         v.last_use = now.checked_sub(Duration::from_millis(report.idle_ms)).unwrap_or(now);
         if self.holder == Some(viewer) {
             return self.fit_to(viewer).into_iter().collect();
@@ -142,6 +149,9 @@ impl Grid {
         self.used(viewer, now);
         let Some(v) = self.viewers.get_mut(&viewer) else { return Vec::new() };
         v.natural = Some((cols, rows));
+        if !v.viewed {
+            (v.visible, v.open) = (true, true);
+        }
         let mut actions = self.take(viewer);
         // A resize is explicit: send it even when it matches what we last asked.
         if !actions.iter().any(|a| matches!(a, GridAction::Resize { .. })) && (cols, rows) != self.pty {
@@ -308,5 +318,26 @@ mod tests {
         assert_eq!(g.leave(2), vec![GridAction::HolderChanged]);
         assert_eq!(g.holder(), None);
         assert!(g.leave(1).is_empty());
+    }
+
+    /// A client that only resizes (no `view`) holds the grid as a visible
+    /// holder does: an arrival within `fresh` does not take it, a later one
+    /// pings it first; once it reports a hidden view, an arrival takes it.
+    #[test]
+    fn a_holder_that_claimed_by_resize_alone_is_in_use() {
+        let (mut g, now) = grid();
+        g.resize(1, 70, 20, now);
+        let soon = now + Duration::from_millis(1500);
+        assert!(view(&mut g, 2, 120, true, 0, soon).is_empty());
+        assert_eq!(g.holder(), Some(1));
+        let later = now + Duration::from_secs(6);
+        assert_eq!(view(&mut g, 2, 120, true, 0, later), vec![GridAction::PingHolder { holder: 1, arrival: 2 }]);
+        g.heard(1, later + Duration::from_millis(100)); // the pong
+        assert!(g.ping_expired(1, 2, later + T.ping_timeout).is_empty());
+        assert_eq!(g.holder(), Some(1));
+
+        view(&mut g, 1, 70, false, 0, later); // now hidden, by its own word
+        view(&mut g, 2, 120, true, 0, later);
+        assert_eq!(g.holder(), Some(2));
     }
 }
