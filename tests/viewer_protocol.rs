@@ -502,6 +502,8 @@ async fn bad_viewer_input_closes_with_its_code() {
     }
 }
 
+/// A live viewer hears `status exited` and then `exit`; one that comes
+/// later gets the status, the final screen and the exit.
 #[actix_rt::test]
 async fn exit_reaches_viewers_and_later_viewers_get_the_final_screen() {
     let mut s = setup(&[]).await;
@@ -523,6 +525,9 @@ async fn exit_reaches_viewers_and_later_viewers_get_the_final_screen() {
             signal: None,
         }))
         .await;
+    // The new state, then the exit, as a viewer that comes later hears it.
+    let status = until(&mut v, "status").await;
+    assert_eq!((status["state"].as_str(), status["host"].as_str()), (Some("exited"), Some("online")), "{status}");
     assert_eq!(until(&mut v, "exit").await["exitCode"], 3);
     assert_eq!(v.expect_close().await, Some(1000));
     s.api.wait_for(&format!("/api/v1/terminals/{}", s.terminal), "exited", |b| b["terminal"]["exitCode"] == 3).await;

@@ -891,6 +891,8 @@ impl Handler<LifecycleEvent> for TerminalArbiter {
             }
             LifecycleEvent::Exited { status, snapshot } => {
                 self.state = Some(TerminalState::Exited);
+                // As for a start or a failed spawn, the new state first.
+                self.broadcast(&self.status());
                 // Members still waiting for a snapshot get the final screen.
                 if let Some((data, cols, rows)) = snapshot {
                     for m in self.members.values() {
