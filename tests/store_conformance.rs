@@ -1034,6 +1034,15 @@ async fn runs_of_long_gone_hosts_are_lost(store: &Arc<dyn Store>) {
     assert_eq!(store.get_run(ann.id, lost.id).await.expect("get").expect("run").state, RunState::Lost);
     assert_eq!(store.get_run(ann.id, kept.id).await.expect("get").expect("run").state, RunState::Queued);
     assert_eq!(store.get_run(ann.id, done.id).await.expect("get").expect("run").state, RunState::Succeeded);
+
+    // A run queued for a host gone long already waits `after` itself: it
+    // is queued until the host returns, and lost only if it stays away.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let late = store.insert_run(&new_run(&gone), None).await.expect("run");
+    let after = Duration::from_millis(200);
+    assert!(store.mark_lost_runs(after).await.expect("sweep").is_empty(), "queued just now");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(store.mark_lost_runs(after).await.expect("sweep"), vec![late.id]);
 }
 
 fn audit_event(user: Uuid, action: AuditAction, at: chrono::DateTime<chrono::Utc>) -> NewAuditEvent {

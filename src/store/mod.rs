@@ -270,7 +270,9 @@ pub trait Store: Send + Sync + 'static {
     /// `stale` become offline; returns their ids.
     async fn mark_stale_hosts_offline(&self, stale: Duration) -> StoreResult<Vec<Uuid>>;
     /// Unfinished runs whose host has no live lease and was last seen more
-    /// than `after` ago become `lost`; returns their ids.
+    /// than `after` ago become `lost`, if they were made more than `after`
+    /// ago too (a run queued for a host gone long waits `after` for it);
+    /// returns their ids.
     async fn mark_lost_runs(&self, after: Duration) -> StoreResult<Vec<Uuid>>;
     /// Launches left unacknowledged since before `older_than` become `error`.
     async fn fail_stuck_launches(&self, older_than: Duration) -> StoreResult<Vec<Uuid>>;

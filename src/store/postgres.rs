@@ -863,7 +863,8 @@ impl Store for PgStore {
         Ok(self
             .query(
                 "UPDATE runs SET state = 'lost', finished_at = now() \
-                 WHERE state IN ('queued', 'dispatched', 'running') AND host_id IN ( \
+                 WHERE state IN ('queued', 'dispatched', 'running') \
+                 AND created_at < now() - make_interval(secs => $1::float8) AND host_id IN ( \
                    SELECT h.id FROM hosts h \
                    WHERE COALESCE(h.last_seen_at, h.created_at) < now() - make_interval(secs => $1::float8) \
                    AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.key = 'host:' || h.id::text AND l.expires_at > now())) \

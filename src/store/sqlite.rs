@@ -1039,7 +1039,7 @@ impl Store for SqliteStore {
             let now = now_ms();
             let mut stmt = c.prepare(
                 "UPDATE runs SET state = 'lost', finished_at = ?2 \
-                 WHERE state IN ('queued', 'dispatched', 'running') AND host_id IN ( \
+                 WHERE state IN ('queued', 'dispatched', 'running') AND created_at < ?1 AND host_id IN ( \
                    SELECT h.id FROM hosts h WHERE COALESCE(h.last_seen_at, h.created_at) < ?1 \
                    AND NOT EXISTS (SELECT 1 FROM leases l WHERE l.key = 'host:' || h.id AND l.expires_at > ?2)) \
                  RETURNING id",
