@@ -662,8 +662,7 @@ impl Settings {
     /// (docs/CELLS.md).
     fn validate_cell(&self) -> Result<(), ConfigError> {
         if let Some(id) = &self.cell.id {
-            let bad = |c: char| c.is_control() || c.is_whitespace() || c == '#' || c == '/';
-            if id.is_empty() || id.chars().count() > 128 || id.chars().any(bad) {
+            if !valid_cell_id(id) {
                 // An instance id is `<cell id>#<suffix>`, and the admin
                 // API names a cell in its path.
                 return Err(invalid(
@@ -743,6 +742,14 @@ fn base64_decode(s: &str) -> Result<Vec<u8>, base64::DecodeError> {
 /// Milliseconds as a `Duration`.
 pub fn ms(value: u64) -> Duration {
     Duration::from_millis(value)
+}
+
+/// Whether `id` can be a cell's id: 1 to 128 characters without `#`, `/`,
+/// spaces or control characters (an instance id is `<cell id>#<suffix>`,
+/// and ids travel in URL paths).
+pub fn valid_cell_id(id: &str) -> bool {
+    let bad = |c: char| c.is_control() || c.is_whitespace() || c == '#' || c == '/';
+    !id.is_empty() && id.chars().count() <= 128 && !id.chars().any(bad)
 }
 
 #[cfg(test)]

@@ -345,10 +345,12 @@ async fn cell_command(settings: &Settings, command: CellCommand) -> Result<(), F
     match command {
         CellCommand::Set { cell, admit_mode, dead_man_trip_slots } => {
             let cell = cell.trim().to_string();
-            if cell.is_empty() || cell.len() > 128 || cell.chars().any(char::is_control) {
-                return Err(Failure::config("--cell must be a non-empty id of at most 128 characters"));
+            if !tether::config::valid_cell_id(&cell) {
+                return Err(Failure::config(
+                    "--cell must be a cell id: 1 to 128 characters without `#`, `/`, spaces or control characters",
+                ));
             }
-            let store = tether::store::open(settings).await.map_err(Failure::runtime)?;
+            let store = tether::store::open_current(settings).await.map_err(Failure::runtime)?;
             let switch = store
                 .set_cell_switch(&cell, admit_mode, dead_man_trip_slots.map(|s| s.0))
                 .await
@@ -366,7 +368,7 @@ async fn cell_command(settings: &Settings, command: CellCommand) -> Result<(), F
         }
         CellCommand::Budget => {
             use tether::cell::budget::{worst_case, BudgetCell};
-            let store = tether::store::open(settings).await.map_err(Failure::runtime)?;
+            let store = tether::store::open_current(settings).await.map_err(Failure::runtime)?;
             let cells = store.list_cells().await.map_err(Failure::runtime)?;
             let cells: Vec<BudgetCell> = cells.iter().map(BudgetCell::from).collect();
             print!("{}", worst_case(&cells));
@@ -462,13 +464,20 @@ async fn token_command(settings: &Settings, command: TokenCommand) -> Result<(),
                         .ok_or_else(|| Failure::config("--ttl is too long"))?,
                 ),
             };
-            let store = tether::store::open(settings).await.map_err(Failure::runtime)?;
-            let user = store.ensure_user(&user).await.map_err(Failure::runtime)?;
-            if let Some(host) = host {
-                if store.get_host(user.id, host).await.map_err(Failure::runtime)?.is_none() {
-                    return Err(Failure::runtime(format!("user `{}` has no host {host}", user.name)));
+            let store = tether::store::open_current(settings).await.map_err(Failure::runtime)?;
+            // A token bound to a host is for a user who has it: nobody is
+            // created for a refusal.
+            let user = match host {
+                Some(host) => {
+                    let found = store.user_by_name(&user).await.map_err(Failure::runtime)?;
+                    let owner = match found {
+                        Some(u) if store.get_host(u.id, host).await.map_err(Failure::runtime)?.is_some() => Some(u),
+                        _ => None,
+                    };
+                    owner.ok_or_else(|| Failure::runtime(format!("user `{user}` has no host {host}")))?
                 }
-            }
+                None => store.ensure_user(&user).await.map_err(Failure::runtime)?,
+            };
             let secret = tether::auth::generate_token();
             let new = NewToken {
                 name,
@@ -489,14 +498,17 @@ async fn token_command(settings: &Settings, command: TokenCommand) -> Result<(),
         }
         TokenCommand::List { user } => {
             let user = user_name(&user)?;
-            let store = tether::store::open(settings).await.map_err(Failure::runtime)?;
-            let user = store.ensure_user(&user).await.map_err(Failure::runtime)?;
-            let tokens = store.list_tokens(user.id).await.map_err(Failure::runtime)?;
+            let store = tether::store::open_current(settings).await.map_err(Failure::runtime)?;
+            // An unknown user has no tokens; listing creates nobody.
+            let tokens = match store.user_by_name(&user).await.map_err(Failure::runtime)? {
+                Some(user) => store.list_tokens(user.id).await.map_err(Failure::runtime)?,
+                None => Vec::new(),
+            };
             print!("{}", token_table(&tokens, chrono::Utc::now()));
             Ok(())
         }
         TokenCommand::Revoke { id } => {
-            let store = tether::store::open(settings).await.map_err(Failure::runtime)?;
+            let store = tether::store::open_current(settings).await.map_err(Failure::runtime)?;
             match store.revoke_token(None, id).await.map_err(Failure::runtime)? {
                 None => return Err(Failure::runtime(format!("no token with id {id}"))),
                 Some(Revocation::Now { user_id }) => {

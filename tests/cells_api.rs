@@ -70,6 +70,10 @@ async fn the_switch_is_written_and_listed_with_the_cluster_secret() {
         let (status, body) = cluster.put(path, bad.clone()).await;
         assert_eq!((status, &body["error"]["code"]), (400, &json!(code)), "{bad}: {body}");
     }
+    for bad_id in ["a%23b", "has%20space", "a%2Fb"] {
+        let (status, body) = cluster.put(&format!("/internal/v1/cells/{bad_id}/admit-mode"), json!({})).await;
+        assert_eq!((status, &body["error"]["code"]), (400, &json!("invalid_cell_id")), "{bad_id}: {body}");
+    }
     let stored = store.cell_switch("relay-1").await.expect("read").expect("switch");
     assert_eq!((stored.admit_mode, stored.generation), (AdmitMode::Db, 4), "refused writes wrote nothing");
 

@@ -902,6 +902,9 @@ fn cell_set_prints_the_switch_and_bumps_its_generation() {
         (&["--cell", "relay-7", "--admit-mode", "maybe"][..], "db, reserve"),
         (&["--admit-mode", "db"][..], "--cell"),
         (&["--cell", " ", "--admit-mode", "db"][..], "--cell"),
+        (&["--cell", "a#b"][..], "--cell"),
+        (&["--cell", "has space"][..], "--cell"),
+        (&["--cell", "a/b"][..], "--cell"),
     ] {
         let (code, stdout, stderr) = cell_set(&db, args);
         assert_eq!(code, Some(2), "cell set {args:?}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}");
@@ -909,6 +912,45 @@ fn cell_set_prints_the_switch_and_bumps_its_generation() {
         assert!(stdout.is_empty(), "cell set {args:?} printed a switch: {stdout}");
     }
     assert_eq!(switch(&["--cell", "relay-7"]), s("reserve", "none", "5"), "the refused writes wrote nothing");
+    let conn = rusqlite::Connection::open(&db).expect("open the SQLite file");
+    let cells: Vec<String> = conn
+        .prepare("SELECT cell_id FROM relay_cell_admit_modes")
+        .and_then(|mut s| s.query_map([], |r| r.get(0))?.collect())
+        .expect("switches");
+    assert_eq!(cells, ["relay-7"], "a refused cell id got a switch");
+}
+
+/// `token list` of a user that does not exist, and a `token create --host`
+/// refused because the user has no such host, create no user; `token` and
+/// `cell` commands give a fresh database its schema but refuse (exit 1,
+/// naming `tether migrate`) one at an older schema instead of upgrading it.
+#[test]
+fn operator_commands_create_no_user_and_upgrade_no_schema() {
+    let dir = tempdir();
+    let db = dir.path().join("ops.db");
+    let env = [("TETHER_DATABASE__SQLITE_PATH", db.to_str().unwrap())];
+    let out = tether_cmd(&["token", "list", "--user", "zed"], &env);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let host = "0d9e8f7a-6b5c-4d3e-8f1a-2b3c4d5e6f70";
+    let out = tether_cmd(&["token", "create", "--user", "erin", "--scope", "daemon", "--host", host], &env);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no host"), "{out:?}");
+    let conn = rusqlite::Connection::open(&db).expect("the fresh database got its schema");
+    let users: i64 = conn.query_row("SELECT count(*) FROM users", [], |r| r.get(0)).unwrap();
+    assert_eq!(users, 0, "a list or a refused create made a user");
+
+    // An older schema: the last migration undone in the record.
+    conn.execute("DELETE FROM schema_migrations WHERE version = (SELECT max(version) FROM schema_migrations)", [])
+        .expect("forget the last migration");
+    let before: i64 = conn.query_row("SELECT max(version) FROM schema_migrations", [], |r| r.get(0)).unwrap();
+    for args in [&["token", "list", "--user", "ann"][..], &["cell", "budget"][..]] {
+        let out = tether_cmd(args, &env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains("tether migrate"), "{args:?}: {stderr}");
+    }
+    let after: i64 = conn.query_row("SELECT max(version) FROM schema_migrations", [], |r| r.get(0)).unwrap();
+    assert_eq!(after, before, "an operator command migrated the database");
 }
 
 #[actix_rt::test]

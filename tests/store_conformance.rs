@@ -137,6 +137,8 @@ async fn migrations_are_recorded_once(store: &Arc<dyn Store>) {
 async fn users_and_tokens(store: &Arc<dyn Store>) {
     let ann = user(store, "ann").await;
     assert_eq!(user(store, "ann").await.id, ann.id, "ensure_user is idempotent");
+    assert_eq!(store.user_by_name("ann").await.expect("lookup").map(|u| u.id), Some(ann.id));
+    assert_eq!(store.user_by_name("nobody").await.expect("lookup"), None, "a lookup creates nobody");
     let token = store.insert_token(&NewToken::full(ann.id, "hash-1")).await.expect("token");
     assert_eq!((token.scope, token.expires_at, token.revoked_at), (TokenScope::Full, None, None));
     let found = store.token_by_hash("hash-1", chrono::Utc::now()).await.expect("lookup").expect("found");

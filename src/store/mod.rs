@@ -162,6 +162,8 @@ pub trait Store: Send + Sync + 'static {
     // ---- users and tokens
     /// Returns the user with this name, creating it if needed.
     async fn ensure_user(&self, name: &str) -> StoreResult<User>;
+    /// The user with this name, if there is one (creating nothing).
+    async fn user_by_name(&self, name: &str) -> StoreResult<Option<User>>;
     async fn insert_token(&self, new: &NewToken) -> StoreResult<ApiToken>;
     /// The user and row of a token hash, only while the token is neither
     /// revoked nor expired (expiry judged by the database's clock); the row
@@ -452,6 +454,28 @@ pub async fn open(settings: &Settings) -> StoreResult<Arc<dyn Store>> {
         None => Arc::new(sqlite::SqliteStore::open(&settings.database.sqlite_path)?),
     };
     store.migrate().await?;
+    Ok(store)
+}
+
+/// Opens the store for an operator's command (`tether token`, `tether
+/// cell`). A database with no schema yet is migrated, as `serve` would;
+/// one at an older schema is refused, not upgraded behind the operator's
+/// back (`tether migrate` does that, after a backup: docs/OPERATIONS.md);
+/// a newer one is refused as `serve` refuses it.
+pub async fn open_current(settings: &Settings) -> StoreResult<Arc<dyn Store>> {
+    let store = open_unmigrated(settings).await?;
+    let version = store.schema_version().await?;
+    let known = migrate::latest(if store.backend() == "postgres" { MIGRATIONS_POSTGRES } else { MIGRATIONS_SQLITE });
+    if version == 0 {
+        store.migrate().await?;
+    } else if version < known {
+        return Err(StoreError::Migration(format!(
+            "the database is at schema version {version}, older than this binary's ({known}); \
+             run `tether migrate` (or start `tether serve`) first"
+        )));
+    } else if version > known {
+        return Err(migrate::too_new(version, known));
+    }
     Ok(store)
 }
 

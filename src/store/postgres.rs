@@ -384,6 +384,11 @@ impl Store for PgStore {
         Ok(user_row(&row))
     }
 
+    async fn user_by_name(&self, name: &str) -> StoreResult<Option<User>> {
+        let row = self.query_opt("SELECT id, name, created_at FROM users WHERE name = $1", &[&name]).await?;
+        Ok(row.as_ref().map(user_row))
+    }
+
     async fn insert_token(&self, new: &NewToken) -> StoreResult<ApiToken> {
         let row = self
             .query_opt(

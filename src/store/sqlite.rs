@@ -521,6 +521,14 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn user_by_name(&self, name: &str) -> StoreResult<Option<User>> {
+        let name = name.to_string();
+        self.call(move |c| {
+            Ok(c.query_row(&format!("SELECT {USER_COLS} FROM users WHERE name = ?1"), [name], user_row).optional()?)
+        })
+        .await
+    }
+
     async fn insert_token(&self, new: &NewToken) -> StoreResult<ApiToken> {
         let new = new.clone();
         self.call(move |c| {

@@ -44,6 +44,12 @@ pub async fn set_admit_mode(
 ) -> Result<HttpResponse, ApiError> {
     let cell_id = path.into_inner();
     check_text("cellId", &cell_id, 128, true)?;
+    if !crate::config::valid_cell_id(&cell_id) {
+        return Err(ApiError::bad_request(
+            "invalid_cell_id",
+            "a cell id is 1 to 128 characters without `#`, `/`, spaces or control characters",
+        ));
+    }
     let body = body.into_inner();
     let slots = match body.dead_man_trip_slots {
         None => None,
