@@ -523,6 +523,11 @@ async fn token_command(settings: &Settings, command: TokenCommand) -> Result<(),
 }
 
 async fn serve(settings: Settings, role: Role, demo: bool) -> Result<(), Failure> {
+    if demo && role == Role::Director {
+        return Err(Failure::config(
+            "--demo runs a daemon and a terminal here, and a director serves neither: drop --role director",
+        ));
+    }
     let scheme = if settings.http.tls_cert_path.is_some() { "https" } else { "http" };
     let backend = match &settings.database.url {
         Some(_) => "PostgreSQL".to_string(),

@@ -821,6 +821,16 @@ fn serve_role_cell_with_the_director_enabled_is_refused_naming_the_key() {
     assert!(finished.stderr.contains("director.enabled"), "the message does not name the key\n{}", finished.describe());
 }
 
+/// A director serves no daemon and no viewer: `--demo` there is refused
+/// rather than left retrying its placement forever.
+#[test]
+fn serve_demo_as_a_director_is_refused() {
+    let env = [("TETHER_CLUSTER__SECRET", "a-cluster-secret-of-16+")];
+    let finished = run_in_empty_dir(&["serve", "--demo", "--role", "director", "--listen", &free_listen()], &env);
+    assert_status_2(&finished, "serve --demo --role director");
+    assert!(finished.stderr.contains("--demo"), "the message does not name the flag\n{}", finished.describe());
+}
+
 // ---------------------------------------------------------------------------
 // TETHER_TOKEN
 
