@@ -399,6 +399,10 @@ async fn signals_and_lost_runs_are_reported() {
     let listed = client.get_json("/api/v1/runs").await.unwrap();
     let listed = listed["runs"].as_array().unwrap().iter().find(|r| r["id"] == run_id.to_string()).cloned();
     assert_eq!(listed.map(|r| r["exitSignal"].clone()), Some(Value::from(15)));
+    // `tether runs` shows it as `ls` shows a terminal a signal ended.
+    let table = person.run(&["runs"]).ok().to_owned();
+    let row = table.lines().find(|l| l.starts_with(&short_id(&run_id))).unwrap_or_else(|| panic!("{table}"));
+    assert!(row.split_whitespace().any(|cell| cell == "sig15"), "{row}");
     person.run(&["run", &host.name, "--", "sh", "-c", "kill -HUP $$"]).fails(129, &["killed by signal 1"]);
     let plain = client.get_json(&format!("/api/v1/runs/{}", person_last_run(&client).await)).await.unwrap();
     assert_eq!(plain["run"]["exitSignal"], 1);

@@ -46,7 +46,7 @@ pub struct Format {
     /// Print the API's resources as JSON.
     #[arg(long)]
     pub json: bool,
-    /// Print ids only, one a line.
+    /// Print ids only, one a line (for `run` and `logs`: the output only).
     #[arg(long, short, conflicts_with = "json")]
     pub quiet: bool,
 }

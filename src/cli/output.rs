@@ -39,6 +39,14 @@ impl Tone {
     }
 }
 
+/// `text` with its control characters escaped as Rust writes them.
+fn escape_controls(text: String) -> String {
+    if !text.chars().any(char::is_control) {
+        return text;
+    }
+    text.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+}
+
 /// Whether stdout gets colours.
 pub fn colours_on_stdout() -> bool {
     let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
@@ -56,8 +64,12 @@ impl Table {
         Self { headers: headers.to_vec(), rows: Vec::new() }
     }
 
+    /// Adds a row. Control characters in a cell (a command's argv may
+    /// hold newlines or escape sequences) are shown escaped (`\n`,
+    /// `\u{1b}`), so a cell neither breaks the table nor drives the
+    /// reader's terminal.
     pub fn row(&mut self, cells: Vec<(String, Tone)>) {
-        self.rows.push(cells);
+        self.rows.push(cells.into_iter().map(|(text, tone)| (escape_controls(text), tone)).collect());
     }
 
     pub fn render(&self, colour: bool) -> String {
@@ -161,6 +173,13 @@ mod tests {
         assert_eq!(table.render(false), "NAME    STATE\nlaptop  online\na       offline\n");
         let coloured = table.render(true);
         assert!(coloured.contains("\x1b[32monline\x1b[0m"), "{coloured:?}");
+    }
+
+    #[test]
+    fn control_characters_in_a_cell_are_shown_escaped() {
+        let mut table = Table::new(&["COMMAND", "STATE"]);
+        table.row(vec![("echo \x1b[31mred\nnext\t".into(), Tone::Plain), ("queued".into(), Tone::Plain)]);
+        assert_eq!(table.render(false), "COMMAND                     STATE\necho \\u{1b}[31mred\\nnext\\t  queued\n");
     }
 
     #[test]

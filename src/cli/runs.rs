@@ -319,6 +319,16 @@ async fn print_with_log(client: &Client, run: &Run) -> Result<(), CliError> {
     Ok(())
 }
 
+/// A run's EXIT column: its exit code, `sigN` when signal N ended it (as
+/// `ls` shows a terminal), `-` while it has neither.
+fn exit_cell(code: Option<i32>, signal: Option<i32>) -> String {
+    match (code, signal) {
+        (Some(code), _) => code.to_string(),
+        (None, Some(signal)) => format!("sig{signal}"),
+        (None, None) => "-".to_owned(),
+    }
+}
+
 pub async fn runs(client: &Client, format: Format) -> Result<(), CliError> {
     let explain = |e| explain(e, client.server());
     let runs = client.runs().await.map_err(explain)?;
@@ -335,7 +345,7 @@ pub async fn runs(client: &Client, format: Format) -> Result<(), CliError> {
             (short_id(&run.id), Tone::Plain),
             (host, Tone::Plain),
             (run.state.clone(), Tone::of_state(&run.state)),
-            (run.exit_code.map_or_else(|| "-".to_owned(), |c| c.to_string()), Tone::Plain),
+            (exit_cell(run.exit_code, run.exit_signal()), Tone::Plain),
             (run.argv.join(" "), Tone::Plain),
             (relative_time(Some(run.created_at), now), Tone::Plain),
         ]);
