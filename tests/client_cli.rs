@@ -406,6 +406,10 @@ async fn signals_and_lost_runs_are_reported() {
     person.run(&["run", &host.name, "--", "sh", "-c", "kill -HUP $$"]).fails(129, &["killed by signal 1"]);
     let plain = client.get_json(&format!("/api/v1/runs/{}", person_last_run(&client).await)).await.unwrap();
     assert_eq!(plain["run"]["exitSignal"], 1);
+    // A command that cannot start: the reason on stderr, nothing on stdout.
+    let refused = person.run(&["run", &host.name, "--", "/nonexistent/cmd"]);
+    assert_eq!(refused.stdout, "", "{refused:#?}");
+    refused.fails(1, &["cannot start /nonexistent/cmd"]);
 
     // The host goes away for good while the run runs.
     let running = person.spawn(&["run", &host.name, "--", "sh", "-c", "echo started; sleep 120"]);

@@ -221,9 +221,25 @@ async fn finish(
     }
     let run = wait_final(client, id).await?;
     // Whatever the stream did not bring (the terminal ended before this
-    // command attached, or the stream broke off) is in the captured log.
-    from_log(client, run.id, out, None, notes).await?;
+    // command attached, or the stream broke off) is in the captured log;
+    // but the log of a run that failed to start holds only the reason,
+    // which goes to stderr with the exit status, not to stdout as output.
+    if !failed_to_start(client, &run).await {
+        from_log(client, run.id, out, None, notes).await?;
+    }
     Ok(run)
+}
+
+/// Whether `run` failed before its command started: its terminal ended in
+/// `error` (the spawn was refused, or never acknowledged).
+async fn failed_to_start(client: &Client, run: &Run) -> bool {
+    if run.state != "failed" || run.exit_code.is_some() || run.exit_signal().is_some() {
+        return false;
+    }
+    match run.terminal_id {
+        Some(id) => client.terminal(id).await.is_ok_and(|t| t.state == "error"),
+        None => false,
+    }
 }
 
 /// Stdout, counting the stream bytes it got: `written` is the stream
