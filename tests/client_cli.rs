@@ -480,6 +480,14 @@ async fn a_late_follower_past_the_log_limit_says_what_is_missing() {
     assert!(missing > 0, "{} bytes printed", out.len());
     assert!(expected.ends_with(&out[100_000..]), "after the hole, the stream's part in order");
     assert!(followed.stderr.contains(&format!("{missing} bytes of output were not kept")), "{followed:#?}");
+
+    // Once the run is over, `tether logs` prints the log and says what the
+    // log does not hold, from the run's count of its output.
+    eventually("the run to finish", || async { client.run(run_id).await.unwrap().is_final() }).await;
+    let stored = person.run(&["logs", &short_id(&run_id)]);
+    assert_eq!(stored.ok(), &expected[..100_000]);
+    let dropped = expected.len() - 100_000;
+    assert!(stored.stderr.contains(&format!("{dropped} bytes of output were not kept")), "{stored:#?}");
 }
 
 /// Lists come in pages (`limit`, `after`, `nextCursor`) and hosts filter

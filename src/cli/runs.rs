@@ -92,6 +92,13 @@ impl Notes {
             eprintln!("{text}");
         }
     }
+
+    /// Output the log did not keep (past its cap) and this command lacks.
+    fn missing(self, bytes: u64) {
+        self.say(&format!(
+            "tether: {bytes} bytes of output were not kept (past runs.log_max_bytes) and are missing here"
+        ));
+    }
 }
 
 /// The command's exit: the run's code, 128+N for signal N, 1 with a message
@@ -288,10 +295,8 @@ async fn from_log(
             continue;
         };
         if out.written < to && log.complete {
-            notes.say(&format!(
-                "\r\ntether: {} bytes of output were not kept (past runs.log_max_bytes) and are missing here",
-                to - out.written
-            ));
+            notes.say("\r");
+            notes.missing(to - out.written);
             // Stream positions from here on are past the hole.
             out.written = to;
         }
@@ -396,5 +401,15 @@ pub async fn logs(client: &Client, query: &str, follow: bool, format: Format) ->
         stream(client, run, &host, &mut out, notes).await?;
         return Ok(());
     }
-    out.write(&client.run_log(run.id).await.map_err(explain)?)
+    let log = client.run_log(run.id).await.map_err(explain)?;
+    out.write(&log)?;
+    // A final run's usage counts every byte of its stream: what the log
+    // and its gaps do not account for was dropped past the log's cap.
+    let streamed =
+        run.usage.as_ref().filter(|_| run.is_final()).map_or(0, |u| u64::try_from(u.output_bytes).unwrap_or(0));
+    let missing = streamed.saturating_sub(log.len() as u64 + run.log_gap_bytes());
+    if missing > 0 {
+        notes.missing(missing);
+    }
+    Ok(())
 }
