@@ -8,6 +8,16 @@
 //! repeats a chunk): only the part past `end` is added, so a resume never
 //! sees a byte twice. Bytes that would leave a hole are refused, and the
 //! caller starts the ring over.
+//!
+//! A chunk arrives as a slice of the frame it came in, and that frame of
+//! the buffer its connection read it into, shared with the host's other
+//! terminals' frames. A slice keeps its whole buffer alive, so a quiet
+//! terminal's few bytes could keep a busy neighbour's output in memory
+//! for as long as the ring holds them (hundreds of MiB for a watched
+//! terminal that prints a line now and then). Chunks shorter than
+//! [`SHARE_FROM`] are therefore copied; longer ones (a flood's 64 KiB
+//! chunks) are kept as slices, which hold at most a few times their own
+//! length.
 
 use std::collections::VecDeque;
 
@@ -25,6 +35,10 @@ pub enum Appended {
     /// The ring does not know where the stream is yet (no start point).
     Unanchored,
 }
+
+/// Chunks at least this long are held as slices of the frame they came in;
+/// shorter ones are copied (see the module's note).
+const SHARE_FROM: usize = 32 * 1024;
 
 #[derive(Debug)]
 pub struct ResumeRing {
@@ -76,6 +90,7 @@ impl ResumeRing {
             return Appended::Duplicate;
         }
         let fresh = data.slice((end - offset) as usize..);
+        let fresh = if fresh.len() < SHARE_FROM { Bytes::copy_from_slice(&fresh) } else { fresh };
         self.held += fresh.len();
         self.chunks.push_back((end, fresh));
         self.end = Some(chunk_end);
@@ -130,6 +145,21 @@ mod tests {
 
     fn b(s: &str) -> Bytes {
         Bytes::copy_from_slice(s.as_bytes())
+    }
+
+    /// A few bytes of a large buffer are held as a copy, so the buffer is
+    /// freed once its other users are done with it; a flood's chunk is held
+    /// as it came.
+    #[test]
+    fn short_chunks_do_not_keep_their_buffer_alive() {
+        let mut ring = ResumeRing::new(1 << 20);
+        ring.anchor(0);
+        let buffer = Bytes::from(vec![b'x'; 256 * 1024]);
+        assert_eq!(ring.append(0, &buffer.slice(..100)), Appended::Added);
+        assert!(buffer.is_unique(), "the ring holds a slice of the whole buffer");
+        assert_eq!(ring.append(100, &buffer.slice(..SHARE_FROM)), Appended::Added);
+        assert!(!buffer.is_unique(), "a long chunk is held as a slice, not copied");
+        assert_eq!(ring.since(0).map(|b| b.len()), Some(100 + SHARE_FROM));
     }
 
     #[test]
