@@ -667,6 +667,18 @@ async fn migrate_twice_on_postgres() {
     assert!(!dir.path().join("tether.db").exists(), "migrate against PostgreSQL created ./tether.db");
 }
 
+/// A database that refuses the connection says why, not only "db error".
+#[actix_rt::test]
+async fn a_refused_postgres_connection_says_why() {
+    let url = support::pg_database().await;
+    let wrong = url.replacen("://postgres@", "://nouser@", 1);
+    assert_ne!(wrong, url, "the test database's URL names the postgres role: {url}");
+    let dir = tempdir();
+    let finished = Tether::spawn(dir.path(), &["migrate"], &[("TETHER_DATABASE__URL", wrong.as_str())]).wait(QUICK);
+    assert_eq!(finished.code(), Some(1), "{}", finished.describe());
+    assert!(finished.stderr.contains("role \"nouser\" does not exist"), "{}", finished.describe());
+}
+
 // ---------------------------------------------------------------------------
 // 6. The README run path
 

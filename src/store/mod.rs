@@ -60,7 +60,7 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// An error with the errors that caused it: tokio-postgres says only "db
 /// error" of an error the server reported, and keeps what it was (the
 /// deadlock, the constraint) in its source.
-fn with_causes(e: &dyn std::error::Error) -> String {
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

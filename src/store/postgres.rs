@@ -38,6 +38,18 @@ fn pool_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Pool(e.to_string())
 }
 
+/// A connection the pool could not open, with what the server or the
+/// network said: tokio-postgres's own text is only "db error" (a refused
+/// password, an unknown database) or "error connecting to server".
+fn checkout_err(e: deadpool_postgres::PoolError) -> StoreError {
+    match &e {
+        deadpool_postgres::PoolError::Backend(inner) => {
+            StoreError::Pool(format!("cannot open a connection: {}", super::with_causes(inner)))
+        }
+        _ => pool_err(e),
+    }
+}
+
 fn secs(ttl: Duration) -> f64 {
     ttl.as_secs_f64()
 }
@@ -220,7 +232,7 @@ impl PgStore {
     /// is where its calls are counted.
     async fn client(&self) -> StoreResult<deadpool_postgres::Object> {
         self.queries.count();
-        self.pool.get().await.map_err(pool_err)
+        self.pool.get().await.map_err(checkout_err)
     }
 
     async fn execute(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> StoreResult<u64> {
