@@ -43,6 +43,9 @@ pub struct Bound {
     pub metrics_addrs: Vec<SocketAddr>,
     pub state: web::Data<AppState>,
     server: actix_web::dev::Server,
+    /// The listening socket (a second handle on it): the drain shuts it so
+    /// that new connections are refused, not left waiting in its backlog.
+    listening: std::net::TcpListener,
     /// The upgraded connections (every WebSocket), which actix-server does
     /// not count once their upgrade is answered.
     upgraded: Arc<Owed>,
@@ -65,12 +68,14 @@ impl Bound {
         }
         let state = self.state.clone();
         let upgraded = self.upgraded.clone();
+        let listening = self.listening;
         actix_rt::spawn(async move {
             wait_for_stop_signal().await;
             let grace = ms(state.settings.shutdown.grace_ms);
             tracing::info!(grace_ms = state.settings.shutdown.grace_ms, "tether_instance_draining");
             state.draining.store(true, std::sync::atomic::Ordering::Relaxed);
             handle.pause().await;
+            stop_listening(&listening);
             let deadline = tokio::time::Instant::now() + grace;
             if tokio::time::timeout_at(deadline, drain(&state)).await.is_err() {
                 tracing::warn!(
@@ -236,6 +241,7 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
             .configure(|cfg| crate::http::configure(cfg, max_body, serving))
     };
     let local = listener.local_addr()?;
+    let listening = listener.try_clone()?;
     let handshake = ms(settings.http.handshake_timeout_ms);
     let builder = actix_server::Server::build()
         .disable_signals()
@@ -303,7 +309,7 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
         }
         None => (None, Vec::new()),
     };
-    Ok(Bound { addrs, metrics_addrs, state, server, upgraded, metrics_server })
+    Ok(Bound { addrs, metrics_addrs, state, server, listening, upgraded, metrics_server })
 }
 
 /// The listener, as actix-web's `HttpServer` makes it: the address may be
@@ -317,6 +323,20 @@ fn tcp_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(1024)?.into_std()
+}
+
+/// Stops the listening socket taking connections: actix-server's pause
+/// only stops accepting them, and the kernel would go on completing
+/// handshakes into the backlog, where a client waits unanswered until the
+/// process exits. Shut for reading, a listening socket refuses new
+/// connections and resets those in its backlog, so their clients dial
+/// another instance at once (docs/ARCHITECTURE.md, "Drain").
+fn stop_listening(listening: &std::net::TcpListener) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: shutdown(2) on a descriptor this struct owns; no memory is touched.
+    if unsafe { libc::shutdown(listening.as_raw_fd(), libc::SHUT_RD) } != 0 {
+        tracing::warn!(error = %std::io::Error::last_os_error(), "tether_drain_listener_shutdown_failed");
+    }
 }
 
 /// The first bound address (the real port of a port-0 bind).

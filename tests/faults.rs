@@ -357,8 +357,14 @@ async fn a_write_kept_through_an_outage_is_stored_before_a_sigterm_exit() {
         assert!(Instant::now() < deadline, "the ends were never kept: {}", server.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let listen = server.listen_addr().to_string();
     let back_later = async {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // Draining, waiting for the database: new connections are refused,
+        // not left unanswered in the listener's backlog.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let dial = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(&listen)).await;
+        assert!(matches!(dial, Ok(Err(_))), "a dial while draining: {dial:?}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
         pg.start_again();
     };
     let (exit, ()) = tokio::join!(server.terminate_async(Duration::from_secs(40)), back_later);
