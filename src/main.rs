@@ -276,11 +276,16 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<(), Failure> {
     // Client commands talk to a server; they need none of its settings.
+    // A --config given to one is still checked (a file that is missing or
+    // not valid settings is exit 2, as for every subcommand), not ignored.
     let cli = match cli.command {
         Command::Client(command) => {
+            if let Some(path) = cli.config.as_deref() {
+                Settings::load_with(Some(path), &[]).map_err(Failure::config)?;
+            }
             return tether::cli::run(command)
                 .await
-                .map_err(|e| Failure { status: e.status, message: e.message.unwrap_or_default() })
+                .map_err(|e| Failure { status: e.status, message: e.message.unwrap_or_default() });
         }
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "tether", &mut std::io::stdout());

@@ -833,6 +833,22 @@ fn serve_role_cell_with_the_director_enabled_is_refused_naming_the_key() {
     assert!(finished.stderr.contains("director.enabled"), "the message does not name the key\n{}", finished.describe());
 }
 
+/// `--config` is taken by every subcommand: a client command does not read
+/// settings, but a file that is missing or not settings is still exit 2
+/// naming it; a good one changes nothing (here: no server answers, 1).
+#[test]
+fn a_client_command_checks_its_config_file() {
+    let client = ["hosts", "--server", "http://127.0.0.1:9", "--token", "tth_x"];
+    let missing = run_in_empty_dir(&[&client[..], &["--config", "/no/such/tether.toml"]].concat(), &[]);
+    assert_status_2(&missing, "hosts --config /no/such/tether.toml");
+    assert!(missing.stderr.contains("--config"), "{}", missing.describe());
+    let dir = tempdir();
+    let good = dir.path().join("tether.toml");
+    std::fs::write(&good, "[http]\nlisten = \"127.0.0.1:8080\"\n").expect("write");
+    let finished = run_in_empty_dir(&[&client[..], &["--config", good.to_str().unwrap()]].concat(), &[]);
+    assert_eq!(finished.code(), Some(1), "{}", finished.describe());
+}
+
 /// A director serves no daemon and no viewer: `--demo` there is refused
 /// rather than left retrying its placement forever.
 #[test]
