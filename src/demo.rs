@@ -7,7 +7,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use crate::audit::Subject;
 use crate::http::state::AppState;
+use crate::store::{AuditAction, Revocation};
 
 /// What the demo set up.
 pub struct Demo {
@@ -39,18 +41,30 @@ impl Demo {
     }
 }
 
+/// The in-process daemon's state dir; `serve` removes it when it exits.
+pub fn state_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("tether-demo-{}", std::process::id()))
+}
+
 /// Creates the demo user and token, starts a daemon in this process and
-/// opens a shell terminal on it.
+/// opens a shell terminal on it. The tokens of earlier demos on this
+/// database are revoked: each demo prints one, and only the running
+/// demo's should open its shell.
 pub async fn start(state: &AppState, base_url: &str) -> Result<Demo, DemoError> {
     let user = state.store.ensure_user("demo").await?;
+    for earlier in state.store.list_tokens(user.id).await?.into_iter().filter(|t| t.revoked_at.is_none()) {
+        if let Some(Revocation::Now { .. }) = state.store.revoke_token(Some(user.id), earlier.id).await? {
+            let subject = Subject::default().with_detail(format!("token {} of an earlier demo", earlier.id));
+            state.relay.audit.record(user.id, AuditAction::TokenRevoked, subject);
+        }
+    }
     let token = crate::auth::generate_token();
     state.store.insert_token(&crate::store::NewToken::full(user.id, &crate::auth::hash_token(&token))).await?;
-    let state_dir = std::env::temp_dir().join(format!("tether-demo-{}", std::process::id()));
     let options = crate::daemon::DaemonOptions {
         server: base_url.to_string(),
         token: token.clone(),
         name: Some("demo".into()),
-        state_dir,
+        state_dir: state_dir(),
         allow_dirs: Vec::new(),
         lock_dirs: false,
         ca_file: None,

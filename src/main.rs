@@ -567,5 +567,10 @@ async fn serve(settings: Settings, role: Role, demo: bool) -> Result<(), Failure
     } else {
         println!("tether: create an API token with: tether token create --user NAME");
     }
-    bound.run().await.map_err(Failure::runtime)
+    let ran = bound.run().await.map_err(Failure::runtime);
+    if demo {
+        // The demo daemon's state dir is this process's own.
+        let _ = std::fs::remove_dir_all(tether::demo::state_dir());
+    }
+    ran
 }

@@ -404,23 +404,25 @@ async fn tether_attach_types_sees_output_detaches_and_reports_the_exit() {
     assert!(stderr.contains("exited with code 3"), "{stderr}");
 }
 
+/// `serve --demo` prints a token and a shell terminal that answers; a
+/// second demo on the same database revokes the first demo's token, and
+/// each removes its daemon's state dir when it exits.
 #[actix_rt::test]
 async fn serve_demo_prints_a_ready_terminal() {
-    let server = TetherServer::start(&[], &["--demo"]).await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let (token, terminal) = loop {
-        let log = server.log();
-        let field = |name: &str| log.lines().find_map(|l| l.trim().strip_prefix(name).map(|v| v.trim().to_string()));
-        if let (Some(token), Some(terminal)) = (field("token:"), field("terminal:")) {
-            assert!(
-                log.contains(&format!("tether attach {terminal} --server {} --token {token}", server.url())),
-                "{log}"
-            );
-            break (token, terminal);
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no demo instructions in the log:\n{log}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let dir = tempfile::tempdir().expect("dir");
+    let db = dir.path().join("demo.db");
+    let env = [("TETHER_DATABASE__SQLITE_PATH", db.to_str().expect("utf-8"))];
+    let mut first = TetherServer::start(&env, &["--demo"]).await;
+    let (first_token, _) = demo_instructions(&first).await;
+    let first_state = std::env::temp_dir().join(format!("tether-demo-{}", first.pid()));
+    assert!(first_state.is_dir(), "the demo daemon's state dir {first_state:?}");
+    assert!(first.terminate(Duration::from_secs(30)).is_some_and(|s| s.success()), "{}", first.log());
+    assert!(!first_state.exists(), "the exited demo left {first_state:?}");
+
+    let server = TetherServer::start(&env, &["--demo"]).await;
+    let (token, terminal) = demo_instructions(&server).await;
+    let (status, _) = Api::new(server.url(), first_token).get("/api/v1/hosts").await;
+    assert_eq!(status, 401, "the earlier demo's token still opens the demo");
     let mut sock = Socket::connect(&viewer_url(&server, &terminal), Some(&token), &["tether.v1"]).await;
     sock.send_message(&ClientMessage::Input { data: "echo demo-$((2*21))\n".into() }).await;
     let mut seen = Vec::new();
@@ -433,5 +435,23 @@ async fn serve_demo_prints_a_ready_terminal() {
             Some(_) => {}
             None => panic!("the demo shell never answered; saw {:?}", String::from_utf8_lossy(&seen)),
         }
+    }
+}
+
+/// The token and terminal id a demo printed, once it printed them.
+async fn demo_instructions(server: &TetherServer) -> (String, String) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let log = server.log();
+        let field = |name: &str| log.lines().find_map(|l| l.trim().strip_prefix(name).map(|v| v.trim().to_string()));
+        if let (Some(token), Some(terminal)) = (field("token:"), field("terminal:")) {
+            assert!(
+                log.contains(&format!("tether attach {terminal} --server {} --token {token}", server.url())),
+                "{log}"
+            );
+            return (token, terminal);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no demo instructions in the log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
