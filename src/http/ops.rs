@@ -8,8 +8,6 @@ use serde_json::json;
 
 use super::error::ApiError;
 use super::state::{AppState, Role};
-use crate::store::MIGRATIONS_POSTGRES;
-use crate::store::MIGRATIONS_SQLITE;
 
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
@@ -20,11 +18,7 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         Ok(()) => Ok(()),
         Err(e) => Err(e.to_string()),
     };
-    let expected = match state.store.backend() {
-        "postgres" => MIGRATIONS_POSTGRES.iter().map(|m| m.version).max(),
-        _ => MIGRATIONS_SQLITE.iter().map(|m| m.version).max(),
-    }
-    .unwrap_or(0);
+    let expected = crate::store::known_schema_version(state.store.as_ref());
     let migrations = match state.store.schema_version().await {
         Ok(v) if v == expected => Ok(v),
         Ok(v) => Err(format!("schema version {v}, expected {expected}")),

@@ -457,6 +457,11 @@ pub async fn open(settings: &Settings) -> StoreResult<Arc<dyn Store>> {
     Ok(store)
 }
 
+/// The schema version this binary migrates `store`'s backend to.
+pub fn known_schema_version(store: &dyn Store) -> i64 {
+    migrate::latest(if store.backend() == "postgres" { MIGRATIONS_POSTGRES } else { MIGRATIONS_SQLITE })
+}
+
 /// Opens the store for an operator's command (`tether token`, `tether
 /// cell`). A database with no schema yet is migrated, as `serve` would;
 /// one at an older schema is refused, not upgraded behind the operator's
@@ -465,7 +470,7 @@ pub async fn open(settings: &Settings) -> StoreResult<Arc<dyn Store>> {
 pub async fn open_current(settings: &Settings) -> StoreResult<Arc<dyn Store>> {
     let store = open_unmigrated(settings).await?;
     let version = store.schema_version().await?;
-    let known = migrate::latest(if store.backend() == "postgres" { MIGRATIONS_POSTGRES } else { MIGRATIONS_SQLITE });
+    let known = known_schema_version(store.as_ref());
     if version == 0 {
         store.migrate().await?;
     } else if version < known {
