@@ -254,6 +254,61 @@ async fn newest_daemon_wins() {
     api.wait_for(&format!("/api/v1/hosts/{host}"), "host offline", |b| b["host"]["state"] == "offline").await;
 }
 
+/// A second daemon of the same host (another state dir, same hostname) says
+/// hello without the first one's terminals, so their rows read exited.
+/// When the first daemon returns and reports them, a terminal whose row is
+/// still there is running again, and one the user deleted meanwhile is hung
+/// up so its process does not run on unreachable. The first daemon's
+/// terminals used to stay exited while their processes ran on.
+#[actix_rt::test]
+async fn a_returning_daemon_gets_its_terminals_back_and_deleted_ones_hung_up() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let mut first = connected_daemon(&server, &api, &host).await;
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let (status, body) = api.post("/api/v1/terminals", json!({"hostId": host, "argv": ["sh"]})).await;
+        assert_eq!(status, 201, "{body}");
+        let id = body["terminal"]["id"].as_str().expect("id").to_string();
+        assert!(matches!(first.next_server_frame().await, server_frame::Frame::Spawn(s) if s.terminal_id == id));
+        let started = tether::proto::v1::Started { terminal_id: id.clone(), pid: 7 };
+        first.send_frame(daemon_frame::Frame::Started(started)).await;
+        api.wait_for(&format!("/api/v1/terminals/{id}"), "running", |b| b["terminal"]["state"] == "running").await;
+        ids.push(id);
+    }
+    let (kept, deleted) = (&ids[0], &ids[1]);
+    let mut second = connected_daemon(&server, &api, &host).await;
+    assert_eq!(first.expect_close().await, Some(4000));
+    for id in &ids {
+        api.wait_for(&format!("/api/v1/terminals/{id}"), "exited", |b| b["terminal"]["state"] == "exited").await;
+    }
+    let (status, body) = api.delete(&format!("/api/v1/terminals/{deleted}")).await;
+    assert_eq!(status, 204, "{body}");
+    second.close().await;
+
+    let mut back = Socket::connect(&daemon_url(&server), Some(&api.token), PROTOCOL).await;
+    let mut hello = hello(&host);
+    if let daemon_frame::Frame::Hello(h) = &mut hello {
+        h.terminals = ids
+            .iter()
+            .map(|id| tether::proto::v1::TerminalReport { terminal_id: id.clone(), running: true, next_offset: 0 })
+            .collect();
+    }
+    back.send_frame(hello).await;
+    assert!(matches!(back.next_server_frame().await, server_frame::Frame::HelloAck(_)));
+    match back.next_server_frame().await {
+        server_frame::Frame::Kill(k) => assert_eq!((&k.terminal_id, k.signal), (deleted, libc::SIGHUP)),
+        other => panic!("expected Kill of the deleted terminal, got {other:?}"),
+    }
+    let (_, body) = api.get(&format!("/api/v1/terminals/{kept}")).await;
+    assert_eq!(body["terminal"]["state"], "running", "{body}");
+    assert_eq!(body["terminal"]["endedAt"], serde_json::Value::Null, "{body}");
+    // Its viewers reach it through the returned daemon again.
+    let mut viewer = Socket::connect(&viewer_url(&server, kept), Some(&api.token), &["tether.v1"]).await;
+    assert!(matches!(back.next_server_frame().await, server_frame::Frame::Attach(a) if &a.terminal_id == kept));
+    viewer.close().await;
+}
+
 /// Daemons of one host that say hello at the same moment on one instance:
 /// whichever connection the instance keeps holds the lease, so the host
 /// reads online. Claims used

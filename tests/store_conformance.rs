@@ -57,6 +57,7 @@ conformance!(
     terminal_writes_are_scoped_by_host,
     terminal_delete_refuses_live,
     hello_reconciliation,
+    hello_revives_terminals_its_daemon_still_runs,
     hello_admission_reads_the_owner_and_the_assignment,
     token_lookup_brings_the_bound_host,
     tokens_are_looked_up_many_at_once,
@@ -494,6 +495,35 @@ async fn hello_reconciliation(store: &Arc<dyn Store>) {
     assert_eq!(store.lease_holder(&host_lease_key(bx.id)).await.expect("holder"), Some(h("new", 2)), "seized");
     let host = store.host_by_id(bx.id).await.expect("read").expect("host");
     assert_eq!((host.state, host.capabilities, host.dirs), (HostState::Online, caps, vec!["/srv".to_string()]));
+}
+
+/// A second daemon of the same host says hello without the first one's
+/// terminals, which are marked exited; when the first returns and reports
+/// them, they are running again. A recorded exit stays as it is.
+async fn hello_revives_terminals_its_daemon_still_runs(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let bx = host(store, &ann, "box").await;
+    let kept = terminal(store, &bx).await;
+    let finished = terminal(store, &bx).await;
+    for t in [&kept, &finished] {
+        assert!(store.mark_started(bx.id, t.id).await.expect("started"));
+    }
+    let caps = Capabilities::default();
+    hello(store, bx.id, &h("second", 1), &caps, &[], &[finished.id]).await;
+    let before = store.terminal_by_id(kept.id).await.expect("read").expect("row");
+    assert_eq!(before.state, TerminalState::Exited, "not reported by the second daemon");
+    assert!(before.ended_at.is_some());
+    assert!(store.mark_exited(bx.id, finished.id, ExitStatus { code: Some(3), signal: None }).await.expect("exit"));
+
+    let answer = hello(store, bx.id, &h("first", 2), &caps, &[], &[kept.id, finished.id]).await;
+
+    let got: Vec<(Uuid, TerminalState)> = answer.iter().map(|t| (t.terminal.id, t.terminal.state)).collect();
+    assert_eq!(got, vec![(kept.id, TerminalState::Running)], "the reported terminal is live again");
+    assert_eq!(answer[0].terminal.ended_at, None);
+    let after = store.terminal_by_id(kept.id).await.expect("read").expect("row");
+    assert_eq!((after.state, after.ended_at, after.started_at), (TerminalState::Running, None, before.started_at));
+    let done = store.terminal_by_id(finished.id).await.expect("read").expect("row");
+    assert_eq!((done.state, done.exit_code), (TerminalState::Exited, Some(3)), "a recorded exit stays");
 }
 
 /// The hello's database check reads the owner and the assignment in one query.

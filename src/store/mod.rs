@@ -227,7 +227,8 @@ pub trait Store: Send + Sync + 'static {
     /// connection; marks the host online with its capabilities and dirs;
     /// reconciles its terminals with those the daemon still runs (live rows
     /// it does not report become `exited` and their unfinished runs
-    /// `failed`; reported `launching` rows become `running`); and returns
+    /// `failed`; reported `launching` rows, and reported `exited` ones that
+    /// only a reconciliation ended ([`REVIVABLE`]), become `running`); and returns
     /// the host's live and pending terminals as they are then.
     async fn host_hello(&self, hello: &HostHello<'_>) -> StoreResult<Vec<HelloTerminal>>;
     /// Updates the allowed dirs the daemon reported.
@@ -435,6 +436,13 @@ impl QueryCounter {
 
 /// The columns of an audit event, in the order both backends read them.
 const AUDIT_COLS: &str = "id, at, user_id, token_id, action, host_id, terminal_id, instance_id, detail";
+
+/// An `exited` terminal row that a hello may bring back to `running`: one
+/// with no exit status and no error recorded, which only the hello's
+/// reconciliation writes. A daemon that reports such a terminal still runs
+/// it (it was marked exited while another daemon of the same host held the
+/// connection); docs/PROTOCOL.md, the hello's reconciliation.
+const REVIVABLE: &str = "exit_code IS NULL AND exit_signal IS NULL AND error IS NULL";
 
 /// The lease key of a host's daemon connection (docs/CLUSTER.md, "Ownership: the host lease").
 pub fn host_lease_key(host_id: Uuid) -> String {

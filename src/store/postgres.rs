@@ -804,16 +804,17 @@ impl Store for PgStore {
                WHERE id IN (SELECT run_id FROM gone) AND state IN ('queued', 'dispatched', 'running') \
                RETURNING id), \
              started AS ( \
-               UPDATE terminals SET state = 'running', started_at = COALESCE(started_at, now()) \
-               WHERE host_id = $4 AND state = 'launching' AND id = ANY($7) RETURNING id, started_at), \
+               UPDATE terminals SET state = 'running', started_at = COALESCE(started_at, now()), ended_at = NULL \
+               WHERE host_id = $4 AND (state = 'launching' OR (state = 'exited' AND {REVIVABLE})) \
+               AND id = ANY($7) RETURNING id, started_at), \
              current AS ( \
                SELECT t.id, t.user_id, t.host_id, t.title, t.dir, t.argv, \
                       CASE WHEN s.id IS NULL THEN t.state ELSE 'running' END AS state, \
                       t.pending_reason, t.exit_code, t.exit_signal, t.error, t.cols, t.rows, t.run_id, \
-                      t.created_at, COALESCE(t.started_at, s.started_at) AS started_at, t.ended_at, \
-                      t.last_interacted_at \
+                      t.created_at, COALESCE(t.started_at, s.started_at) AS started_at, \
+                      CASE WHEN s.id IS NULL THEN t.ended_at END AS ended_at, t.last_interacted_at \
                FROM terminals t LEFT JOIN started s ON s.id = t.id \
-               WHERE t.host_id = $4 AND t.state IN ('pending', 'launching', 'running') \
+               WHERE t.host_id = $4 AND (t.state IN ('pending', 'launching', 'running') OR s.id IS NOT NULL) \
                AND t.id NOT IN (SELECT id FROM gone)) \
              SELECT {TERMINAL_COLS}, \
                (SELECT r.log_end FROM runs r WHERE r.id = current.run_id \

@@ -976,8 +976,11 @@ impl Store for SqliteStore {
                 params![host_id, running, now],
             )?;
             tx.execute(
-                "UPDATE terminals SET state = 'running', started_at = COALESCE(started_at, ?3) WHERE host_id = ?1 \
-                 AND state = 'launching' AND id IN (SELECT value FROM json_each(?2))",
+                &format!(
+                    "UPDATE terminals SET state = 'running', started_at = COALESCE(started_at, ?3), ended_at = NULL \
+                 WHERE host_id = ?1 AND (state = 'launching' OR (state = 'exited' AND {REVIVABLE})) \
+                 AND id IN (SELECT value FROM json_each(?2))"
+                ),
                 params![host_id, running, now],
             )?;
             let rows = {

@@ -3,6 +3,8 @@
 //! tell the previous owner), reconciliation of terminal rows, then the
 //! acknowledgement and the parked spawns.
 
+use std::collections::HashSet;
+
 use super::*;
 use crate::cell::admission::{self, Verdict};
 use crate::cell::bookings::AdmittedBy;
@@ -17,6 +19,9 @@ struct Accepted {
     live: Vec<crate::store::Terminal>,
     parked: Vec<crate::store::Terminal>,
     captures: Vec<(Uuid, Uuid, u64)>,
+    /// Terminals the daemon runs that have no live row (docs/PROTOCOL.md,
+    /// the hello's reconciliation): hung up after the HelloAck.
+    orphans: Vec<Uuid>,
 }
 
 /// What a hello took before it could fail: cleaned up when the connection
@@ -68,6 +73,7 @@ struct Taken {
     live: Vec<crate::store::Terminal>,
     parked: Vec<crate::store::Terminal>,
     captures: Vec<(Uuid, Uuid, u64)>,
+    orphans: Vec<Uuid>,
 }
 
 /// Records the hello in one store call (seizes the lease, newest daemon
@@ -87,7 +93,9 @@ async fn take_host(
         usage: caps.usage,
         flow_control: caps.flow_control,
     };
-    let running: Vec<Uuid> = hello.terminals.iter().filter_map(|t| Uuid::parse_str(&t.terminal_id).ok()).collect();
+    let reported: Vec<(Uuid, bool)> =
+        hello.terminals.iter().filter_map(|t| Some((Uuid::parse_str(&t.terminal_id).ok()?, t.running))).collect();
+    let running: Vec<Uuid> = reported.iter().map(|(id, _)| *id).collect();
     let record = HostHello {
         host_id,
         holder,
@@ -103,7 +111,9 @@ async fn take_host(
     if let Err(e) = relay.bus.publish(&channel, crate::proto::bus::envelope::Body::HostTaken(taken)).await {
         tracing::warn!(error = %e, %host_id, "tether_host_taken_publish_failed");
     }
-    let mut taken = Taken { capabilities, live: Vec::new(), parked: Vec::new(), captures: Vec::new() };
+    let known: HashSet<Uuid> = terminals.iter().map(|t| t.terminal.id).collect();
+    let orphans = reported.iter().filter(|(id, running)| *running && !known.contains(id)).map(|(id, _)| *id).collect();
+    let mut taken = Taken { capabilities, live: Vec::new(), parked: Vec::new(), captures: Vec::new(), orphans };
     for HelloTerminal { terminal, unfinished_run_log_end } in terminals {
         if let (TerminalState::Running, Some(run_id), Some(log_end)) =
             (terminal.state, terminal.run_id, unfinished_run_log_end)
@@ -201,6 +211,7 @@ impl Handler<Hello> for DaemonConn {
                     live: t.live,
                     parked: t.parked,
                     captures: t.captures,
+                    orphans: t.orphans,
                 }),
                 Err((code, reason)) => Err(Refused(code, reason.into(), Some(claim))),
             }
@@ -262,6 +273,11 @@ impl Handler<Hello> for DaemonConn {
                             arbiter.capture(CaptureRun { run_id, logged, attach_id: None });
                         }
                     });
+                }
+                for terminal_id in accepted.orphans {
+                    tracing::info!(%host_id, %terminal_id, "tether_daemon_orphan_hung_up");
+                    let kill = crate::proto::v1::Kill { terminal_id: terminal_id.to_string(), signal: libc::SIGHUP };
+                    act.send(server_frame::Frame::Kill(kill), ctx);
                 }
                 for terminal in accepted.parked {
                     ctx.wait(act.spawn_terminal(terminal).map(|_, _, _| ()));
