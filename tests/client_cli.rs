@@ -607,6 +607,10 @@ async fn every_usual_mistake_gets_a_message_that_says_what_to_fix() {
     ] {
         person.run(&args).fails(1, &["directory /etc is not allowed on host", "allowed: /tmp"]);
     }
+    // A flag value the server refuses is a usage error.
+    person.run(&["run", &host.name, "--dir", "work", "--", "true"]).fails(2, &["invalid_dir"]);
+    let shell = person.run(&["open", &host.name, "-q", "--", "sleep", "60"]);
+    person.run(&["kill", shell.ok().trim(), "--signal", "BOGUS"]).fails(2, &["invalid_signal"]);
     // Host offline, with when it was last seen.
     e.daemon.kill();
     eventually("the host to go offline", || async { !client.host(host.id).await.unwrap().is_online() }).await;

@@ -56,6 +56,10 @@ pub fn explain(err: ClientError, server: &str) -> CliError {
             "the server at {server} refused the token (401 unauthorized): it is wrong, revoked or expired; \
              run `tether login --server {server}` with a valid token, or check --token / TETHER_TOKEN"
         )),
+        // The server refused a value the command line gave it (a signal
+        // name, a TTL, a dir that is not absolute): a usage error. The dir
+        // allowlist, a host's state, is refused in `start_refused` first.
+        ClientError::Api { status: 400, message, code } => CliError::config(format!("{message} ({code})")),
         ClientError::Api { message, code, .. } => CliError::failed(format!("{message} ({code})")),
         other => CliError::failed(other.to_string()),
     }
@@ -102,5 +106,9 @@ mod tests {
         assert!(err.message.unwrap().contains("cannot reach the tether server at http://h"));
         let unauthorized = ClientError::Api { status: 401, code: "unauthorized".into(), message: "m".into() };
         assert!(explain(unauthorized, "http://h").message.unwrap().contains("refused the token"));
+        let refused_value = ClientError::Api { status: 400, code: "invalid_signal".into(), message: "m".into() };
+        assert_eq!(explain(refused_value, "http://h").status, 2, "a refused flag value is a usage error");
+        let conflict = ClientError::Api { status: 409, code: "host_offline".into(), message: "m".into() };
+        assert_eq!(explain(conflict, "http://h").status, 1);
     }
 }
