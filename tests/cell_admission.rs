@@ -51,11 +51,12 @@ async fn fixture(mode: AdmitMode) -> Fixture {
     Fixture { store, cell, principal, host, _dir: dir }
 }
 
-fn booking(host: Uuid, epoch: i64) -> Booking {
+/// The director's booking of the fixture's host (ann's) at `epoch`.
+fn booking(f: &Fixture, epoch: i64) -> Booking {
     let key = TicketKey::new(SECRET).expect("key");
     let expires = chrono::Utc::now().timestamp_millis() + 30_000;
-    let ticket = key.sign(&TicketSubject { host_id: host, cell_id: CELL, epoch }, expires);
-    Booking { epoch: epoch as u64, ticket }
+    let subject = TicketSubject { host_id: f.host, user_id: f.principal.user_id(), cell_id: CELL, epoch };
+    Booking { epoch: epoch as u64, ticket: key.sign(&subject, expires) }
 }
 
 fn book(f: &Fixture, epoch: i64) {
@@ -69,13 +70,13 @@ async fn a_booked_hello_is_admitted_without_a_store_query() {
     book(&f, 3);
     let before = f.store.queries_total();
     let verdict =
-        admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, Some(&booking(f.host, 3)), Instant::now()).await;
+        admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, Some(&booking(&f, 3)), Instant::now()).await;
     assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Booking, epoch: 3 });
     assert_eq!(f.store.queries_total(), before, "the booked hello read nothing");
 
     // The booking admits once; the same hello again is checked in the database.
     let verdict =
-        admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, Some(&booking(f.host, 3)), Instant::now()).await;
+        admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, Some(&booking(&f, 3)), Instant::now()).await;
     assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Database, epoch: 3 });
     assert!(f.store.queries_total() > before, "the database check is counted");
 }
@@ -85,12 +86,12 @@ async fn a_redial_at_the_same_epoch_is_admitted_from_memory_without_a_store_quer
     let f = fixture(AdmitMode::Reserve).await;
     book(&f, 2);
     let now = Instant::now();
-    admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, Some(&booking(f.host, 2)), now).await;
+    admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, Some(&booking(&f, 2)), now).await;
     f.cell.seats().seated(f.host, 2, 7, AdmittedBy::Booking);
     f.cell.seats().left(now, f.host, 7, 1006);
 
     let before = f.store.queries_total();
-    let verdict = admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, Some(&booking(f.host, 2)), now).await;
+    let verdict = admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, Some(&booking(&f, 2)), now).await;
     assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Memory, epoch: 2 });
     assert_eq!(f.store.queries_total(), before, "the redial read nothing");
 }
@@ -102,7 +103,7 @@ async fn a_forged_ticket_or_db_mode_goes_to_the_database() {
     let forged = Booking {
         epoch: 1,
         ticket: TicketKey::new(b"another secret").expect("key").sign(
-            &TicketSubject { host_id: f.host, cell_id: CELL, epoch: 1 },
+            &TicketSubject { host_id: f.host, user_id: f.principal.user_id(), cell_id: CELL, epoch: 1 },
             chrono::Utc::now().timestamp_millis() + 30_000,
         ),
     };
@@ -115,10 +116,33 @@ async fn a_forged_ticket_or_db_mode_goes_to_the_database() {
     book(&db, 1);
     let before = db.store.queries_total();
     let verdict =
-        admit(&db.cell, db.store.as_ref(), &db.principal, None, db.host, Some(&booking(db.host, 1)), Instant::now())
-            .await;
+        admit(&db.cell, db.store.as_ref(), &db.principal, None, db.host, Some(&booking(&db, 1)), Instant::now()).await;
     assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Database, epoch: 1 });
     assert!(db.store.queries_total() > before, "db mode always reads");
+}
+
+/// Another user's token with a ticket for ann's host, got hold of (tickets
+/// travel in every hello): the ticket does not verify for that user, and
+/// the database check refuses the foreign host, for a booking and for a
+/// redial from memory alike. It used to be admitted: the other user's
+/// "daemon" replaced ann's and received her spawns and keystrokes.
+#[actix_rt::test]
+async fn another_users_token_with_a_ticket_for_the_host_is_refused() {
+    let f = fixture(AdmitMode::Reserve).await;
+    let bob = f.store.ensure_user("bob").await.expect("user");
+    let bob_token = f.store.insert_token(&NewToken::full(bob.id, &tether::auth::hash_token("b"))).await.expect("token");
+    let bob = Principal::new(bob, &bob_token);
+    let foreign = Verdict::Refuse { code: 4403, reason: "unknown or foreign host" };
+    book(&f, 4);
+    let ticket = booking(&f, 4);
+    assert_eq!(admit(&f.cell, f.store.as_ref(), &bob, None, f.host, Some(&ticket), Instant::now()).await, foreign);
+    // The booking is still ann's to take, and her redial is remembered.
+    let now = Instant::now();
+    let verdict = admit(&f.cell, f.store.as_ref(), &f.principal, None, f.host, Some(&ticket), now).await;
+    assert_eq!(verdict, Verdict::Accept { by: AdmittedBy::Booking, epoch: 4 });
+    f.cell.seats().seated(f.host, 4, 7, AdmittedBy::Booking);
+    f.cell.seats().left(now, f.host, 7, 1006);
+    assert_eq!(admit(&f.cell, f.store.as_ref(), &bob, None, f.host, Some(&ticket), now).await, foreign);
 }
 
 #[actix_rt::test]

@@ -174,8 +174,13 @@ async fn book(cell: &Cell, host: &str, epoch: i64) -> Booking {
     assert_eq!(body["results"][0]["status"], "ok", "{body}");
     let key = TicketKey::new(SECRET.as_bytes()).expect("key");
     let host_id = host.parse().expect("uuid");
+    let owner: String = cell
+        .sql()
+        .query_row("SELECT user_id FROM hosts WHERE id = ?1", [host], |r| r.get(0))
+        .expect("the host's owner");
+    let user_id = owner.parse().expect("uuid");
     let expires = chrono::Utc::now().timestamp_millis() + 30_000;
-    let ticket = key.sign(&TicketSubject { host_id, cell_id: CELL, epoch }, expires);
+    let ticket = key.sign(&TicketSubject { host_id, user_id, cell_id: CELL, epoch }, expires);
     Booking { epoch: epoch as u64, ticket }
 }
 

@@ -103,7 +103,8 @@ async fn reserve_placement_books_only_fresh_reserve_cells_then_falls_back_to_the
     let answer = assigned(&ann, first).await;
     assert_eq!((answer.cell_id.as_str(), answer.cell_url.as_str(), answer.epoch), ("light", light.url.as_str(), 1));
     let key = TicketKey::new(SECRET.as_bytes()).expect("key");
-    let subject = TicketSubject { host_id: first, cell_id: "light", epoch: 1 };
+    let ann_id = store.user_by_name("ann").await.expect("read").expect("ann").id;
+    let subject = TicketSubject { host_id: first, user_id: ann_id, cell_id: "light", epoch: 1 };
     let now = chrono::Utc::now().timestamp_millis();
     assert_eq!(key.verify(&answer.ticket, &subject, now), Ok(answer.expires_at.timestamp_millis()));
     let booked = light.reserves();

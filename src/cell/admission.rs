@@ -3,7 +3,8 @@
 //! (and how), wrong cell (with the right cell's URL) or refuse.
 //!
 //! - Reserve mode: a `hello.booking` whose ticket verifies with the cluster
-//!   secret (signed for this host, this cell and the booking's epoch; an
+//!   secret (signed for this host, the hello token's user as its owner,
+//!   this cell and the booking's epoch; an
 //!   expired ticket still names the epoch of a redial) goes to
 //!   [`CellSeats::admit`]: a booking at exactly that epoch admits once,
 //!   and a host seated here at that epoch (now, or lately and not with
@@ -138,7 +139,7 @@ fn admit_without_database(
     if !speaks_without_a_read {
         return None;
     }
-    let epoch = verified_epoch(cell, host_id, booking?)?;
+    let epoch = verified_epoch(cell, principal.user_id(), host_id, booking?)?;
     let mode = cell.status().mode;
     match cell.seats().admit(now, host_id, Some(epoch), mode) {
         Admission::Booked => Some(Verdict::Accept { by: AdmittedBy::Booking, epoch }),
@@ -147,11 +148,12 @@ fn admit_without_database(
     }
 }
 
-/// The booking's epoch once its ticket verified for this host and cell.
-fn verified_epoch(cell: &CellState, host_id: Uuid, booking: &Booking) -> Option<i64> {
+/// The booking's epoch once its ticket verified for this host of
+/// `user_id` (the hello token's user) and this cell.
+fn verified_epoch(cell: &CellState, user_id: Uuid, host_id: Uuid, booking: &Booking) -> Option<i64> {
     let key = cell.tickets.as_ref()?;
     let epoch = i64::try_from(booking.epoch).ok()?;
-    let subject = TicketSubject { host_id, cell_id: &cell.cell_id, epoch };
+    let subject = TicketSubject { host_id, user_id, cell_id: &cell.cell_id, epoch };
     match key.verify(&booking.ticket, &subject, chrono::Utc::now().timestamp_millis()) {
         Ok(_) | Err(TicketError::Expired { .. }) => Some(epoch),
         Err(e) => {

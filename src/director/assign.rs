@@ -51,8 +51,9 @@ impl Director {
         Self { poller, store, key, freshness }
     }
 
-    /// Places `host_id` (whose owner the caller checked).
-    pub async fn assign(&self, host_id: Uuid) -> Result<AssignAnswer, AssignError> {
+    /// Places `host_id`, a host of `user_id` (the caller checked the owner);
+    /// a booking's ticket vouches for both.
+    pub async fn assign(&self, user_id: Uuid, host_id: Uuid) -> Result<AssignAnswer, AssignError> {
         let epoch = self.store.assignment(host_id).await?.map(|(_, epoch)| epoch);
         let holder = self.store.lease_holder(&host_lease_key(host_id)).await?;
         let connected_on = holder.map(|holder| cell_of_instance(&holder.instance).to_owned());
@@ -70,7 +71,7 @@ impl Director {
                             count_answer(answer_label(answer));
                             if placement.answered(&cell_id, answer) {
                                 let expires_at_ms = snapshot.now_ms + ttl_ms as i64;
-                                let subject = TicketSubject { host_id, cell_id: &cell_id, epoch };
+                                let subject = TicketSubject { host_id, user_id, cell_id: &cell_id, epoch };
                                 let ticket = self.key.sign(&subject, expires_at_ms);
                                 count_assignment("reserve");
                                 return Ok(answer_for(&snapshot, cell_id, epoch, ticket, expires_at_ms));

@@ -1,15 +1,17 @@
 //! Booking tickets (docs/CELLS.md, "Booking tickets"): the director's proof,
-//! carried in `hello.booking.ticket`, that it booked this host onto this
-//! cell at this epoch until a given time. A cell checks it with the cluster
+//! carried in `hello.booking.ticket`, that it booked this host of this user
+//! onto this cell at this epoch until a given time. A cell checks it with the cluster
 //! secret alone, so a booked hello needs no database read.
 //!
 //! A ticket is base64url (no padding) of `version (1 byte) || expiry (unix
 //! ms, 8 bytes big-endian) || HMAC-SHA256 tag (32 bytes)`. The tag covers a
-//! fixed label, the host id, the cell id (length-prefixed), the epoch and
-//! the expiry, so a ticket cannot be moved to another host, cell or epoch,
-//! nor its expiry extended. The host, cell and epoch are not in the ticket:
-//! the verifier has them (the hello's host and booking epoch, its own cell
-//! id). The tag is compared in constant time. An expired ticket is
+//! fixed label, the host id, the id of the user who owns it, the cell id
+//! (length-prefixed), the epoch and the expiry, so a ticket cannot be moved
+//! to another host, user, cell or epoch, nor its expiry extended. The host,
+//! user, cell and epoch are not in the ticket: the verifier has them (the
+//! hello's host, its token's user and booking epoch, its own cell id). The
+//! user is what keeps another user's token from saying hello with a ticket
+//! it got hold of: the hello's owner check is the ticket's. The tag is compared in constant time. An expired ticket is
 //! reported as such only once its tag verified: it still proves which epoch
 //! the host was booked at (a redial is admitted from memory at that epoch).
 
@@ -21,8 +23,8 @@ use uuid::Uuid;
 
 type HmacSha256 = Hmac<Sha256>;
 
-const VERSION: u8 = 1;
-const LABEL: &[u8] = b"tether.booking.v1\0";
+const VERSION: u8 = 2;
+const LABEL: &[u8] = b"tether.booking.v2\0";
 const TAG_LEN: usize = 32;
 const TICKET_LEN: usize = 1 + 8 + TAG_LEN;
 
@@ -30,6 +32,8 @@ const TICKET_LEN: usize = 1 + 8 + TAG_LEN;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TicketSubject<'a> {
     pub host_id: Uuid,
+    /// The host's owner: the user whose token asked for the booking.
+    pub user_id: Uuid,
     pub cell_id: &'a str,
     pub epoch: i64,
 }
@@ -40,7 +44,7 @@ pub enum TicketError {
     EmptySecret,
     #[error("the booking ticket is malformed")]
     Malformed,
-    #[error("the booking ticket was not signed for this host, cell and epoch")]
+    #[error("the booking ticket was not signed for this host, user, cell and epoch")]
     Forged,
     #[error("the booking ticket expired")]
     Expired { expires_at_ms: i64 },
@@ -98,6 +102,7 @@ impl TicketKey {
         let mut mac = self.mac.clone();
         mac.update(LABEL);
         mac.update(subject.host_id.as_bytes());
+        mac.update(subject.user_id.as_bytes());
         let cell_len = u32::try_from(subject.cell_id.len()).unwrap_or(u32::MAX);
         mac.update(&cell_len.to_be_bytes());
         mac.update(subject.cell_id.as_bytes());
@@ -118,7 +123,7 @@ mod tests {
     }
 
     fn subject(cell_id: &str, epoch: i64) -> TicketSubject<'_> {
-        TicketSubject { host_id: Uuid::from_u128(7), cell_id, epoch }
+        TicketSubject { host_id: Uuid::from_u128(7), user_id: Uuid::from_u128(70), cell_id, epoch }
     }
 
     #[test]
@@ -133,13 +138,15 @@ mod tests {
     }
 
     #[test]
-    fn a_ticket_is_bound_to_its_host_cell_epoch_and_secret() {
+    fn a_ticket_is_bound_to_its_host_user_cell_epoch_and_secret() {
         let ticket = key().sign(&subject("cell-a", 3), NOW + 30_000);
         let forged = Err(TicketError::Forged);
         assert_eq!(key().verify(&ticket, &subject("cell-b", 3), NOW), forged);
         assert_eq!(key().verify(&ticket, &subject("cell-a", 4), NOW), forged);
         let other_host = TicketSubject { host_id: Uuid::from_u128(8), ..subject("cell-a", 3) };
         assert_eq!(key().verify(&ticket, &other_host, NOW), forged);
+        let other_user = TicketSubject { user_id: Uuid::from_u128(71), ..subject("cell-a", 3) };
+        assert_eq!(key().verify(&ticket, &other_user, NOW), forged);
         let other_secret = TicketKey::new(b"another secret").expect("key");
         assert_eq!(other_secret.verify(&ticket, &subject("cell-a", 3), NOW), forged);
     }
@@ -167,7 +174,8 @@ mod tests {
             assert_eq!(key().verify(bad, &subject("cell-a", 3), NOW), Err(TicketError::Malformed), "{bad:?}");
         }
         let mut other_version = URL_SAFE_NO_PAD.decode(&ticket).expect("base64");
-        other_version[0] = 2;
+        // Version 1 tickets did not name the user.
+        other_version[0] = 1;
         let other_version = URL_SAFE_NO_PAD.encode(&other_version);
         assert_eq!(key().verify(&other_version, &subject("cell-a", 3), NOW), Err(TicketError::Malformed));
         assert_eq!(TicketKey::new(b"").map(|_| ()), Err(TicketError::EmptySecret));

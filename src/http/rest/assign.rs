@@ -39,7 +39,7 @@ pub async fn assign(
             "this daemon token is bound to another host",
         ));
     }
-    match director.assign(host_id).await {
+    match director.assign(user.id(), host_id).await {
         Ok(answer) => Ok(HttpResponse::Ok().json(answer)),
         Err(e @ AssignError::NoCell) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no_cell", e.to_string())),
         Err(AssignError::Store(e)) => Err(e.into()),
