@@ -3,10 +3,12 @@
 //! (docs/CLI.md). Exit status: 0 success, 2 usage or configuration error,
 //! 1 anything else (`tether run`: the run's own code).
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{CommandFactory as _, Parser, Subcommand};
+use tether::cli::print_stdout;
 use tether::config::Settings;
 use tether::http::state::Role;
 use tether::store::{AuditAction, Revocation};
@@ -365,10 +367,10 @@ async fn cell_command(settings: &Settings, command: CellCommand) -> Result<(), F
                 eprintln!("tether: warning: no cell `{cell}` has registered yet; it reads this switch when it starts");
             }
             let slots = switch.dead_man_trip_slots.map_or("none".to_string(), |n| n.to_string());
-            println!("cell        {}", switch.cell_id);
-            println!("admit mode  {}", switch.admit_mode);
-            println!("trip slots  {slots}");
-            println!("generation  {}", switch.generation);
+            print_stdout(&format!(
+                "cell        {}\nadmit mode  {}\ntrip slots  {slots}\ngeneration  {}\n",
+                switch.cell_id, switch.admit_mode, switch.generation
+            ));
             Ok(())
         }
         CellCommand::Budget => {
@@ -376,7 +378,7 @@ async fn cell_command(settings: &Settings, command: CellCommand) -> Result<(), F
             let store = tether::store::open_current(settings).await.map_err(Failure::runtime)?;
             let cells = store.list_cells().await.map_err(Failure::runtime)?;
             let cells: Vec<BudgetCell> = cells.iter().map(BudgetCell::from).collect();
-            print!("{}", worst_case(&cells));
+            print_stdout(&worst_case(&cells).to_string());
             Ok(())
         }
     }
@@ -498,8 +500,11 @@ async fn token_command(settings: &Settings, command: TokenCommand) -> Result<(),
                 "tether: {scope} token {} created for user `{}` (expires: {expires}); it is shown only once",
                 token.id, user.name
             );
-            println!("{secret}");
-            Ok(())
+            // The one time the secret is shown: not printing it is a failure.
+            let mut stdout = std::io::stdout().lock();
+            writeln!(stdout, "{secret}")
+                .and_then(|()| stdout.flush())
+                .map_err(|e| Failure::runtime(format!("cannot print the token: {e}")))
         }
         TokenCommand::List { user } => {
             let user = user_name(&user)?;
@@ -509,7 +514,7 @@ async fn token_command(settings: &Settings, command: TokenCommand) -> Result<(),
                 Some(user) => store.list_tokens(user.id).await.map_err(Failure::runtime)?,
                 None => Vec::new(),
             };
-            print!("{}", token_table(&tokens, chrono::Utc::now()));
+            print_stdout(&token_table(&tokens, chrono::Utc::now()));
             Ok(())
         }
         TokenCommand::Revoke { id } => {
@@ -546,26 +551,28 @@ async fn serve(settings: Settings, role: Role, demo: bool) -> Result<(), Failure
     })?;
     for addr in &bound.addrs {
         match role {
-            Role::Director => {
-                println!("tether: director listening on {scheme}://{addr} ({backend}); it serves POST /v1/assign")
-            }
-            _ => println!("tether: listening on {scheme}://{addr} ({backend}); the web page is at {scheme}://{addr}/"),
+            Role::Director => print_stdout(&format!(
+                "tether: director listening on {scheme}://{addr} ({backend}); it serves POST /v1/assign\n"
+            )),
+            _ => print_stdout(&format!(
+                "tether: listening on {scheme}://{addr} ({backend}); the web page is at {scheme}://{addr}/\n"
+            )),
         }
     }
     for addr in &bound.metrics_addrs {
-        println!("tether: /metrics is served on http://{addr}/metrics only");
+        print_stdout(&format!("tether: /metrics is served on http://{addr}/metrics only\n"));
     }
     if demo {
         let base = bound.addrs.first().map(|a| format!("{scheme}://{a}")).unwrap_or_default();
         let state = bound.state.clone();
         actix_web::rt::spawn(async move {
             match tether::demo::start(&state, &base).await {
-                Ok(demo) => println!("{}", demo.instructions()),
+                Ok(demo) => print_stdout(&format!("{}\n", demo.instructions())),
                 Err(e) => eprintln!("tether: the demo could not start: {e}"),
             }
         });
     } else {
-        println!("tether: create an API token with: tether token create --user NAME");
+        print_stdout("tether: create an API token with: tether token create --user NAME\n");
     }
     let ran = bound.run().await.map_err(Failure::runtime);
     if demo {

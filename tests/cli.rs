@@ -991,6 +991,35 @@ fn operator_commands_create_no_user_and_upgrade_no_schema() {
     assert_eq!(after, before, "an operator command migrated the database");
 }
 
+/// Operator commands whose reader is gone (`| head`, a closed pipe): a
+/// table is dropped quietly (exit 0); the secret of `token create`, shown
+/// only once, is a failure to say so (exit 1). They used to panic (101).
+#[test]
+fn operator_commands_into_a_closed_pipe_exit_without_a_panic() {
+    let dir = tempdir();
+    let db = dir.path().join("pipe.db");
+    let vars = vec![("TETHER_DATABASE__SQLITE_PATH".to_string(), db.to_str().expect("utf-8").to_string())];
+    for (args, status) in [
+        (&["cell", "budget"][..], 0),
+        (&["cell", "set", "--cell", "relay-7"][..], 0),
+        (&["token", "list", "--user", "ann"][..], 0),
+        (&["token", "create", "--user", "ann"][..], 1),
+    ] {
+        let (reader, writer) = std::io::pipe().expect("pipe");
+        drop(reader);
+        let out = support::tether_command(&vars)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run tether");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(status), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
 #[actix_rt::test]
 async fn cell_budget_prints_the_worked_example() {
     use tether::cell::AdmitMode;

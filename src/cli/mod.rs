@@ -25,6 +25,7 @@ use clap::{Args, Subcommand};
 
 use crate::client::Client;
 pub use errors::CliError;
+pub use output::print_stdout;
 
 /// Where to connect: on every client command.
 #[derive(Debug, Clone, Args)]
