@@ -7,7 +7,6 @@ use actix_web::{web, HttpResponse};
 use serde::{Deserialize, Deserializer};
 use serde_json::json;
 
-use super::check_text;
 use crate::cell::AdmitMode;
 use crate::http::body::Json;
 use crate::http::error::ApiError;
@@ -15,11 +14,12 @@ use crate::http::state::AppState;
 use crate::store::MAX_TRIP_SLOTS;
 
 /// `PUT .../admit-mode`: either field may be left out (kept as stored);
-/// `"deadManTripSlots": null` removes the cap.
+/// `"deadManTripSlots": null` removes the cap; `"admitMode": null` means
+/// nothing and is refused (400 `bad_json`), not taken as "keep".
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SwitchBody {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "mode_not_null")]
     admit_mode: Option<AdmitMode>,
     #[serde(default, deserialize_with = "present")]
     dead_man_trip_slots: Option<Option<i64>>,
@@ -28,6 +28,11 @@ pub struct SwitchBody {
 /// Tells a field given as `null` (`Some(None)`) from one left out (`None`).
 fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Option<i64>>, D::Error> {
     Option::<i64>::deserialize(deserializer).map(Some)
+}
+
+/// A mode that is given is a mode: `null` fails like an unknown one.
+fn mode_not_null<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<AdmitMode>, D::Error> {
+    AdmitMode::deserialize(deserializer).map(Some)
 }
 
 /// Every registered cell with its switch and its effective row.
@@ -43,7 +48,6 @@ pub async fn set_admit_mode(
     body: Json<SwitchBody>,
 ) -> Result<HttpResponse, ApiError> {
     let cell_id = path.into_inner();
-    check_text("cellId", &cell_id, 128, true)?;
     if !crate::config::valid_cell_id(&cell_id) {
         return Err(ApiError::bad_request(
             "invalid_cell_id",
