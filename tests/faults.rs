@@ -409,6 +409,7 @@ async fn redis_killed_and_restarted() {
     ];
     let mut across =
         [Ticks::follow(&b, ann.token(), &ann_ticking).await, Ticks::follow(&a, bob.token(), &bob_ticking).await];
+    let shell = ann.terminal(&["sh"]).await;
     let leases = host_leases(&database).await;
 
     redis.kill();
@@ -416,11 +417,12 @@ async fn redis_killed_and_restarted() {
         let body = wait_status(api, "/readyz", 503).await;
         assert_ne!(body["checks"]["bus"], "ok", "{body}");
     }
-    // A request across instances is unacknowledged after bus.ack_ms (5 s),
-    // not held until Redis is back (it used to wait out the outage, then
-    // read "nobody listens" and answer 409 host_offline).
-    let path = format!("/api/v1/terminals/{ann_ticking}/input");
-    let input = ann.away.post(&path, json!({"data": ""}));
+    // A request across instances is answered 504 and not held until Redis
+    // is back: it used to wait out the outage, then read "nobody listens"
+    // and answer 409 host_offline; later it was answered 504 after
+    // bus.ack_ms but still sent, and run, once Redis was back.
+    let path = format!("/api/v1/terminals/{shell}/input");
+    let input = ann.away.post(&path, json!({"data": "echo held-$((6*7))\n"}));
     let (status, body) =
         tokio::time::timeout(Duration::from_secs(30), input).await.expect("answered while Redis is away");
     assert_eq!((status, body["error"]["code"].as_str()), (504, Some("daemon_timeout")), "{body}");
@@ -470,6 +472,12 @@ async fn redis_killed_and_restarted() {
         assert_eq!(status, 202, "{body}");
         Viewer::attach_to(home, person.token(), &shell, "?from=0").await.until("typed-42").await;
     }
+    // The input refused while Redis was away never ran, before or after.
+    let (status, body) = ann.home.post(&path, json!({"data": "echo after-$((6*7))\n"})).await;
+    assert_eq!(status, 202, "{body}");
+    let mut shell_viewer = Viewer::attach_to(&a, ann.token(), &shell, "?from=0").await;
+    shell_viewer.until("after-42").await;
+    assert!(!shell_viewer.text().contains("held-42"), "input answered 504 ran later: {}", shell_viewer.text());
     for person in [&ann, &bob] {
         person.assert_online().await;
     }

@@ -250,6 +250,17 @@ impl Bus {
     /// receiver would take a reordering for a loss (a gap) and close viewers
     /// that lost nothing.
     pub async fn publish(&self, channel: &str, body: envelope::Body) -> Result<u64, BusError> {
+        self.publish_with(channel, body, false).await
+    }
+
+    /// Publishes like [`Bus::publish`], but fails at once while Redis is
+    /// away instead of waiting for it, and is never sent after it failed:
+    /// for requests whose caller answers a client that it failed.
+    pub async fn publish_or_fail(&self, channel: &str, body: envelope::Body) -> Result<u64, BusError> {
+        self.publish_with(channel, body, true).await
+    }
+
+    async fn publish_with(&self, channel: &str, body: envelope::Body, fail_fast: bool) -> Result<u64, BusError> {
         let handed = {
             let mut seqs = self.seqs.lock().unwrap_or_else(|e| e.into_inner());
             let next = seqs.entry(channel.to_string()).or_insert(0);
@@ -257,7 +268,9 @@ impl Bus {
             let envelope = Envelope { sender: self.instance_id.clone(), seq: *next, body: Some(body) };
             match &self.backend {
                 Backend::Local(local) => Ok(local.publish(channel, envelope)),
-                Backend::Redis(redis) => Err(redis.hand_over(channel, Bytes::from(envelope.encode_to_vec()))),
+                Backend::Redis(redis) => {
+                    Err(redis.hand_over(channel, Bytes::from(envelope.encode_to_vec()), fail_fast))
+                }
             }
         };
         let receivers = match handed {

@@ -109,8 +109,14 @@ impl RedisBus {
     /// it on the wire in the order of the calls, which `Bus::publish` makes
     /// the order of the sequence numbers. tests/bus.rs checks that order
     /// with several threads publishing on one channel.
-    pub fn hand_over<'a>(&'a self, channel: &'a str, payload: Bytes) -> Publishing<'a> {
-        let mut publishing: Publishing<'a> = Box::pin(self.publish(channel, payload));
+    ///
+    /// With `fail_fast`, a PUBLISH that finds the connection away fails at
+    /// once, and one in flight when it drops fails rather than being sent
+    /// again after the reconnect: for a request whose caller answers its
+    /// client, which must not be carried out after that answer said it
+    /// failed. Without it, fred holds the command until Redis is back.
+    pub fn hand_over<'a>(&'a self, channel: &'a str, payload: Bytes, fail_fast: bool) -> Publishing<'a> {
+        let mut publishing: Publishing<'a> = Box::pin(self.publish(channel, payload, fail_fast));
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         match publishing.as_mut().poll(&mut cx) {
             std::task::Poll::Ready(answer) => Box::pin(std::future::ready(answer)),
@@ -118,11 +124,12 @@ impl RedisBus {
         }
     }
 
-    async fn publish(&self, channel: &str, payload: Bytes) -> Result<u64, BusError> {
+    async fn publish(&self, channel: &str, payload: Bytes, fail_fast: bool) -> Result<u64, BusError> {
+        let client = self.link.client.with_options(&Options { fail_fast, ..Options::default() });
         let receivers: i64 = if self.clustered {
-            self.link.client.spublish(channel, payload).await.map_err(redis_error)?
+            client.spublish(channel, payload).await.map_err(redis_error)?
         } else {
-            self.link.client.publish(channel, payload).await.map_err(redis_error)?
+            client.publish(channel, payload).await.map_err(redis_error)?
         };
         Ok(u64::try_from(receivers).unwrap_or(0))
     }

@@ -97,6 +97,10 @@ pub enum RequestError {
     Unsupported,
     #[error("the host's owner did not acknowledge the request in time")]
     Unacknowledged,
+    /// The bus to the host's owner (Redis) is away: the request was not
+    /// sent, and will not be.
+    #[error("the bus to the instance holding the host is away; the request was not sent")]
+    BusAway,
     #[error("encryption.key is not set")]
     EncryptionNotConfigured,
     #[error("too many requests are waiting for this daemon's answers")]

@@ -158,6 +158,7 @@ pub async fn deliver(relay: &RelayContext, host_id: Uuid, op: HostOp) -> Result<
         Ok(_) => "sent",
         Err(RequestError::Offline) => "offline",
         Err(RequestError::Unacknowledged) => "unacknowledged",
+        Err(RequestError::BusAway) => "bus_away",
         Err(_) => "failed",
     };
     metrics::counter!("tether_requests_total", "outcome" => label).increment(1);
@@ -388,7 +389,7 @@ fn answer_to_wire(result: Result<OpAnswer, RequestError>) -> bus::Answer {
         Err(e) => {
             let code = match &e {
                 RequestError::Offline => "offline",
-                RequestError::Timeout | RequestError::Unacknowledged => "timeout",
+                RequestError::Timeout | RequestError::Unacknowledged | RequestError::BusAway => "timeout",
                 RequestError::Refused(_) => "refused",
                 RequestError::Unsupported => "unsupported",
                 RequestError::EncryptionNotConfigured => "encryption_not_configured",
@@ -451,22 +452,22 @@ pub(crate) async fn ask_owner(relay: &RelayContext, host_id: Uuid, op: HostOp) -
     };
     let channel = relay.bus.host_channel(host_id);
     let ack_wait = Duration::from_millis(relay.settings.bus.ack_ms);
-    // While Redis is away a publish waits for it to come back: the request
-    // is unacknowledged after `bus.ack_ms` like any other, and a publish
-    // that failed says nothing of the owner either (only one that reached
-    // nobody says the host is offline).
-    let receivers =
-        match tokio::time::timeout(ack_wait, relay.bus.publish(&channel, envelope::Body::Request(request))).await {
-            Ok(Ok(receivers)) => receivers,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, %host_id, "tether_bus_publish_failed");
-                return Err(RequestError::Unacknowledged);
-            }
-            Err(_) => {
-                tracing::warn!(%host_id, "tether_bus_publish_timed_out");
-                return Err(RequestError::Unacknowledged);
-            }
-        };
+    // While Redis is away the publish fails at once and is never sent
+    // later, so a request answered as failed is not carried out when Redis
+    // is back; a publish that failed says nothing of the owner (only one
+    // that reached nobody says the host is offline).
+    let published = relay.bus.publish_or_fail(&channel, envelope::Body::Request(request));
+    let receivers = match tokio::time::timeout(ack_wait, published).await {
+        Ok(Ok(receivers)) => receivers,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, %host_id, "tether_bus_publish_failed");
+            return Err(RequestError::BusAway);
+        }
+        Err(_) => {
+            tracing::warn!(%host_id, "tether_bus_publish_timed_out");
+            return Err(RequestError::Unacknowledged);
+        }
+    };
     if receivers == 0 {
         return Err(RequestError::Offline);
     }

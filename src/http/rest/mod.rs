@@ -56,6 +56,11 @@ fn request_error(err: RequestError) -> ApiError {
             "daemon_timeout",
             "the instance holding the host did not acknowledge the request in time",
         ),
+        RequestError::BusAway => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "daemon_timeout",
+            "the instance holding the host cannot be reached (the bus is away); the request was not sent",
+        ),
         RequestError::Refused(message) => ApiError::new(StatusCode::BAD_GATEWAY, "daemon_refused", message),
         RequestError::Unsupported => {
             ApiError::new(StatusCode::BAD_GATEWAY, "daemon_unsupported", "the daemon does not support this")
