@@ -75,6 +75,10 @@ impl Bound {
             tracing::info!(grace_ms = state.settings.shutdown.grace_ms, "tether_instance_draining");
             state.draining.store(true, std::sync::atomic::Ordering::Relaxed);
             handle.pause().await;
+            // The pause is carried out by actix-server's accept thread once
+            // it wakes; a listener shut before then wakes it with an accept
+            // that fails (EINVAL), logged as two ERROR lines.
+            tokio::time::sleep(PAUSE_SETTLE).await;
             stop_listening(&listening);
             let deadline = tokio::time::Instant::now() + grace;
             if tokio::time::timeout_at(deadline, drain(&state)).await.is_err() {
@@ -324,6 +328,12 @@ fn tcp_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
     socket.bind(addr)?;
     socket.listen(1024)?.into_std()
 }
+
+/// How long the drain lets actix-server's accept thread take in the pause
+/// before it shuts the listening socket: the thread wakes at once, so this
+/// is margin; meanwhile dials still land in the backlog and are reset with
+/// it.
+const PAUSE_SETTLE: Duration = Duration::from_millis(100);
 
 /// Stops the listening socket taking connections: actix-server's pause
 /// only stops accepting them, and the kernel would go on completing

@@ -41,3 +41,17 @@ async fn readyz_is_503_while_redis_does_not_answer() {
     let (status, _) = Api::new(server.url(), "").get("/healthz").await;
     assert_eq!(status, 200, "the process is up even when not ready");
 }
+
+/// A clean drain (SIGTERM, nothing connected) logs no error. The drain
+/// used to shut the listening socket before actix-server's accept thread
+/// had taken in the pause, which woke it into a failing accept: two ERROR
+/// lines from `actix_server::accept` on every shutdown.
+#[actix_rt::test]
+async fn a_clean_shutdown_logs_no_error() {
+    let mut server = TetherServer::start(&[], &[]).await;
+    let status = server.terminate_async(std::time::Duration::from_secs(15)).await;
+    assert!(status.is_some_and(|s| s.success()), "{status:?}\n{}", server.log());
+    let log = server.log();
+    assert!(log.contains("tether_instance_draining"), "{log}");
+    assert!(!log.contains("ERROR"), "{log}");
+}
