@@ -12,6 +12,21 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::store::Store;
 
+/// Counters an operator alerts on when they increase: exported at 0 from
+/// the start, so the first increase is a change a rule can see (a counter
+/// that first appears at 4934 has no increase to alert on).
+const ALERT_COUNTERS: &[&str] = &[
+    "tether_audit_events_dropped_total",
+    "tether_bus_gaps_total",
+    "tether_stream_gaps_total",
+    "tether_launch_timeouts_total",
+    "tether_runs_lost_total",
+    "tether_daemon_frames_dropped_total",
+    "tether_daemon_replaced_total",
+    "tether_viewer_slow_closed_total",
+    "tether_token_sockets_closed_total",
+];
+
 /// A handle that renders the process's metrics.
 #[derive(Clone)]
 pub struct Metrics {
@@ -35,6 +50,9 @@ impl Metrics {
                 // handle then renders nothing but the process keeps running.
                 if metrics::set_global_recorder(recorder).is_err() {
                     tracing::warn!("tether_metrics_recorder_taken");
+                }
+                for name in ALERT_COUNTERS {
+                    metrics::counter!(*name).increment(0);
                 }
                 handle
             })

@@ -47,6 +47,10 @@ async fn responses_carry_security_headers_and_metrics_can_move() {
     let (status, headers, body) = get(&format!("http://{metrics_listen}/metrics")).await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("tether_"), "{body}");
+    // Counters alerted on by their increase are there, at 0, before any.
+    for counter in ["tether_bus_gaps_total", "tether_stream_gaps_total", "tether_audit_events_dropped_total"] {
+        assert!(body.lines().any(|l| l == format!("{counter} 0")), "{counter} is not at 0:\n{body}");
+    }
     assert_eq!(headers.get("x-content-type-options").map(|v| v.to_str().unwrap()), Some("nosniff"));
     let (status, _, _) = get(&format!("http://{metrics_listen}/api/v1/hosts")).await;
     assert_eq!(status, 404, "the metrics listener serves nothing else");
