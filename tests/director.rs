@@ -311,6 +311,32 @@ async fn a_daemon_pointed_at_the_director_connects_to_its_cell_and_asks_again_wh
     assert!(epoch > first_epoch, "{epoch} after {first_epoch}");
 }
 
+/// A daemon that starts while its director is away dials the cell it last
+/// reached (kept in its state dir), which admits it by the database. It
+/// used to ask the director alone, failing until the director returned,
+/// while its cell was up and would have taken it.
+#[actix_rt::test]
+async fn a_daemon_restarted_while_the_director_is_away_dials_its_last_cell() {
+    let url = support::pg_database().await;
+    let store: Arc<PgStore> = Arc::new(PgStore::connect(&url, 4).await.expect("store"));
+    let director = director(&url).await;
+    let cell_a = cell_process(&url, "cell-a").await;
+    register_cell(&store, "cell-a", &cell_a.url(), AdmitMode::Db, None).await;
+    let state = tempfile::tempdir().expect("state dir");
+    let token = director.run(&["token", "create", "--user", "ann", "--scope", "daemon"], &[]);
+    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
+    let mut daemon = DaemonProcess::start_url(&director.url(), &token, state.path());
+    let host = registered_host(&store, &daemon).await;
+    wait_connected_on(&store, host, "cell-a", &daemon).await;
+
+    daemon.kill();
+    let director_url = director.url();
+    drop(director);
+    let daemon = DaemonProcess::start_url(&director_url, &token, state.path());
+    wait_connected_on(&store, host, "cell-a", &daemon).await;
+    assert!(daemon.log().contains("tether_daemon_assign_failed_dialing_last_cell"), "{}", daemon.log());
+}
+
 /// The whole booked path with real processes: a reserve cell that the
 /// director polls, and a real daemon pointed at the director. The director
 /// books the host on the cell, the daemon presents the booking in its

@@ -6,6 +6,9 @@
 //!   home directory when there are none) only seed it on the first start,
 //!   so dirs added or removed through the API survive restarts. Flags given
 //!   later that are not in the file are logged, not applied.
+//! - `cell.json`: `{"url": "https://..."}`, the cell a director last sent
+//!   this daemon to and that it reached: where it dials when the director
+//!   cannot be asked (docs/CELLS.md, "What a daemon does").
 //! - `credentials.json`: written by the user or their tooling, read on
 //!   request and never logged.
 //!
@@ -27,6 +30,7 @@ use super::dirs::{DirAllowlist, DirError};
 const HOST_FILE: &str = "host.json";
 const DIRS_FILE: &str = "dirs.json";
 const CREDENTIALS_FILE: &str = "credentials.json";
+const CELL_FILE: &str = "cell.json";
 
 /// Credentials travel in one frame; anything near the 1 MiB frame limit is
 /// not a credentials file.
@@ -61,6 +65,11 @@ pub enum CredentialsError {
 #[serde(rename_all = "camelCase")]
 struct HostFile {
     host_id: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CellFile {
+    url: String,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -112,7 +121,26 @@ impl StateDir {
     }
 
     pub fn forget_host_id(&self) -> Result<(), StateError> {
-        let path = self.root.join(HOST_FILE);
+        self.remove(HOST_FILE)
+    }
+
+    /// The URL of the cell this daemon last reached, if any (a corrupt file
+    /// counts as absent).
+    pub fn last_cell(&self) -> Option<String> {
+        let text = std::fs::read(self.root.join(CELL_FILE)).ok()?;
+        serde_json::from_slice::<CellFile>(&text).ok().map(|file| file.url).filter(|url| !url.is_empty())
+    }
+
+    pub fn save_last_cell(&self, url: &str) -> Result<(), StateError> {
+        self.write_json(CELL_FILE, &CellFile { url: url.to_owned() })
+    }
+
+    pub fn forget_last_cell(&self) -> Result<(), StateError> {
+        self.remove(CELL_FILE)
+    }
+
+    fn remove(&self, name: &str) -> Result<(), StateError> {
+        let path = self.root.join(name);
         match std::fs::remove_file(&path) {
             Err(err) if err.kind() != io::ErrorKind::NotFound => Err(StateError::Io { path, source: err }),
             _ => Ok(()),
@@ -237,6 +265,17 @@ mod tests {
         state.forget_host_id().unwrap();
         assert_eq!(state.host_id(), None);
         state.forget_host_id().unwrap();
+    }
+
+    #[test]
+    fn the_last_cell_round_trips_and_can_be_forgotten() {
+        let (_dir, state) = state();
+        assert_eq!(state.last_cell(), None);
+        state.save_last_cell("https://cell-a.example:8443").unwrap();
+        assert_eq!(state.last_cell().as_deref(), Some("https://cell-a.example:8443"));
+        state.forget_last_cell().unwrap();
+        assert_eq!(state.last_cell(), None);
+        state.forget_last_cell().unwrap();
     }
 
     #[test]

@@ -56,6 +56,10 @@ impl Supervisor {
         let mut redialed_after_drain = false;
         // Where connections go until a dial fails or a cell says 4409; None: ask.
         let mut target: Option<Target> = None;
+        // The last cell a director sent this daemon to that it reached,
+        // with its booking: where it dials when the director cannot be
+        // asked (an expired ticket still names the epoch of a redial).
+        let mut last_cell: Option<Target> = self.stored_last_cell();
         loop {
             let host_id = match self.host_id(&client).await? {
                 Some(host_id) => host_id,
@@ -74,16 +78,34 @@ impl Supervisor {
                         target.insert(assigned).clone()
                     }
                     Err(AssignError::BadToken) => return Err(DaemonError::BadToken),
-                    Err(err) => {
-                        let delay = backoff.next_delay();
-                        tracing::warn!(error = %err, delay_ms = delay.as_millis(), "tether_daemon_assign_failed");
-                        self.host.idle(delay).await;
-                        continue;
-                    }
+                    // The director is away or cannot place it: its last
+                    // cell may still admit it (a cell admits by the database
+                    // when the director is quiet). A failed dial sends the
+                    // next attempt back to the director, after the backoff.
+                    Err(err) => match last_cell.clone() {
+                        Some(cell) => {
+                            tracing::warn!(error = %err, cell = %cell.url, "tether_daemon_assign_failed_dialing_last_cell");
+                            cell
+                        }
+                        None => {
+                            let delay = backoff.next_delay();
+                            tracing::warn!(error = %err, delay_ms = delay.as_millis(), "tether_daemon_assign_failed");
+                            self.host.idle(delay).await;
+                            continue;
+                        }
+                    },
                 },
             };
             let connection = match connection::dial(&client, &url, &self.token).await {
-                Ok(connection) => connection,
+                Ok(connection) => {
+                    if url != self.server
+                        && last_cell.as_ref().is_none_or(|cell| cell.url != url || cell.booking != booking)
+                    {
+                        self.remember_cell(&url);
+                        last_cell = Some(Target { url: url.clone(), booking: booking.clone() });
+                    }
+                    connection
+                }
                 Err(DialError::Refused(401)) => return Err(DaemonError::BadToken),
                 Err(err) => {
                     target = None;
@@ -109,6 +131,8 @@ impl Supervisor {
                 Decision::Reregister => {
                     reregistered = true;
                     target = None;
+                    last_cell = None;
+                    self.forget_cell();
                     tracing::warn!(host_id, "tether_daemon_host_refused_registering_again");
                     self.state.forget_host_id()?;
                 }
@@ -120,6 +144,8 @@ impl Supervisor {
                     if matches!(decision, Decision::Reassign) {
                         tracing::info!(host_id, "tether_daemon_wrong_cell");
                         target = None;
+                        last_cell = None;
+                        self.forget_cell();
                     }
                     let delay = backoff.next_delay();
                     tracing::info!(
@@ -130,6 +156,26 @@ impl Supervisor {
                     self.host.idle(delay).await;
                 }
             }
+        }
+    }
+
+    /// The cell `cell.json` names, unless it is the server itself.
+    fn stored_last_cell(&self) -> Option<Target> {
+        let url = ServerUrl::parse(&self.state.last_cell()?).ok()?;
+        (url != self.server).then_some(Target { url, booking: None })
+    }
+
+    /// Keeps `url` in `cell.json`; a daemon that cannot write its state
+    /// dir goes on (it only loses the fallback across a restart).
+    fn remember_cell(&self, url: &ServerUrl) {
+        if let Err(e) = self.state.save_last_cell(&url.to_string()) {
+            tracing::warn!(error = %e, "tether_daemon_cell_file_not_written");
+        }
+    }
+
+    fn forget_cell(&self) {
+        if let Err(e) = self.state.forget_last_cell() {
+            tracing::warn!(error = %e, "tether_daemon_cell_file_not_removed");
         }
     }
 
