@@ -54,6 +54,16 @@ browser_cases!(
     hidden_holder_yields_the_grid,
     phone_ctrl_c_interrupts_sleep,
     bad_token_and_sign_out,
+    failed_start_shows_error_and_stops,
+    start_error_stays_until_the_user_acts,
+    lists_refresh_in_place,
+    pending_terminal_says_why,
+    keys_typed_while_reconnecting_are_sent,
+    holder_leaving_hands_the_grid_over,
+    phone_touch_scrolls_back,
+    read_and_share_tokens_home,
+    phone_lists_fit_long_names,
+    idle_viewers_do_not_bounce_the_grid,
 );
 
 #[actix_rt::test]

@@ -49,32 +49,65 @@ export async function request(token, method, path, body) {
     }
     throw new ApiError(res.status, code, message);
   }
+  if (method === "HEAD") return null;
   const type = res.headers.get("content-type") || "";
   return type.includes("json") ? res.json() : new Uint8Array(await res.arrayBuffer());
 }
 
-// Every item of a list, page after page: a page with more behind it
-// carries `nextCursor` (docs/REST.md, "Conventions").
-export async function list(token, path, key) {
-  const items = [];
-  let after = null;
-  for (;;) {
-    const query = after === null ? "" : `?after=${encodeURIComponent(after)}`;
-    const page = await request(token, "GET", path + query);
-    items.push(...page[key]);
-    if (!page.nextCursor || page.nextCursor === after) return items;
-    after = page.nextCursor;
+/**
+ * A list the page refreshes (docs/REST.md, "Conventions": oldest first, in
+ * pages; a page with more behind it carries `nextCursor`). The first
+ * refresh reads every page; the next ones read again only from the last
+ * page on, where new items arrive, and every `fullEvery`-th reads them all
+ * again (for changes and deletions further back). With one page, the
+ * common case, every refresh is one request.
+ */
+export class PagedList {
+  constructor(token, path, key, fullEvery = 10) {
+    Object.assign(this, { token, path, key, fullEvery });
+    this.refreshes = 0;
+    this.items = [];
+    this.lastPageAfter = null; // the cursor the last page was read after
+    this.beforeLastPage = 0; // how many items come before it
+  }
+
+  async refresh() {
+    const full = this.refreshes++ % this.fullEvery === 0;
+    let after = full ? null : this.lastPageAfter;
+    const items = full ? [] : this.items.slice(0, this.beforeLastPage);
+    let lastPageAfter = after;
+    let beforeLastPage = items.length;
+    for (;;) {
+      const query = after === null ? "" : `?after=${encodeURIComponent(after)}`;
+      const page = await request(this.token, "GET", this.path + query);
+      lastPageAfter = after;
+      beforeLastPage = items.length;
+      items.push(...page[this.key]);
+      if (!page.nextCursor || page.nextCursor === after) break;
+      after = page.nextCursor;
+    }
+    Object.assign(this, { items, lastPageAfter, beforeLastPage });
+    return items;
   }
 }
 
 export const api = (token) => ({
-  hosts: () => list(token, "/hosts", "hosts"),
-  terminals: () => list(token, "/terminals", "terminals"),
+  hosts: () => new PagedList(token, "/hosts", "hosts"),
+  terminals: () => new PagedList(token, "/terminals", "terminals"),
   terminal: (id) => request(token, "GET", `/terminals/${id}`).then((b) => b.terminal),
   createTerminal: (body) => request(token, "POST", "/terminals", body).then((b) => b.terminal),
   killTerminal: (id) => request(token, "POST", `/terminals/${id}/kill`, {}),
   deleteTerminal: (id) => request(token, "DELETE", `/terminals/${id}`),
-  runs: () => list(token, "/runs", "runs"),
+  runs: () => new PagedList(token, "/runs", "runs"),
+  /** Whether the token may start terminals: only a `full` one reaches the tokens route (docs/REST.md, "Scopes"). */
+  mayControl: () =>
+    request(token, "HEAD", "/tokens").then(
+      () => true,
+      (err) => {
+        if (err.status === 403) return false;
+        throw err;
+      },
+    ),
   run: (id) => request(token, "GET", `/runs/${id}`).then((b) => b.run),
   runLog: (id) => request(token, "GET", `/runs/${id}/log`),
 });

@@ -15,6 +15,26 @@ export function el(tag, props = {}, ...children) {
   return node;
 }
 
+/**
+ * Makes `fresh` the children of `parent`, in order, keeping every old child
+ * that equals a fresh one (the same outerHTML) instead of it: a refresh
+ * then touches only what changed, and a selection, the focus or an open
+ * menu in an unchanged child survives it.
+ */
+export function reconcile(parent, fresh) {
+  const old = new Map();
+  for (const child of parent.children) {
+    const same = old.get(child.outerHTML);
+    if (same) same.push(child);
+    else old.set(child.outerHTML, [child]);
+  }
+  const nodes = fresh.map((node) => old.get(node.outerHTML)?.shift() ?? node);
+  nodes.forEach((node, i) => {
+    if (parent.children[i] !== node) parent.insertBefore(node, parent.children[i] ?? null);
+  });
+  while (parent.children.length > nodes.length) parent.lastElementChild.remove();
+}
+
 /** "3 min ago", "just now", "2 h ago", or a date. */
 export function ago(iso, now = Date.now()) {
   if (!iso) return "never";

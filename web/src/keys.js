@@ -1,6 +1,7 @@
 // The row of keys a phone's soft keyboard lacks (docs/WEB.md, "Phones"),
 // and the Ctrl and Alt latches: tap Ctrl, then a letter, and the letter
-// goes out as its control character.
+// goes out as its control character. A latched arrow goes out as the
+// modified arrow xterm sends (Ctrl+← is `ESC [ 1 ; 5 D`).
 
 const ARROWS = { "←": "D", "↑": "A", "→": "C", "↓": "B" };
 
@@ -16,6 +17,17 @@ export function ctrlOf(ch) {
   return null;
 }
 
+/**
+ * The bytes of an arrow key (`final` is A, B, C or D): with Ctrl or Alt the
+ * xterm modified form `ESC [ 1 ; m final` (m = 1 + 2·Alt + 4·Ctrl), else
+ * `ESC O final` in the application cursor-key mode and `ESC [ final` outside it.
+ */
+export function arrowSequence(final, { ctrl = false, alt = false, application = false } = {}) {
+  const modifier = 1 + (alt ? 2 : 0) + (ctrl ? 4 : 0);
+  if (modifier > 1) return `\x1b[1;${modifier}${final}`;
+  return application ? `\x1bO${final}` : `\x1b[${final}`;
+}
+
 export class Modifiers {
   constructor(onChange) {
     this.ctrl = false;
@@ -28,16 +40,26 @@ export class Modifiers {
     this.onChange();
   }
 
-  /** Applies and releases the latches to what the user typed. */
+  /**
+   * Applies the latches to what the user typed and releases them. They
+   * modify one key: the first character (a soft keyboard may hand over a
+   * whole word at once); the rest goes out as typed.
+   */
   apply(data) {
     if (!this.ctrl && !this.alt) return data;
-    let out = data;
-    if (this.ctrl) out = ctrlOf(data) ?? data;
+    const [first, ...rest] = data;
+    let out = first ?? "";
+    if (this.ctrl) out = ctrlOf(out) ?? out;
     if (this.alt) out = "\x1b" + out;
+    this.release();
+    return out + rest.join("");
+  }
+
+  /** Lets go of both latches. */
+  release() {
     this.ctrl = false;
     this.alt = false;
     this.onChange();
-    return out;
   }
 }
 
@@ -59,7 +81,8 @@ export function keyRow(term, modifiers, send) {
       label,
       () => {
         const application = term.modes.applicationCursorKeysMode;
-        send(modifiers.apply(application ? `\x1bO${final}` : `\x1b[${final}`));
+        send(arrowSequence(final, { ctrl: modifiers.ctrl, alt: modifiers.alt, application }));
+        if (modifiers.ctrl || modifiers.alt) modifiers.release();
       },
     ]),
     ["|", () => send(modifiers.apply("|"))],

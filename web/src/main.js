@@ -7,7 +7,7 @@
 import "@xterm/xterm/css/xterm.css";
 import "./style.css";
 import { api, ApiError, forgetToken, storedToken, storeToken } from "./api.js";
-import { ago, el, splitArgv } from "./dom.js";
+import { ago, el, reconcile, splitArgv } from "./dom.js";
 import { bufferLines, defaultFontSize, TerminalView } from "./terminal-view.js";
 import { Terminal } from "@xterm/xterm";
 import { FitAddon } from "@xterm/addon-fit";
@@ -17,6 +17,7 @@ const LIST_REFRESH_MS = 3000;
 const isPhone = () => matchMedia("(pointer: coarse)").matches || matchMedia("(max-width: 600px)").matches;
 
 let current = null; // the view on screen: {dispose()}
+let lastTerminalId = null; // the terminal this page showed last, for a share token's way back
 
 // The page's height follows the visual viewport, so the terminal's grid
 // shrinks when a phone's keyboard opens instead of hiding behind it.
@@ -80,7 +81,7 @@ function signIn(message) {
     // a share token (`tether share`) reaches it and nothing else.
     const [, terminalId] = location.hash.match(/^#\/t\/([0-9a-fA-F-]{36})$/) || [];
     try {
-      await (terminalId ? api(token).terminal(terminalId) : api(token).hosts());
+      await (terminalId ? api(token).terminal(terminalId) : api(token).hosts().refresh());
       storeToken(token);
       route();
     } catch (err) {
@@ -108,42 +109,67 @@ function topBar() {
   return el("header", { className: "top" }, el("h1", {}, "tether"), out);
 }
 
-/** The lists: hosts, terminals, the start form and runs, refreshed while shown. */
+/**
+ * The lists: hosts, terminals, the start form and runs, refreshed while
+ * shown. A refresh changes only the rows that changed, so a selection or
+ * the focus in the lists survives it. The form shows only for a token that
+ * may start terminals; a share token, which reaches only its terminal,
+ * gets a word on that instead of lists.
+ */
 function home(token) {
   const client = api(token);
+  const lists = { hosts: client.hosts(), terminals: client.terminals(), runs: client.runs() };
   const hostsBox = el("ul", { className: "hosts" });
   const termsBox = el("div", { className: "terminals" });
   const runsBox = el("div", { className: "runs" });
   const problem = el("p", { className: "problem", role: "alert", hidden: true });
-  const form = startForm(client, problem);
-  app.replaceChildren(
-    el(
-      "main",
-      { className: "home" },
-      topBar(),
-      problem,
-      el("section", {}, el("h2", {}, "Hosts"), hostsBox),
-      el("section", {}, el("h2", {}, "Start a terminal"), form.element),
-      el("section", {}, el("h2", {}, "Terminals"), termsBox),
-      el("section", {}, el("h2", {}, "Runs"), runsBox),
-    ),
+  const form = startForm(client);
+  const startSection = el("section", { className: "start-section", hidden: true }, el("h2", {}, "Start a terminal"), form.element);
+  const readOnlyNote = el(
+    "p",
+    { className: "read-only-note", hidden: true },
+    "This token is read-only: it can watch terminals but not start them or type into them.",
+  );
+  const main = el(
+    "main",
+    { className: "home" },
+    topBar(),
+    problem,
+    readOnlyNote,
+    el("section", {}, el("h2", {}, "Hosts"), hostsBox),
+    startSection,
+    el("section", {}, el("h2", {}, "Terminals"), termsBox),
+    el("section", {}, el("h2", {}, "Runs"), runsBox),
+  );
+  app.replaceChildren(main);
+  client.mayControl().then(
+    (may) => {
+      startSection.hidden = !may;
+      readOnlyNote.hidden = may;
+    },
+    () => (startSection.hidden = false), // unknown: offer it; the server has the last word
   );
   let timer = null;
   let stopped = false;
   const refresh = async () => {
     try {
-      const [hosts, terminals, runs] = await Promise.all([client.hosts(), client.terminals(), client.runs()]);
+      const [hosts, terminals, runs] = await Promise.all([lists.hosts.refresh(), lists.terminals.refresh(), lists.runs.refresh()]);
       if (stopped) return;
       problem.hidden = true;
       const names = new Map(hosts.map((h) => [h.id, h.name]));
-      hostsBox.replaceChildren(...(hosts.length ? hosts.map(hostItem) : [el("li", { className: "empty" }, "No hosts yet: run `tether daemon` on a machine.")]));
+      reconcile(hostsBox, hosts.length ? hosts.map(hostItem) : [el("li", { className: "empty" }, "No hosts yet: run `tether daemon` on a machine.")]);
       form.setHosts(hosts);
-      termsBox.replaceChildren(terminalTable(terminals, names));
-      runsBox.replaceChildren(runTable(runs, names));
+      terminalTable(termsBox, terminals, names);
+      runTable(runsBox, runs, names);
     } catch (err) {
+      if (stopped) return;
       if (err instanceof ApiError && err.status === 401) {
         forgetToken();
         show(signIn("The token is no longer accepted: sign in again."));
+        return;
+      }
+      if (err instanceof ApiError && err.code === "insufficient_scope") {
+        main.replaceChildren(topBar(), shareTokenNote(err.message));
         return;
       }
       problem.textContent = `Could not refresh: ${err.message}`;
@@ -160,29 +186,52 @@ function home(token) {
   };
 }
 
+/** What a token that reaches no list (a share token) sees instead of the lists. */
+function shareTokenNote(reason) {
+  return el(
+    "section",
+    { className: "share-note" },
+    el("p", {}, `This token cannot list hosts or terminals (${reason}). Open the terminal's own link to watch it, or sign out and sign in with another token.`),
+    lastTerminalId ? el("p", {}, el("a", { href: `#/t/${lastTerminalId}` }, "Back to the terminal")) : null,
+  );
+}
+
 function hostItem(h) {
   return el(
     "li",
     { className: `host ${h.state}`, "data-host": h.id },
     el("span", { className: "dot", "aria-hidden": "true" }),
-    el("strong", {}, h.name),
-    el("span", { className: "muted" }, ` ${h.hostname} · ${h.platform}/${h.arch}`),
+    el("strong", { title: h.name }, h.name),
+    el("span", { className: "muted", title: `${h.hostname} · ${h.platform}/${h.arch}` }, ` ${h.hostname} · ${h.platform}/${h.arch}`),
     el("span", { className: "state" }, h.state),
   );
 }
 
-/** A table of resources, newest first; `cells(item)` gives a row's cells. */
-function newestFirstTable(items, empty, headers, rowProps, cells) {
-  if (!items.length) return el("p", { className: "empty" }, empty);
+/**
+ * Fills `box` with a table of resources, newest first (or `empty` when
+ * there are none); `cells(item)` gives a row's cells. The table stays and
+ * only rows that changed are replaced.
+ */
+function fillNewestFirst(box, items, empty, headers, rowProps, cells) {
+  if (!items.length) {
+    reconcile(box, [el("p", { className: "empty" }, empty)]);
+    return;
+  }
+  let table = box.querySelector(":scope > table");
+  if (!table) {
+    table = el("table", {}, el("thead", {}, el("tr", {}, ...headers.map((h) => el("th", {}, h)))), el("tbody", {}));
+    box.replaceChildren(table);
+  }
   const rows = items
     .slice()
     .sort((a, b) => Date.parse(b.createdAt) - Date.parse(a.createdAt))
     .map((item) => el("tr", rowProps(item), ...cells(item).map((cell) => (cell instanceof Node && cell.tagName === "TD" ? cell : el("td", {}, cell)))));
-  return el("table", {}, el("thead", {}, el("tr", {}, ...headers.map((h) => el("th", {}, h)))), el("tbody", {}, rows));
+  reconcile(table.tBodies[0], rows);
 }
 
-function terminalTable(terminals, names) {
-  return newestFirstTable(
+function terminalTable(box, terminals, names) {
+  fillNewestFirst(
+    box,
     terminals,
     "No terminals yet.",
     ["Terminal", "Host", "State", "Size", "Last typed"],
@@ -190,15 +239,23 @@ function terminalTable(terminals, names) {
     (t) => [
       el("a", { href: `#/t/${t.id}` }, t.title || (t.argv.length ? t.argv.join(" ") : "login shell")),
       names.get(t.hostId) || "?",
-      el("td", { className: "state" }, t.state === "exited" && t.exitCode !== null ? `exited (${t.exitCode})` : t.state),
+      el("td", { className: "state" }, terminalState(t)),
       `${t.cols}×${t.rows}`,
       ago(t.lastInteractedAt),
     ],
   );
 }
 
-function runTable(runs, names) {
-  return newestFirstTable(
+/** A terminal's state for the list: with its exit code or signal once exited. */
+function terminalState(t) {
+  if (t.state !== "exited") return t.state;
+  if (t.exitCode !== null && t.exitCode !== undefined) return `exited (${t.exitCode})`;
+  return t.exitSignal ? `exited (${t.exitSignal})` : "exited";
+}
+
+function runTable(box, runs, names) {
+  fillNewestFirst(
+    box,
     runs,
     "No runs yet (POST /api/v1/runs, or tether run).",
     ["Command", "Host", "State", "Exit", "Queued"],
@@ -213,12 +270,17 @@ function runTable(runs, names) {
   );
 }
 
-/** Host, command (blank = login shell), dir from the host's allowed dirs; size from the window. */
-function startForm(client, problem) {
+/**
+ * Host, command (blank = login shell), dir from the host's allowed dirs;
+ * size from the window. The server's refusal stays under the form until
+ * the user changes something or presses Start again.
+ */
+function startForm(client) {
   const host = el("select", { name: "host", id: "start-host" });
   const dir = el("select", { name: "dir", id: "start-dir" });
   const command = el("input", { name: "command", id: "start-command", placeholder: "blank = login shell", autocomplete: "off", spellcheck: "false" });
   const button = el("button", { type: "submit" }, "Start");
+  const problem = el("p", { className: "start-problem", role: "alert", hidden: true });
   const form = el(
     "form",
     { className: "start" },
@@ -229,18 +291,23 @@ function startForm(client, problem) {
     el("label", { for: "start-dir" }, "Directory"),
     dir,
     button,
+    problem,
   );
   let hosts = [];
+  let shownHosts = null; // what the host list was built from, to rebuild it only on change
   const fillDirs = () => {
     const h = hosts.find((x) => x.id === host.value);
     const dirs = h ? h.dirs : [];
     const keep = dir.value;
-    dir.replaceChildren(...dirs.map((d) => el("option", { value: d, selected: d === keep }, d)));
+    reconcile(dir, dirs.map((d) => el("option", { value: d }, d)));
+    if (dirs.includes(keep)) dir.value = keep;
   };
   host.addEventListener("change", fillDirs);
+  form.addEventListener("input", () => (problem.hidden = true));
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
     button.disabled = true;
+    problem.hidden = true;
     try {
       const { cols, rows } = estimateGrid();
       const terminal = await client.createTerminal({
@@ -255,18 +322,20 @@ function startForm(client, problem) {
       problem.textContent = `Could not start the terminal: ${err.message}`;
       problem.hidden = false;
     } finally {
-      button.disabled = false;
+      button.disabled = hosts.length === 0;
     }
   });
   return {
     element: form,
     setHosts(list) {
       hosts = list;
+      const summary = JSON.stringify(list.map((h) => [h.id, h.name, h.state, h.dirs]));
+      if (summary === shownHosts) return;
+      shownHosts = summary;
       const keep = host.value;
-      host.replaceChildren(
-        ...list.map((h) => el("option", { value: h.id, selected: h.id === keep }, `${h.name} (${h.state})`)),
-      );
-      if (!keep) {
+      reconcile(host, list.map((h) => el("option", { value: h.id }, `${h.name} (${h.state})`)));
+      if (list.some((h) => h.id === keep)) host.value = keep;
+      else {
         const online = list.find((h) => h.state === "online");
         if (online) host.value = online.id;
       }
@@ -300,9 +369,11 @@ function terminalPage(token, id) {
     })
     .catch(() => {});
   window.tether.view = view;
+  lastTerminalId = id;
   return {
     dispose() {
-      window.tether.view = null;
+      // The next view may have registered already (show() disposes after).
+      if (window.tether.view === view) window.tether.view = null;
       view.dispose();
     },
   };
@@ -342,14 +413,15 @@ function runPage(token, id) {
     }
   };
   load();
-  window.tether.view = { debugState: () => ({ lines: bufferLines(term), state: summary.dataset.state }) };
+  const hook = { debugState: () => ({ lines: bufferLines(term), state: summary.dataset.state }) };
+  window.tether.view = hook;
   const onResize = () => fit.fit();
   window.addEventListener("resize", onResize);
   return {
     dispose() {
       stopped = true;
       clearTimeout(timer);
-      window.tether.view = null;
+      if (window.tether.view === hook) window.tether.view = null;
       window.removeEventListener("resize", onResize);
       term.dispose();
     },

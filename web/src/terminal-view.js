@@ -3,15 +3,20 @@
 // the viewer protocol (who holds the PTY's size), `view` messages from the
 // Page Visibility API, the phone's key row, and the read-only state the
 // server announces first (`access`): then nothing is sent, and the page
-// says so before anyone types.
+// says so before anyone types. The header's status and the notice say what
+// the view waits for (the connection, the host, the terminal's start); the
+// held bar and the notice float over the screen, so showing them never
+// changes the grid.
 
 import { Terminal } from "@xterm/xterm";
 import { FitAddon } from "@xterm/addon-fit";
 import { WebLinksAddon } from "@xterm/addon-web-links";
 import { WebglAddon } from "@xterm/addon-webgl";
-import { ViewerSocket } from "./viewer-socket.js";
+import { HELD_INPUT_LIMIT, ViewerSocket } from "./viewer-socket.js";
+import { describeStatus } from "./status.js";
 import { OutputQueue } from "./output-queue.js";
 import { keyRow, Modifiers } from "./keys.js";
+import { touchScroll } from "./touch-scroll.js";
 import { el } from "./dom.js";
 
 const FONT_KEY = "tether.fontSize";
@@ -22,6 +27,8 @@ const FONT_MAX = 32;
 const VIEW_EVERY_MS = 15000;
 /** How long a size that is not ours must last before the held bar shows. */
 const HELD_BAR_DELAY_MS = 700;
+/** A `size` that is not ours may mean the grid is free: a `view` this long after it asks. */
+const ASK_FOR_GRID_MS = 100;
 const encoder = new TextEncoder();
 
 export function defaultFontSize() {
@@ -39,6 +46,9 @@ export class TerminalView {
     this.ptySize = null;
     this.exited = false;
     this.disposed = false;
+    this.termState = null; // the terminal's state and its host's, from `status`
+    this.hostState = null;
+    this.heldInput = { bytes: 0, dropped: 0 }; // typed while no stream was live
     this.readOnly = false; // the server's `access` says so; nothing is sent then
     this.stateLog = []; // the last states shown, for debugState
 
@@ -59,7 +69,7 @@ export class TerminalView {
     this.takeOver = el("button", { type: "button", className: "take-over" }, "take over");
     this.takeOver.addEventListener("click", () => this.claimGrid());
     this.heldBar = el("div", { className: "held-bar", hidden: true }, this.holderText, this.takeOver);
-    this.notice = el("div", { className: "notice", hidden: true });
+    this.notice = el("div", { className: "notice", role: "status", hidden: true });
     this.readOnlyBadge = el("span", { className: "read-only-badge", hidden: true }, "read-only");
     this.readOnlyBar = el(
       "div",
@@ -90,9 +100,7 @@ export class TerminalView {
       { className: "terminal-view" },
       header,
       this.readOnlyBar,
-      this.heldBar,
-      this.notice,
-      this.screen,
+      el("div", { className: "screen-area" }, this.screen, el("div", { className: "overlays" }, this.heldBar, this.notice)),
       this.keys.element,
     );
 
@@ -106,6 +114,7 @@ export class TerminalView {
       control: (msg) => this.onControl(msg),
       bytes: (bytes) => this.queue.write(bytes),
       state: (name, detail) => this.onState(name, detail),
+      held: (held) => this.onHeldInput(held),
     });
 
     this.answerOnlyAsHolder();
@@ -150,6 +159,7 @@ export class TerminalView {
     const choice = localStorage.getItem(RENDERER_KEY) || (this.phone ? "dom" : "webgl");
     if (choice === "webgl") this.loadWebgl();
     this.screen.addEventListener("click", () => this.term.focus());
+    this.stopTouchScroll = touchScroll(this.screen, this.term);
     this.fitNow();
     this.onResize = debounce(() => this.windowResized(), 80);
     this.resizeObserver = new ResizeObserver(this.onResize);
@@ -183,6 +193,8 @@ export class TerminalView {
     this.socket.close();
     clearInterval(this.viewTimer);
     clearTimeout(this.heldBarTimer);
+    clearTimeout(this.askTimer);
+    this.stopTouchScroll?.();
     this.resizeObserver?.disconnect();
     document.removeEventListener("visibilitychange", this.onVisibility);
     window.removeEventListener("pagehide", this.onPageHide);
@@ -247,7 +259,7 @@ export class TerminalView {
   sendBytes(bytes) {
     if (this.exited || this.readOnly) return;
     this.lastKeyAt = Date.now();
-    this.socket.send(bytes);
+    this.socket.sendInput(bytes);
   }
 
   setFontSize(size) {
@@ -263,8 +275,9 @@ export class TerminalView {
         this.setReadOnly(msg.readOnly === true);
         break;
       case "status":
+        this.termState = msg.state;
         this.hostState = msg.host;
-        if (msg.host === "offline") this.showNotice("The host is offline; the terminal comes back when it reconnects.");
+        this.renderStatus();
         break;
       case "replay":
         // A repaint: forget what is on screen, take the snapshot's grid.
@@ -278,7 +291,9 @@ export class TerminalView {
       case "resume":
         this.sendView();
         break;
-      case "size":
+      case "size": {
+        const wasHolder = this.holder;
+        const sameGrid = this.ptySize?.cols === msg.cols && this.ptySize?.rows === msg.rows;
         this.ptySize = { cols: msg.cols, rows: msg.rows };
         this.holder = msg.yours;
         this.queue.then(() => {
@@ -286,17 +301,41 @@ export class TerminalView {
           else this.fitNow();
         });
         this.renderHolder();
+        if (!msg.yours && wasHolder === false && sameGrid) this.askForGrid();
         break;
+      }
       case "exit":
         this.exited = true;
         this.exitCode = msg.exitCode;
         this.queue.then(() => this.onState("exited", { exitCode: msg.exitCode }));
         break;
       case "error":
-        // The bar already says what a read-only refusal would.
-        if (!(this.readOnly && msg.message.startsWith("read-only:"))) this.showNotice(msg.message);
+        // The bar already says what a read-only refusal would, the status
+        // what "host offline" would; a close 1000 after a failed start
+        // ends the view with the reason (ViewerSocket.overMessage).
+        if (msg.message === "host offline") {
+          this.hostState = "offline";
+          this.renderStatus();
+        } else if (!(this.readOnly && msg.message.startsWith("read-only:"))) this.showNotice(msg.message);
         break;
     }
+  }
+
+  /**
+   * A `size` that is not ours, with the same grid, while the grid was not
+   * ours before either, says the holder changed between others: another
+   * viewer claimed it, or the holder left (the grid is then free, and the
+   * next arrival takes it). A visible page then says at once that it is
+   * here; the server keeps the grid with a holder that is in use. A page
+   * that just lost the grid, or sees the PTY resized, does not ask: two idle
+   * pages would otherwise take the grid from each other in a loop.
+   */
+  askForGrid() {
+    if (this.readOnly || this.exited || document.visibilityState !== "visible") return;
+    clearTimeout(this.askTimer);
+    this.askTimer = setTimeout(() => {
+      if (this.holder === false) this.sendView();
+    }, ASK_FOR_GRID_MS);
   }
 
   /** Read-only: the badge and bar show, the keyboard and grid claims go quiet. */
@@ -316,7 +355,8 @@ export class TerminalView {
    */
   renderHolder() {
     clearTimeout(this.heldBarTimer);
-    const held = this.holder === false && !this.exited && !this.readOnly;
+    const over = () => this.exited || this.state === "ended";
+    const held = this.holder === false && !over() && !this.readOnly;
     if (!held) {
       this.heldBar.hidden = true;
       return;
@@ -324,7 +364,7 @@ export class TerminalView {
     this.holderText.textContent = `viewing at ${this.ptySize.cols}×${this.ptySize.rows}, held by another viewer`;
     if (!this.heldBar.hidden) return;
     this.heldBarTimer = setTimeout(() => {
-      if (this.holder === false && !this.exited) this.heldBar.hidden = false;
+      if (this.holder === false && !over()) this.heldBar.hidden = false;
     }, HELD_BAR_DELAY_MS);
   }
 
@@ -333,28 +373,50 @@ export class TerminalView {
     if (this.stateLog.at(-1) !== name) this.stateLog.push(name);
     if (this.stateLog.length > 50) this.stateLog.shift();
     this.status.dataset.state = name;
-    switch (name) {
-      case "connecting":
-        this.status.textContent = "connecting";
-        break;
-      case "live":
-        this.status.textContent = "live";
-        if (this.notice.dataset.kind === "connection") this.hideNotice();
-        break;
-      case "reconnecting":
-        this.status.textContent = detail.attempt ? `reconnecting (try ${detail.attempt})` : "reconnecting";
-        this.showNotice("Connection lost; reconnecting…", "connection");
-        break;
-      case "ended":
-        this.status.textContent = "disconnected";
-        this.showNotice(detail.message, "final");
-        break;
-      case "exited":
-        this.status.textContent = detail.exitCode === null || detail.exitCode === undefined ? "exited" : `exited with code ${detail.exitCode}`;
-        this.renderHolder();
-        this.term.options.cursorBlink = false;
-        break;
+    if (name === "connecting" || name === "reconnecting") {
+      // A new connection tells the terminal's and the host's state afresh.
+      this.termState = null;
+      this.hostState = null;
+      this.attempt = detail.attempt;
     }
+    if (name === "ended") {
+      this.endMessage = detail.message;
+      this.renderHolder();
+    }
+    if (name === "exited") {
+      this.exitCode = detail.exitCode;
+      this.renderHolder();
+      this.term.options.cursorBlink = false;
+    }
+    this.renderStatus();
+  }
+
+  /** Keys typed while no stream is live are held by the socket; the notice says so. */
+  onHeldInput(held) {
+    this.heldInput = held;
+    if (this.state === "live" && held.bytes === 0 && held.dropped > 0) {
+      this.showNotice(`${held.dropped} bytes typed while disconnected did not fit in the ${HELD_INPUT_LIMIT}-byte hold and were not sent.`);
+    } else this.renderStatus();
+  }
+
+  /**
+   * The header's status and the notice, from the socket's state, the
+   * terminal's (`status`) and what waits to be sent: what the view is
+   * waiting for, in words.
+   */
+  renderStatus() {
+    const { text, notice, kind } = describeStatus({
+      state: this.state,
+      attempt: this.attempt,
+      termState: this.termState,
+      hostState: this.hostState,
+      exitCode: this.exitCode,
+      endMessage: this.endMessage,
+      heldBytes: this.heldInput.bytes,
+    });
+    this.status.textContent = text;
+    if (notice) this.showNotice(notice, kind);
+    else if (["connection", "host"].includes(this.notice.dataset.kind)) this.hideNotice();
   }
 
   showNotice(text, kind = "info") {
@@ -381,6 +443,8 @@ export class TerminalView {
       readOnly: this.readOnly,
       readOnlyShown: !this.readOnlyBar.hidden && !this.readOnlyBadge.hidden,
       pty: this.ptySize,
+      status: this.status.textContent,
+      notice: this.notice.hidden ? null : this.notice.textContent,
       offset: this.socket.offset,
       socket: this.socket.stats,
       renderer: this.renderer,

@@ -3,7 +3,13 @@
 // subprotocol list (never in the URL), tracks the stream offset of the
 // bytes it has passed on, and after a drop dials again with `?from=` that
 // offset, backing off between tries. Close codes that no retry can fix
-// (4401, 4403, 4404) and the terminal's exit end it for good.
+// (4401, 4403, 4404), the server's close 1000 (the terminal is over: it
+// exited, or it failed to start and an `error` said why) and the
+// terminal's exit end it for good.
+//
+// Input typed while no stream is live (reconnecting, host offline, not
+// started yet) is held, up to HELD_INPUT_LIMIT bytes, and sent once the
+// stream is live again; what does not fit is dropped and reported.
 
 export const FINAL_CLOSES = {
   4401: "The token is no longer accepted: sign in again.",
@@ -11,6 +17,10 @@ export const FINAL_CLOSES = {
   4404: "There is no such terminal.",
 };
 const HOST_MOVED = 4503;
+/** The server's "stop; the terminal is over" (docs/PROTOCOL.md, "Viewer close codes"). */
+const TERMINAL_OVER = 1000;
+/** At most this much input waits for the stream to come back. */
+export const HELD_INPUT_LIMIT = 4096;
 
 export const BACKOFF = { firstMs: 500, maxMs: 15000, jitter: 0.25 };
 
@@ -25,7 +35,8 @@ export class ViewerSocket {
    * handlers: control(msg) for JSON messages, bytes(Uint8Array, {live}) for
    * binary frames (live = stream bytes, counted in the offset; otherwise a
    * replay snapshot), state(name, detail) on every change of
-   * connecting | live | reconnecting | ended.
+   * connecting | live | reconnecting | ended, held({bytes, dropped}) when
+   * the input waiting for the stream changes.
    */
   constructor(terminalId, token, handlers) {
     this.terminalId = terminalId;
@@ -37,7 +48,13 @@ export class ViewerSocket {
     this.ended = false;
     this.ws = null;
     this.timer = null;
-    this.stats = { connects: 0, resumes: 0, replays: 0, urls: [], closes: [] };
+    this.termState = null; // the last `status` message's state
+    this.hostOnline = true; // the last `status` message's host
+    this.lastError = null; // the last `error` message on this connection
+    this.held = []; // input typed while no stream was live
+    this.heldBytes = 0;
+    this.droppedInput = 0; // bytes of it that did not fit
+    this.stats = { connects: 0, resumes: 0, replays: 0, urls: [], closes: [], sizes: [], heldSent: 0 };
     this.onOnline = () => this.retryNow();
     window.addEventListener("online", this.onOnline);
   }
@@ -56,6 +73,7 @@ export class ViewerSocket {
     ws.binaryType = "arraybuffer";
     this.ws = ws;
     this.inStream = false;
+    this.lastError = null;
     this.handlers.state(this.attempt === 0 ? "connecting" : "reconnecting", { attempt: this.attempt });
     ws.onmessage = (ev) => {
       if (ws !== this.ws) return;
@@ -83,12 +101,24 @@ export class ViewerSocket {
         this.attempt = 0;
         this.handlers.state("live", {});
         break;
+      case "status":
+        this.termState = msg.state;
+        this.hostOnline = msg.host !== "offline";
+        break;
+      case "size":
+        this.stats.sizes.push(`${msg.cols}x${msg.rows}${msg.yours ? "*" : ""}`);
+        if (this.stats.sizes.length > 50) this.stats.sizes.shift();
+        break;
+      case "error":
+        this.lastError = msg.message;
+        break;
       case "exit":
         this.ended = true;
         break;
     }
     this.handlers.control(msg);
     if (this.ended) this.close();
+    else if (this.canSendInput()) this.sendHeld();
   }
 
   onBytes(bytes) {
@@ -103,12 +133,22 @@ export class ViewerSocket {
       this.end(FINAL_CLOSES[code], code);
       return;
     }
+    if (code === TERMINAL_OVER) {
+      this.end(this.overMessage(), code);
+      return;
+    }
     this.attempt += 1;
     // 4503: the host moved or the instance is draining; the terminal is
     // elsewhere now, so the first redial goes at once.
     const delay = code === HOST_MOVED && this.attempt === 1 ? 0 : backoffDelay(this.attempt);
     this.handlers.state("reconnecting", { attempt: this.attempt, delayMs: delay, code, reason });
     this.timer = setTimeout(() => this.connect(), delay);
+  }
+
+  /** Why the server said the terminal is over (close 1000 with no `exit`). */
+  overMessage() {
+    if (this.termState === "error") return `The terminal could not start: ${this.lastError ?? "the server gave no reason"}`;
+    return this.lastError ? `The terminal is over: ${this.lastError}` : "The terminal is over.";
   }
 
   /** Skips the wait of a pending retry (the network came back). */
@@ -124,6 +164,7 @@ export class ViewerSocket {
     this.connect({ fresh: true });
   }
 
+  /** Sends a control message now, or drops it: they only matter while connected. */
   send(message) {
     if (this.ws && this.ws.readyState === WebSocket.OPEN) {
       this.ws.send(typeof message === "string" || message instanceof Uint8Array ? message : JSON.stringify(message));
@@ -132,8 +173,42 @@ export class ViewerSocket {
     return false;
   }
 
+  /** Whether input sent now reaches the terminal (the server drops it while the host is offline). */
+  canSendInput() {
+    return this.inStream && this.hostOnline && this.ws !== null;
+  }
+
+  /** Sends input while the stream is live; holds it (bounded) until then. */
+  sendInput(bytes) {
+    if (this.ended) return;
+    if (this.canSendInput() && this.held.length === 0 && this.send(bytes)) return;
+    if (this.heldBytes + bytes.byteLength > HELD_INPUT_LIMIT) this.droppedInput += bytes.byteLength;
+    else {
+      this.held.push(bytes);
+      this.heldBytes += bytes.byteLength;
+    }
+    this.handlers.held?.({ bytes: this.heldBytes, dropped: this.droppedInput });
+  }
+
+  /**
+   * The stream is live again: what was typed meanwhile goes out, in order.
+   * The handler hears once more how much was dropped, then the count starts over.
+   */
+  sendHeld() {
+    if (this.held.length === 0 && this.droppedInput === 0) return;
+    while (this.held.length > 0 && this.send(this.held[0])) {
+      this.stats.heldSent += this.held[0].byteLength;
+      this.heldBytes -= this.held.shift().byteLength;
+    }
+    if (this.held.length > 0) return;
+    this.handlers.held?.({ bytes: 0, dropped: this.droppedInput });
+    this.droppedInput = 0;
+  }
+
   end(message, code) {
     this.ended = true;
+    this.held = [];
+    this.heldBytes = 0;
     this.handlers.state("ended", { message, code });
     this.close();
   }

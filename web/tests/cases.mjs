@@ -2,11 +2,18 @@
 // runs every one as its own test (`node tests/run.mjs NAME`).
 
 import {
-  askHarness, check, DESKTOP, env, expectEachOnce, newPage, noProblems, openTerminal, PHONE, report, screen, screenText,
-  signIn, signInAndSeeHost, startTerminal, typeLine, waitFor, waitForLine, waitLive,
+  askHarness, check, DESKTOP, env, expectEachOnce, newPage, noProblems, openTerminal, PHONE, report, rest, screen,
+  screenText, signIn, signInAndSeeHost, startTerminal, typeLine, waitFor, waitForLine, waitLive,
 } from "./lib.mjs";
 
 const shot = (name) => `${env.screenshots}/${name}`;
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** A terminal made through REST on the case's host, in /tmp; returns it. */
+async function restTerminal(body) {
+  return (await rest("POST", "/terminals", { hostId: env.hostId, dir: "/tmp", ...body })).terminal;
+}
 
 /** Waits until `page` holds the grid and the PTY has its grid; returns the state. */
 async function holdsTheGrid(page) {
@@ -84,10 +91,19 @@ export async function second_viewer_sees_held_bar_and_takes_over(browser) {
   check(bar.includes(`viewing at ${a.cols}×${a.rows}, held by another viewer`), `the bar says ${bar}`);
   check((await screen(second)).cols === a.cols, "the second viewer shows the holder's grid");
 
+  const sizesBefore = (await screen(second)).socket.sizes.length;
   await second.click(".take-over");
   await second.waitForSelector(".held-bar", { state: "hidden" });
   const b = await holdsTheGrid(second);
   check(b.cols !== a.cols, "the grids differ, so the move is visible");
+  // The bar floats over the screen: hiding it changes no grid, so the PTY
+  // is resized once (the claim's `size`, then the new grid's).
+  await sleep(1000);
+  const sizes = (await screen(second)).socket.sizes.slice(sizesBefore);
+  check(
+    sizes.join(" ") === `${a.cols}x${a.rows}* ${b.cols}x${b.rows}*`,
+    `the take-over resized the PTY once: ${sizes.join(" ")}`,
+  );
   await first.waitForSelector(".held-bar:not([hidden])");
   await typeLine(second, "stty size");
   await waitForLine(second, new RegExp(`^${b.rows} ${b.cols}\\s*$`));
@@ -368,4 +384,253 @@ export async function share_token_watches_read_only(browser) {
   noProblems(owner);
   noProblems(guest);
   report({ guestGrid: `${after.cols}x${after.rows}` });
+}
+
+/**
+ * A terminal that fails to start: the server sends `status: error`, the
+ * reason and close 1000. The page shows the reason and stops: no redial.
+ */
+export async function failed_start_shows_error_and_stops(browser) {
+  const t = await restTerminal({ argv: ["/nonexistent/cmd-xyz"] });
+  const page = await newPage(browser, DESKTOP);
+  await signIn(page);
+  await page.waitForSelector(".home");
+  await page.goto(`${env.url}/#/t/${t.id}`);
+  await page.waitForFunction(() => document.querySelector(".status")?.textContent === "failed to start");
+  const notice = await page.locator(".notice").textContent();
+  check(/^The terminal could not start: .*cmd-xyz/.test(notice), `the notice says ${notice}`);
+  await sleep(3000);
+  const s = await screen(page);
+  check(s.state === "ended" && s.socket.connects === 1, `no redial after close 1000: ${JSON.stringify(s.socket)}`);
+  check((await page.locator(".notice").textContent()) === notice, "the reason stays on screen");
+  check(await page.locator(".held-bar").isHidden(), "no take-over bar on a terminal that is over");
+  await page.screenshot({ path: shot("desktop-failed-start.png") });
+  noProblems(page);
+  report({ notice, closes: s.socket.closes });
+}
+
+/** The Start form's error stays until the user changes something, across list refreshes. */
+export async function start_error_stays_until_the_user_acts(browser) {
+  const page = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(page);
+  await page.waitForSelector('#start-dir option[value="/tmp"]', { state: "attached" });
+  // A dir the host does not allow (as when the host's list changed since the page read it).
+  await page.evaluate(() => document.querySelector("#start-dir").append(new Option("/etc", "/etc", true, true)));
+  await page.click("form.start button[type=submit]");
+  const problem = page.locator(".start-problem");
+  await problem.waitFor();
+  const text = await problem.textContent();
+  check(/^Could not start the terminal: .*\/etc/.test(text), `the form says ${text}`);
+  await sleep(3 * 3000 + 500); // three list refreshes
+  check(await problem.isVisible(), "the error is still shown after the list refreshed");
+  check((await problem.textContent()) === text, "and says the same");
+  await page.fill("#start-command", "sh");
+  check(await problem.isHidden(), "the error goes once the user changes the form");
+  noProblems(page);
+  report({ text });
+}
+
+/** A list refresh changes only what changed: a selection in the list survives it. */
+export async function lists_refresh_in_place(browser) {
+  const t = await restTerminal({ argv: ["sh"], title: "keep-me-selected" });
+  const page = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(page);
+  const link = page.locator(`tr[data-terminal="${t.id}"] a`);
+  await link.waitFor();
+  await page.evaluate((id) => {
+    const a = document.querySelector(`tr[data-terminal="${id}"] a`);
+    a.closest("tr").marked = "yes"; // gone if the row is rebuilt (a property: not in the HTML)
+    getSelection().selectAllChildren(a);
+  }, t.id);
+  const requests = [];
+  page.on("request", (r) => r.url().includes("/api/v1/") && requests.push(new URL(r.url()).pathname));
+  await sleep(2 * 3000 + 500);
+  const after = await page.evaluate((id) => ({
+    selection: getSelection().toString(),
+    marked: document.querySelector(`tr[data-terminal="${id}"]`)?.marked ?? null,
+  }), t.id);
+  check(after.selection === "keep-me-selected", `the selection is ${JSON.stringify(after.selection)}`);
+  check(after.marked === "yes", "the row was rebuilt");
+  check(requests.filter((p) => p === "/api/v1/terminals").length >= 2, `the list refreshed: ${requests}`);
+  noProblems(page);
+  report({ requests: requests.length });
+}
+
+/**
+ * A terminal on a host that is offline waits (`pending`): the header says
+ * so, and why, instead of "connecting" forever.
+ */
+export async function pending_terminal_says_why(browser) {
+  const { host } = await rest("POST", "/hosts", { hostname: "nowhere", name: "nowhere" });
+  const t = (await rest("POST", "/terminals", { hostId: host.id, argv: ["sh"] })).terminal;
+  check(t.state === "pending", `a terminal on an offline host is ${t.state}`);
+  const page = await newPage(browser, DESKTOP);
+  await signIn(page);
+  await page.waitForSelector(".home");
+  await page.goto(`${env.url}/#/t/${t.id}`);
+  await page.waitForFunction(() => document.querySelector(".status")?.textContent === "pending");
+  const notice = await page.locator(".notice").textContent();
+  check(/not started yet: it starts when its host comes online/.test(notice), `the notice says ${notice}`);
+  noProblems(page);
+  report({ notice });
+}
+
+/**
+ * Keys typed while the page is reconnecting are held and sent once the
+ * stream is back, and the notice says so meanwhile.
+ */
+export async function keys_typed_while_reconnecting_are_sent(browser) {
+  const page = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(page);
+  await startTerminal(page, "sh");
+  // Drop the socket and keep the page from redialing until the keys are typed.
+  await page.evaluate(() => {
+    const socket = window.tether.view.socket;
+    socket.realConnect = socket.connect;
+    socket.connect = () => {};
+    socket.ws.close(4000, "test: drop");
+  });
+  await waitFor("the page to notice the drop", async () => (await screen(page)).state === "reconnecting");
+  await page.click(".screen");
+  await page.keyboard.type("echo typed-$((20+1))");
+  await page.keyboard.press("Enter");
+  const held = await page.locator(".notice").textContent();
+  check(/What you type is held/.test(held), `the notice says ${held}`);
+  await page.evaluate(() => {
+    const socket = window.tether.view.socket;
+    socket.connect = socket.realConnect;
+    socket.connect();
+  });
+  await waitForLine(page, /^typed-21/);
+  const s = await screen(page);
+  check(s.socket.heldSent > 0 && s.notice === null, `sent what was held: ${JSON.stringify(s.socket)} notice ${s.notice}`);
+  noProblems(page);
+  report({ held, heldSent: s.socket.heldSent });
+}
+
+/** The holder leaves: the other (visible) viewer takes the grid at once, not at its next periodic view. */
+export async function holder_leaving_hands_the_grid_over(browser) {
+  const first = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(first);
+  const id = await startTerminal(first, "sh");
+  const a = await holdsTheGrid(first);
+  const second = await newPage(browser, { viewport: { width: 760, height: 480 } });
+  await signIn(second);
+  await second.waitForSelector(".home");
+  await openTerminal(second, id);
+  await second.waitForSelector(".held-bar:not([hidden])");
+  await first.close();
+  const started = Date.now();
+  const b = await waitFor("the second viewer to take the free grid within 5 s", async () => {
+    const s = await screen(second);
+    return s.holder === true && s.pty?.cols === s.cols && s.pty?.rows === s.rows ? s : null;
+  }, 5000);
+  const ms = Date.now() - started;
+  check(b.cols !== a.cols && (await second.locator(".held-bar").isHidden()), "the second viewer holds it at its size");
+  noProblems(second);
+  report({ ms, grid: `${b.cols}x${b.rows}` });
+}
+
+/** On a phone, a finger drag on the terminal scrolls back through the output. */
+export async function phone_touch_scrolls_back(browser) {
+  const page = await newPage(browser, PHONE);
+  await signInAndSeeHost(page);
+  await startTerminal(page, "sh");
+  await page.tap(".screen");
+  await page.keyboard.type("seq 1 300");
+  await page.keyboard.press("Enter");
+  await waitForLine(page, /^300\s*$/);
+  const before = (await screen(page)).viewportY;
+  const box = await page.locator(".screen").boundingBox();
+  const x = box.x + box.width / 2;
+  const y = box.y + box.height / 3;
+  const cdp = await page.context().newCDPSession(page);
+  await cdp.send("Input.dispatchTouchEvent", { type: "touchStart", touchPoints: [{ x, y }] });
+  for (let i = 1; i <= 10; i++) {
+    await cdp.send("Input.dispatchTouchEvent", { type: "touchMove", touchPoints: [{ x, y: y + 30 * i }] });
+  }
+  await cdp.send("Input.dispatchTouchEvent", { type: "touchEnd", touchPoints: [] });
+  const after = await waitFor("the scrollback to move", async () => {
+    const s = await screen(page);
+    return s.viewportY < before ? s : null;
+  }, 5000);
+  // The key row: Ctrl latched, then ← goes out as Ctrl+← (cat -v shows it).
+  await page.tap(".screen");
+  await page.keyboard.type("cat -v");
+  await page.keyboard.press("Enter");
+  await sleep(300);
+  await page.tap('.key-row button[data-key="Ctrl"]');
+  await page.tap('.key-row button[data-key="←"]');
+  await page.tap('.key-row button[data-key="Alt"]');
+  await page.tap('.key-row button[data-key="→"]');
+  await page.keyboard.press("Enter");
+  await waitForLine(page, /^\^\[\[1;5D\^\[\[1;3C\s*$/);
+  noProblems(page);
+  report({ before, after: after.viewportY });
+}
+
+/** Read-only tokens get no Start form; a share token's home says what it can do, not "Could not refresh". */
+export async function read_and_share_tokens_home(browser) {
+  const { secret: readToken } = await rest("POST", "/tokens", { scope: "read", name: "reader" });
+  const reader = await newPage(browser, DESKTOP);
+  await signIn(reader, readToken);
+  await reader.waitForSelector(`.host[data-host="${env.hostId}"]`);
+  await reader.waitForSelector(".read-only-note:not([hidden])");
+  check(await reader.locator(".start-section").isHidden(), "no Start form for a read token");
+
+  const t = await restTerminal({ argv: ["sh"] });
+  const { secret: shareToken } = await rest("POST", "/tokens", { terminalId: t.id });
+  const guest = await newPage(browser, DESKTOP);
+  await guest.goto(`${env.url}/#/t/${t.id}`);
+  await guest.fill("#token", shareToken);
+  await guest.click("form.signin button[type=submit]");
+  await waitLive(guest);
+  await guest.click(".back");
+  await guest.waitForSelector(".share-note");
+  check(await guest.locator(".problem:visible").count() === 0, "no \"Could not refresh\"");
+  check(await guest.locator("form.start").count() === 0, "no Start form for a share token");
+  await guest.click(`.share-note a[href="#/t/${t.id}"]`);
+  await waitLive(guest);
+  noProblems(reader);
+  noProblems(guest);
+  report({});
+}
+
+/** On a phone, long host names and titles stay within the screen's width. */
+export async function phone_lists_fit_long_names(browser) {
+  await rest("POST", "/hosts", { hostname: "far_away_machine_with_a_very_long_hostname.example.internal", name: "a_host_name_that_goes_on_and_on_and_on_and_on_and_on_and_on" });
+  await restTerminal({ argv: ["sh"], title: "a_terminal_title_that_goes_on_and_on_and_on_and_on_and_on_and_on" });
+  const page = await newPage(browser, PHONE);
+  await signInAndSeeHost(page);
+  await page.waitForSelector("tr.terminal");
+  const width = await page.evaluate(() => document.querySelector(".home").scrollWidth);
+  await page.screenshot({ path: shot("phone-long-names.png") });
+  check(width <= 390, `the lists are ${width}px wide on a 390px screen`);
+  noProblems(page);
+  report({ width });
+}
+
+/**
+ * Two visible pages whose users are both idle: each page's `view` may move
+ * the grid (an idle holder is not in use), but losing it never makes a
+ * page ask back at once, so the grid does not bounce between them.
+ */
+export async function idle_viewers_do_not_bounce_the_grid(browser) {
+  const t = await restTerminal({ argv: ["sh"] });
+  const pages = [];
+  for (const viewport of [{ width: 1100, height: 720 }, { width: 760, height: 480 }]) {
+    const page = await newPage(browser, { viewport });
+    await signIn(page);
+    await page.waitForSelector(".home");
+    await openTerminal(page, t.id);
+    // As if nobody had typed here for two minutes (the server's in-use limit is 60 s).
+    await page.evaluate(() => (window.tether.view.lastKeyAt = Date.now() - 120000));
+    pages.push(page);
+  }
+  for (const page of pages) await page.evaluate(() => window.tether.view.sendView());
+  await sleep(3000);
+  const sizes = await Promise.all(pages.map(async (p) => (await screen(p)).socket.sizes));
+  check(sizes.every((s) => s.length <= 8), `the grid bounced: ${JSON.stringify(sizes)}`);
+  for (const page of pages) noProblems(page);
+  report({ sizes });
 }

@@ -158,6 +158,18 @@ export async function typeLine(page, text) {
   await page.keyboard.press("Enter");
 }
 
+/** A REST call to the server (as the case's setup, not as the page): the parsed JSON body, or throws. */
+export async function rest(method, path, body, token = env.token) {
+  const res = await fetch(`${env.url}/api/v1${path}`, {
+    method,
+    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.text();
+  check(res.ok, `${method} ${path}: ${res.status} ${text}`);
+  return text ? JSON.parse(text) : null;
+}
+
 /** Asks the Rust side to do `what` (e.g. cut the connections) and waits until it did. */
 let lines;
 export async function askHarness(what) {

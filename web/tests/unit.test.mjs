@@ -4,9 +4,12 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { OutputQueue } from "../src/output-queue.js";
-import { ctrlOf, Modifiers } from "../src/keys.js";
+import { arrowSequence, ctrlOf, Modifiers } from "../src/keys.js";
 import { splitArgv } from "../src/dom.js";
-import { backoffDelay, BACKOFF } from "../src/viewer-socket.js";
+import { backoffDelay, BACKOFF, HELD_INPUT_LIMIT, ViewerSocket } from "../src/viewer-socket.js";
+import { PagedList } from "../src/api.js";
+import { describeStatus } from "../src/status.js";
+import { linesFor } from "../src/touch-scroll.js";
 
 /** An xterm.js stand-in whose parser finishes a write only when told to. */
 function slowTerm() {
@@ -93,10 +96,155 @@ test("backoff doubles to its ceiling with bounded jitter", () => {
   assert.equal(backoffDelay(30, () => 1), Math.round(BACKOFF.maxMs * (1 + BACKOFF.jitter)));
 });
 
-test("lists follow nextCursor to the last page", async () => {
-  const { list } = await import("../src/api.js");
+test("a latch modifies the first character of a multi-character chunk", () => {
+  const m = new Modifiers(() => {});
+  m.toggle("ctrl");
+  assert.equal(m.apply("cd"), "\x03d", "a soft keyboard's word: Ctrl takes its first letter");
+  assert.equal(m.ctrl, false);
+  m.toggle("alt");
+  assert.equal(m.apply("bc"), "\x1bbc");
+});
+
+test("latched arrows are xterm's modified arrows", () => {
+  assert.equal(arrowSequence("D"), "\x1b[D");
+  assert.equal(arrowSequence("D", { application: true }), "\x1bOD");
+  assert.equal(arrowSequence("D", { ctrl: true }), "\x1b[1;5D");
+  assert.equal(arrowSequence("C", { alt: true }), "\x1b[1;3C");
+  assert.equal(arrowSequence("A", { ctrl: true, alt: true, application: true }), "\x1b[1;7A");
+});
+
+test("a finger drag scrolls whole lines", () => {
+  assert.equal(linesFor(50, 17), 2);
+  assert.equal(linesFor(-50, 17), -2);
+  assert.equal(linesFor(10, 17), 0);
+  assert.equal(linesFor(10, 0), 0);
+});
+
+test("the status says what the view waits for", () => {
+  assert.deepEqual(describeStatus({ state: "live", termState: "running", hostState: "online" }), { text: "live" });
+  const offline = describeStatus({ state: "live", termState: "running", hostState: "offline" });
+  assert.equal(offline.text, "host offline");
+  assert.equal(offline.kind, "host");
+  const pending = describeStatus({ state: "connecting", termState: "pending", hostState: "offline" });
+  assert.equal(pending.text, "pending");
+  assert.match(pending.notice, /not started yet: it starts when its host comes online/);
+  const failed = describeStatus({ state: "ended", termState: "error", endMessage: "The terminal could not start: x." });
+  assert.deepEqual(failed, { text: "failed to start", notice: "The terminal could not start: x.", kind: "final" });
+  const down = describeStatus({ state: "reconnecting", attempt: 2, heldBytes: 5 });
+  assert.equal(down.text, "reconnecting (try 2)");
+  assert.match(down.notice, /held \(5 bytes so far\) and sent once it is back/);
+  assert.deepEqual(describeStatus({ state: "exited", exitCode: 3 }), { text: "exited with code 3" });
+});
+
+/** A browser WebSocket stand-in: the test opens, feeds and closes it. */
+class FakeSocket {
+  static all = [];
+  static OPEN = 1;
+  constructor(url, protocols) {
+    Object.assign(this, { url, protocols, readyState: 0, sent: [] });
+    FakeSocket.all.push(this);
+  }
+  open() {
+    this.readyState = FakeSocket.OPEN;
+  }
+  send(data) {
+    this.sent.push(typeof data === "string" ? JSON.parse(data) : new TextDecoder().decode(data));
+  }
+  control(msg) {
+    this.onmessage({ data: JSON.stringify(msg) });
+  }
+  serverClose(code) {
+    this.readyState = 3;
+    this.onclose({ code, reason: "" });
+  }
+  close() {
+    this.readyState = 3;
+  }
+}
+
+/** A ViewerSocket on FakeSockets, with what it told its handlers. */
+function fakeViewer() {
+  globalThis.window ??= new EventTarget();
+  globalThis.location ??= { protocol: "http:", host: "tether.test" };
+  globalThis.WebSocket = FakeSocket;
+  FakeSocket.all = [];
+  const seen = { states: [], held: [] };
+  const socket = new ViewerSocket("t1", "tok", {
+    control: () => {},
+    bytes: () => {},
+    state: (name, detail) => seen.states.push({ name, ...detail }),
+    held: (h) => seen.held.push(h),
+  });
+  socket.connect();
+  const ws = () => FakeSocket.all.at(-1);
+  ws().open();
+  return { socket, seen, ws };
+}
+
+test("close 1000 after a failed start ends the view with the reason, no retry", () => {
+  const { socket, seen, ws } = fakeViewer();
+  ws().control({ type: "access", readOnly: false });
+  ws().control({ type: "status", state: "error", host: "online" });
+  ws().control({ type: "error", message: "cannot start /nope: ENOENT" });
+  ws().serverClose(1000);
+  const last = seen.states.at(-1);
+  assert.equal(last.name, "ended");
+  assert.equal(last.message, "The terminal could not start: cannot start /nope: ENOENT");
+  assert.equal(socket.timer, null, "no retry is planned");
+  assert.equal(FakeSocket.all.length, 1);
+});
+
+test("drops other than 1000 still reconnect", () => {
+  for (const code of [1006, 1001, 1011, 4503, 4429]) {
+    const { socket, seen, ws } = fakeViewer();
+    ws().control({ type: "live", offset: 7 });
+    ws().serverClose(code);
+    assert.equal(seen.states.at(-1).name, "reconnecting", `close ${code}`);
+    assert.notEqual(socket.timer, null, `close ${code} plans a retry`);
+    socket.close();
+  }
+});
+
+test("keys typed while reconnecting are held and sent once live again", () => {
+  const { socket, seen, ws } = fakeViewer();
+  ws().control({ type: "status", state: "running", host: "online" });
+  ws().control({ type: "live", offset: 0 });
+  socket.sendInput(new TextEncoder().encode("a"));
+  assert.deepEqual(ws().sent, ["a"]);
+  ws().serverClose(1006);
+  socket.sendInput(new TextEncoder().encode("echo hi\r"));
+  assert.deepEqual(seen.held.at(-1), { bytes: 8, dropped: 0 });
+  socket.sendInput(new Uint8Array(HELD_INPUT_LIMIT)); // does not fit: dropped, and said so
+  assert.deepEqual(seen.held.at(-1), { bytes: 8, dropped: HELD_INPUT_LIMIT });
+  socket.connect();
+  ws().open();
+  ws().control({ type: "status", state: "running", host: "online" });
+  assert.deepEqual(ws().sent, [], "nothing before the stream is live");
+  ws().control({ type: "resume", offset: 1 });
+  assert.deepEqual(ws().sent, ["echo hi\r"]);
+  assert.deepEqual(seen.held.at(-1), { bytes: 0, dropped: HELD_INPUT_LIMIT }, "the drop is told once more");
+  socket.sendInput(new TextEncoder().encode("b"));
+  assert.deepEqual(ws().sent, ["echo hi\r", "b"]);
+  socket.close();
+});
+
+test("input waits while the host is offline", () => {
+  const { socket, ws } = fakeViewer();
+  ws().control({ type: "status", state: "running", host: "offline" });
+  ws().control({ type: "error", message: "host offline" });
+  socket.sendInput(new TextEncoder().encode("x"));
+  assert.deepEqual(ws().sent, []);
+  ws().control({ type: "status", state: "running", host: "online" });
+  ws().control({ type: "replay", cols: 80, rows: 24, offset: 0 });
+  ws().control({ type: "live", offset: 0 });
+  assert.deepEqual(ws().sent, ["x"]);
+  socket.close();
+});
+
+test("a list reads every page once, then from its last page on", async () => {
   const asked = [];
-  const pages = { "": ["a", "b"], "?after=c1": ["c"], "?after=c2": [] };
+  // Three pages; the refreshes add "e" to the last one.
+  const pages = { "": ["a", "b"], "?after=c1": ["c", "d"], "?after=c2": [] };
   const cursors = { "": "c1", "?after=c1": "c2" };
   const saved = globalThis.fetch;
   globalThis.fetch = async (url) => {
@@ -107,8 +255,18 @@ test("lists follow nextCursor to the last page", async () => {
     return new Response(JSON.stringify(body), { headers: { "content-type": "application/json" } });
   };
   try {
-    assert.deepEqual(await list("tok", "/hosts", "hosts"), ["a", "b", "c"]);
-    assert.deepEqual(asked, ["", "?after=c1", "?after=c2"]);
+    const list = new PagedList("tok", "/hosts", "hosts", 3);
+    assert.deepEqual(await list.refresh(), ["a", "b", "c", "d"]);
+    assert.deepEqual(asked.splice(0), ["", "?after=c1", "?after=c2"]);
+    pages["?after=c2"] = ["e"];
+    assert.deepEqual(await list.refresh(), ["a", "b", "c", "d", "e"]);
+    assert.deepEqual(asked.splice(0), ["?after=c2"], "only the last page, where new items come");
+    pages["?after=c2"] = ["e2"];
+    assert.deepEqual(await list.refresh(), ["a", "b", "c", "d", "e2"]);
+    assert.deepEqual(asked.splice(0), ["?after=c2"]);
+    pages[""] = ["a"]; // "b" deleted: seen at the next full read
+    assert.deepEqual(await list.refresh(), ["a", "c", "d", "e2"]);
+    assert.deepEqual(asked.splice(0), ["", "?after=c1", "?after=c2"]);
   } finally {
     globalThis.fetch = saved;
   }
