@@ -192,6 +192,18 @@ async fn the_database_path_never_places_on_a_held_cell_but_takes_it_once_it_trip
     let answer = assigned(&ann, connected).await;
     assert_eq!((answer.cell_id.as_str(), answer.cell_url.as_str(), answer.epoch), ("held", held.url.as_str(), 4));
     assert_eq!(store.assignment(connected).await.expect("assignment"), Some(("held".into(), 4)));
+    // A host connected to the held cell whose row names another cell (it
+    // was booked there, and a trip elsewhere wrote the row): it stays, and
+    // the row is made to say so, at the next epoch. With the stale row, the
+    // held cell's database check sent the daemon to the other cell (4409),
+    // which sent it back to the director: round and round.
+    let moved = new_host(&ann, "moved").await;
+    store.record_assignments("db", &[(moved, 6)]).await.expect("assignment");
+    let holder = LeaseHolder::connection("held#a1b2c3", 2);
+    assert!(store.claim_lease(&host_lease_key(moved), &holder, Duration::from_secs(600)).await.expect("lease"));
+    let answer = assigned(&ann, moved).await;
+    assert_eq!((answer.cell_id.as_str(), answer.epoch, answer.ticket.as_str()), ("held", 7, ""), "{answer:?}");
+    assert_eq!(store.assignment(moved).await.expect("assignment"), Some(("held".into(), 7)));
 
     // The db cell goes: its switch says reserve, its feed is quiet and it
     // writes no row. With only the held cell left, a new host has no cell.
@@ -222,7 +234,7 @@ async fn the_database_path_never_places_on_a_held_cell_but_takes_it_once_it_trip
     let text = String::from_utf8_lossy(&text);
     for line in [
         "tether_director_assignments_total{path=\"database\"} 12",
-        "tether_director_assignments_total{path=\"stay\"} 1",
+        "tether_director_assignments_total{path=\"stay\"} 2",
         "tether_director_assignments_total{path=\"none\"} 3",
     ] {
         assert!(text.contains(line), "no {line:?} in /metrics:\n{text}");

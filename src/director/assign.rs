@@ -54,7 +54,8 @@ impl Director {
     /// Places `host_id`, a host of `user_id` (the caller checked the owner);
     /// a booking's ticket vouches for both.
     pub async fn assign(&self, user_id: Uuid, host_id: Uuid) -> Result<AssignAnswer, AssignError> {
-        let epoch = self.store.assignment(host_id).await?.map(|(_, epoch)| epoch);
+        let assignment = self.store.assignment(host_id).await?;
+        let epoch = assignment.as_ref().map(|(_, epoch)| *epoch);
         let holder = self.store.lease_holder(&host_lease_key(host_id)).await?;
         let connected_on = holder.map(|holder| cell_of_instance(&holder.instance).to_owned());
         let mut placement = Placement::new(HostView { epoch, connected_on }, self.freshness);
@@ -90,7 +91,15 @@ impl Director {
                     let expires_at_ms = snapshot.now_ms + MAX_BOOKING_TTL.as_millis() as i64;
                     return Ok(answer_for(&snapshot, cell_id, epoch, String::new(), expires_at_ms));
                 }
-                Step::Stay { cell_id, epoch } => {
+                Step::Stay { cell_id, mut epoch } => {
+                    // The host's row may name another cell (a booking writes
+                    // none; a trip elsewhere wrote it): the held cell's
+                    // database check would send the daemon there with 4409,
+                    // round and round. The row is made to say where the
+                    // host is connected.
+                    if assignment.as_ref().is_some_and(|(assigned, _)| *assigned != cell_id) {
+                        epoch = self.store.assign_host(host_id, &cell_id).await?;
+                    }
                     count_assignment("stay");
                     let expires_at_ms = snapshot.now_ms + MAX_BOOKING_TTL.as_millis() as i64;
                     return Ok(answer_for(&snapshot, cell_id, epoch, String::new(), expires_at_ms));
