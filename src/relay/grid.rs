@@ -4,7 +4,10 @@
 //! One viewer at a time holds the PTY grid. A view from the holder resizes
 //! the PTY to its natural grid. An open and visible view from another
 //! viewer is an arrival: the newcomer takes the grid when the holder is not
-//! in use (hidden, unresponsive, or idle for `in_use`); a holder heard
+//! in use (hidden, unresponsive, or idle for `in_use`), except that a
+//! holder that is only idle keeps it from a newcomer idle for `in_use` too
+//! (two idle tabs would otherwise take it in turns at each periodic view,
+//! resizing the PTY back and forth); a holder heard
 //! within `fresh` keeps it; otherwise the holder is pinged, and without a
 //! pong within `ping_timeout` it counts as unresponsive and the arrival is
 //! retried. `resize` always claims; a leaving holder frees the grid. A
@@ -186,11 +189,17 @@ impl Grid {
         if holder == viewer {
             return Vec::new();
         }
+        let in_use_window = self.timings.in_use;
+        let newcomer_idle =
+            self.viewers.get(&viewer).is_some_and(|v| now.saturating_duration_since(v.last_use) >= in_use_window);
         let Some(h) = self.viewers.get_mut(&holder) else { return self.take(viewer) };
-        let in_use =
-            h.visible && h.open && !h.unresponsive && now.saturating_duration_since(h.last_use) < self.timings.in_use;
-        if !in_use {
+        let shown = h.visible && h.open && !h.unresponsive;
+        let idle = now.saturating_duration_since(h.last_use) >= in_use_window;
+        if !shown || (idle && !newcomer_idle) {
             return self.take(viewer);
+        }
+        if idle {
+            return Vec::new(); // both idle: the grid stays where it is
         }
         if now.saturating_duration_since(h.last_heard) < self.timings.fresh {
             return Vec::new();
@@ -281,6 +290,25 @@ mod tests {
         view(&mut g, 1, 100, false, 0, now); // hidden
         view(&mut g, 2, 90, true, 0, now);
         assert_eq!(g.holder(), Some(2));
+    }
+
+    #[test]
+    fn an_idle_holder_keeps_the_grid_from_an_idle_newcomer() {
+        let (mut g, now) = grid();
+        view(&mut g, 1, 100, true, 0, now);
+        let later = now + Duration::from_secs(1);
+        view(&mut g, 1, 100, true, 61, later);
+        // The other tab, idle as long, reports its periodic view: no swap.
+        assert!(view(&mut g, 2, 90, true, 70, later).is_empty());
+        assert_eq!(g.holder(), Some(1));
+        // Once it is used, it takes the grid.
+        let actions = view(&mut g, 2, 90, true, 0, later);
+        assert_eq!(g.holder(), Some(2));
+        assert!(actions.contains(&GridAction::Resize { cols: 90, rows: 30 }));
+        // A hidden holder loses to an idle newcomer all the same.
+        view(&mut g, 2, 90, false, 80, later);
+        view(&mut g, 1, 100, true, 90, later);
+        assert_eq!(g.holder(), Some(1));
     }
 
     #[test]
