@@ -5,8 +5,10 @@
 //! the other instance, then back. The daemon keeps the run's PTY across the
 //! redials; each new owner's capture resumes from where the log ends (the
 //! first owner's capture, still waiting, resumes from further back when the
-//! host returns, and its repeated bytes are skipped), so the final log is
-//! exactly the program's output, with `logGapBytes` 0.
+//! host returns before it learned the host is elsewhere, and its repeated
+//! bytes are skipped), so the final log is exactly the program's output,
+//! with `logGapBytes` 0. An owner the host left for good keeps no capture:
+//! once its heartbeat sees the host elsewhere, its arbiter goes.
 
 mod support;
 
@@ -104,5 +106,13 @@ async fn a_run_log_is_complete_across_daemon_moves() {
     assert_eq!(done["run"]["logGapBytes"], 0, "{done}");
     let (_, list) = on_a.get("/api/v1/runs").await;
     assert_eq!(list["runs"][0]["logGapBytes"], 0, "{list}");
+    // B, which the host left for A, kept a waiting capture (its arbiter and
+    // its bus subscription) for the life of the process; it lets it go once
+    // its heartbeat reads that the host is on A.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while metric(&on_b, "tether_terminal_arbiters").await != Some(0.0) {
+        assert!(tokio::time::Instant::now() < deadline, "B still has an arbiter for the run's terminal");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     drop(daemon);
 }

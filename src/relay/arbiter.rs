@@ -160,6 +160,9 @@ pub struct TerminalArbiter {
     ending: bool,
     retiring: bool,
     flushing: bool,
+    /// The run capture ends once what it holds is written: the host moved
+    /// to another instance, whose capture resumes from the stored log end.
+    releasing_capture: bool,
     /// The capture's flush timer (every [`CAPTURE_FLUSH`]); only while a
     /// run is captured, so an arbiter without one has no timer.
     capture_timer: Option<SpawnHandle>,
@@ -215,6 +218,7 @@ impl TerminalArbiter {
             ending: false,
             retiring: false,
             flushing: false,
+            releasing_capture: false,
             capture_timer: None,
             finish: None,
             stamp: InteractionStamp::default(),
@@ -643,6 +647,7 @@ impl TerminalArbiter {
                     act.maybe_idle(ctx);
                 }
                 Ok(false) if act.finish.is_some() => act.flush_capture(ctx),
+                Ok(false) if act.releasing_capture => act.end_released_capture(ctx),
                 Ok(false) => {}
                 Err((unsent, finish)) => {
                     if let Some(Member { kind: Kind::Capture(capture), .. }) = act.members.get_mut(&MemberId::Capture) {
@@ -653,6 +658,32 @@ impl TerminalArbiter {
             }
         })
         .wait(ctx);
+    }
+
+    /// The host is connected to another instance: its hello there resumed
+    /// the run's capture from the stored log end (docs/CLUSTER.md, "Run
+    /// logs across moves"), so this one, waiting for the host to come
+    /// back here, writes what it holds and ends. It used to wait on, and
+    /// with it this arbiter and its bus subscription, for the life of the
+    /// process when the host never came back. A capture that is finishing
+    /// the run goes on.
+    fn release_capture(&mut self, ctx: &mut Context<Self>) {
+        if !self.members.contains_key(&MemberId::Capture) || self.finish.is_some() {
+            return;
+        }
+        self.releasing_capture = true;
+        if !self.flushing {
+            self.flush_capture(ctx);
+        }
+        if !self.flushing {
+            self.end_released_capture(ctx);
+        }
+    }
+
+    fn end_released_capture(&mut self, ctx: &mut Context<Self>) {
+        self.releasing_capture = false;
+        self.members.remove(&MemberId::Capture);
+        self.maybe_idle(ctx);
     }
 
     fn maybe_idle(&mut self, ctx: &mut Context<Self>) {
@@ -921,6 +952,8 @@ impl Handler<HostOnline> for TerminalArbiter {
     type Result = ();
     fn handle(&mut self, msg: HostOnline, ctx: &mut Context<Self>) {
         self.stream = Some(Stream { link: msg.0, granted: None });
+        // Back here before a released capture ended: it captures again.
+        self.releasing_capture = false;
         self.ring.reset();
         self.unpause();
         let store = self.store.clone();
@@ -968,6 +1001,7 @@ impl Handler<HostElsewhere> for TerminalArbiter {
             return; // the host came back here meanwhile
         }
         self.close_viewers(close::HOST_GONE, "the host is connected to another instance; reattach");
+        self.release_capture(ctx);
         self.maybe_idle(ctx);
     }
 }
