@@ -236,10 +236,11 @@ impl CellSeats {
         hosts.chunks(pool_size.div_ceil(3).max(1)).map(<[_]>::to_vec).collect()
     }
 
-    /// What the seat feed reports.
+    /// What the seat feed reports: seats, and bookings of hosts not seated
+    /// (a seated host's booking takes no other seat, as in `occupied`).
     pub fn figures(&mut self, now: Instant) -> SeatFigures {
         self.forget_expired(now);
-        SeatFigures { seats: self.seats.len(), bookings: self.bookings.len() }
+        SeatFigures { seats: self.seats.len(), bookings: self.occupied() - self.seats.len() }
     }
 
     fn forget_expired(&mut self, now: Instant) {
@@ -278,8 +279,10 @@ mod tests {
             [ReserveAnswer::Ok, ReserveAnswer::Full]
         );
         assert_eq!(cell.figures(t0), SeatFigures { seats: 1, bookings: 1 });
-        // Re-booking a booked or seated host takes no new seat.
+        // Re-booking a booked or seated host takes no new seat, and the
+        // feed counts neither twice.
         assert_eq!(cell.reserve(t0, &[item(2, 2), item(1, 2)], RESERVE, false), [ReserveAnswer::Ok, ReserveAnswer::Ok]);
+        assert_eq!(cell.figures(t0), SeatFigures { seats: 1, bookings: 1 });
         // Bookings expire, and their seats come free.
         assert_eq!(cell.reserve(t0 + secs(30), &[item(3, 1)], RESERVE, false), [ReserveAnswer::Ok]);
     }
