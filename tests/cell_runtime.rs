@@ -407,3 +407,41 @@ async fn the_seat_feed_and_the_reserve_call_answer_the_cluster_secret_only() {
     let (_, feed) = director.get("/internal/v1/seats").await;
     assert_eq!(feed["bookings"], 2, "refused calls booked nothing: {feed}");
 }
+
+/// The operator switches a reserve cell to db while the director is up: as
+/// a trip does, the cell writes the relay_assignments rows of the hosts it
+/// admitted by booking, so their redial (now checked in the database) is
+/// admitted here. It used to write none, and a stale row sent the daemon
+/// to another cell with 4409.
+#[actix_rt::test]
+async fn a_switch_to_db_registers_the_hosts_admitted_without_the_database() {
+    let cell = cell(60_000).await;
+    let (api, hosts) = hosts(&cell, 1).await;
+    cell.set_switch(&["--admit-mode", "reserve"]);
+    cell.wait_card("the switch read", |c| c["switchAdmitMode"] == "reserve").await;
+    let polls = director_polls(&cell);
+    let booking = book(&cell, &hosts[0], 3).await;
+    let mut daemon = dial(&cell, &api, &hosts[0], &booking).await;
+    // A stale row names another cell (a trip there wrote it).
+    cell.sql()
+        .execute(
+            "INSERT INTO relay_assignments (host_id, cell_id, epoch, updated_at) VALUES (?1, 'cell-gone', 2, 0)",
+            [&hosts[0]],
+        )
+        .expect("stale row");
+
+    cell.set_switch(&["--admit-mode", "db"]);
+    cell.wait_card("db mode", |c| c["effectiveAdmitMode"] == "db").await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while cell.assignments() != vec![(hosts[0].clone(), CELL.to_string(), 3)] {
+        assert!(tokio::time::Instant::now() < deadline, "registration: {:?}", cell.assignments());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_connected(&mut daemon, "the daemon").await;
+    // Its redial is checked in the database and admitted here.
+    daemon.close().await;
+    daemon.expect_close().await;
+    let _daemon = dial(&cell, &api, &hosts[0], &booking).await;
+    assert_eq!(cell.metric("tether_cell_admissions_total{path=\"database\"}").await, 1.0);
+    polls.abort();
+}

@@ -94,9 +94,7 @@ impl DeadManController {
                 DeadManAction::Trip => {
                     tracing::warn!(cell_id = %self.cell.cell_id, "tether_cell_dead_man_tripped");
                     metrics::counter!("tether_cell_trips_total").increment(1);
-                    let voided = self.cell.seats().void_bookings();
-                    let batches = self.cell.seats().from_memory_batches(self.pools.full);
-                    actix_rt::spawn(super::trip::reregister(self.store.clone(), self.cell.clone(), voided, batches));
+                    self.reregister();
                 }
                 DeadManAction::LogHeld => {
                     tracing::warn!(
@@ -106,6 +104,15 @@ impl DeadManController {
                     );
                 }
                 DeadManAction::Mode(mode) => {
+                    // The operator switched this reserve cell to db: it
+                    // admits by the database from now on, so, as a trip
+                    // does, it writes the rows of the hosts it admitted
+                    // without one; their next redial would otherwise be
+                    // sent to whatever cell a stale row names (4409).
+                    if mode == AdmitMode::Db && !self.rules.tripped() {
+                        tracing::info!(cell_id = %self.cell.cell_id, "tether_cell_switched_to_db");
+                        self.reregister();
+                    }
                     self.to_writer(SetWanted(mode));
                     self.size_pool(mode);
                 }
@@ -115,6 +122,14 @@ impl DeadManController {
             }
         }
         self.reschedule(ctx);
+    }
+
+    /// Voids the bookings and re-registers, in the background, the hosts
+    /// seated here without a database read (`super::trip`).
+    fn reregister(&self) {
+        let voided = self.cell.seats().void_bookings();
+        let batches = self.cell.seats().from_memory_batches(self.pools.full);
+        actix_rt::spawn(super::trip::reregister(self.store.clone(), self.cell.clone(), voided, batches));
     }
 
     fn to_writer<M>(&self, msg: M)
