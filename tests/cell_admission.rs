@@ -47,7 +47,7 @@ async fn fixture(mode: AdmitMode) -> Fixture {
     let principal = Principal::new(user, &token);
     let key = TicketKey::new(SECRET).expect("key");
     let cell = CellState::new(CELL.into(), "cell-a#000001".into(), Some(key), 100, Duration::from_secs(600));
-    cell.set_status(CellStatus { switch: mode, mode, tripped: false, held: false });
+    cell.set_status(CellStatus { switch: mode, mode, tripped: false, held: false, trip_slots: None });
     Fixture { store, cell, principal, host, _dir: dir }
 }
 

@@ -445,3 +445,29 @@ async fn a_switch_to_db_registers_the_hosts_admitted_without_the_database() {
     assert_eq!(cell.metric("tether_cell_admissions_total{path=\"database\"}").await, 1.0);
     polls.abort();
 }
+
+/// A tripped cell whose slot another cell holds now (it took the slot
+/// while this cell's row was stale: the process was frozen past
+/// `cell.slot_stale_ms`) gives the slot up at its next refresh: held, back
+/// in reserve at its reserve pool, asking again. It used to stay tripped at
+/// its full pool, two cells tripped under a cap of one.
+#[actix_rt::test]
+async fn a_tripped_cell_whose_slot_was_taken_is_held_again() {
+    let cell = cell(1500).await;
+    cell.set_switch(&["--admit-mode", "reserve", "--dead-man-trip-slots", "1"]);
+    cell.wait_card("the switch read", |c| c["switchAdmitMode"] == "reserve").await;
+    let card = cell.wait_card("the trip", |c| c["tripped"] == true).await;
+    assert_eq!(card["effectiveAdmitMode"], "db", "{card}");
+    assert_eq!(cell.metric("tether_cell_slot_claims_total{outcome=\"won\"}").await, 1.0);
+
+    // Another cell holds the one slot now.
+    cell.peer_holds_a_slot();
+    let card = cell.wait_card("the slot given up", |c| c["held"] == true).await;
+    assert_eq!((&card["tripped"], &card["effectiveAdmitMode"]), (&json!(false), &json!("reserve")), "{card}");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while cell.effective().map(|(mode, _)| mode).as_deref() != Some("reserve") {
+        assert!(tokio::time::Instant::now() < deadline, "the row says reserve again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(cell.log_count("tether_cell_trip_slot_lost"), 1);
+}

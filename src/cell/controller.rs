@@ -27,7 +27,7 @@ use actix::prelude::*;
 
 use super::deadman::{self, DeadManAction, Switch};
 use super::state::{CellState, CellStatus, Contact};
-use super::writer::{CellAdmitEffectiveWriter, ClaimAnswer, RequestClaim, SetWanted};
+use super::writer::{CellAdmitEffectiveWriter, ClaimAnswer, RequestClaim, SetWanted, SlotLost};
 use super::AdmitMode;
 use crate::store::Store;
 
@@ -77,10 +77,10 @@ impl DeadManController {
     /// Starts the controller with its writer, each knowing the other.
     pub fn start_with_writer(
         self,
-        writer: impl FnOnce(Recipient<ClaimAnswer>) -> CellAdmitEffectiveWriter,
+        writer: impl FnOnce(Recipient<ClaimAnswer>, Recipient<SlotLost>) -> CellAdmitEffectiveWriter,
     ) -> Addr<Self> {
         let ctx = Context::new();
-        let writer = writer(ctx.address().recipient()).start();
+        let writer = writer(ctx.address().recipient(), ctx.address().recipient()).start();
         let mut controller = self;
         controller.writer = Some(writer);
         ctx.run(controller)
@@ -157,6 +157,7 @@ impl DeadManController {
             mode: self.rules.mode(),
             tripped: self.rules.tripped(),
             held: self.rules.held(),
+            trip_slots: self.rules.switch().trip_slots,
         };
         self.cell.set_status(status);
         for mode in [AdmitMode::Db, AdmitMode::Reserve] {
@@ -204,6 +205,21 @@ impl Handler<SwitchRead> for DeadManController {
     type Result = ();
     fn handle(&mut self, msg: SwitchRead, ctx: &mut Context<Self>) {
         let actions = self.rules.switch_read(Instant::now(), msg.0);
+        self.apply(actions, ctx);
+    }
+}
+
+impl Handler<SlotLost> for DeadManController {
+    type Result = ();
+    fn handle(&mut self, _: SlotLost, ctx: &mut Context<Self>) {
+        let actions = self.rules.slot_lost(Instant::now());
+        if !actions.is_empty() {
+            tracing::warn!(
+                cell_id = %self.cell.cell_id,
+                trip_slots = ?self.rules.switch().trip_slots,
+                "tether_cell_trip_slot_lost"
+            );
+        }
         self.apply(actions, ctx);
     }
 }

@@ -225,6 +225,18 @@ impl DeadManController {
         }
     }
 
+    /// The tripped cell's slot was found taken at a refresh of its row
+    /// (`super::writer::SlotLost`): it is held, back in reserve mode, and
+    /// asks for a slot again every `cell.held_retry_ms`.
+    pub fn slot_lost(&mut self, now: Instant) -> Vec<DeadManAction> {
+        if !matches!(self.state, State::Tripped) || self.switch.mode != AdmitMode::Reserve {
+            return Vec::new();
+        }
+        let mut actions = self.hold(now, false);
+        actions.push(DeadManAction::Mode(AdmitMode::Reserve));
+        actions
+    }
+
     /// The outcome of the claim made under `permit`.
     pub fn claim_outcome(&mut self, permit: Permit, outcome: ClaimOutcome, now: Instant) -> Vec<DeadManAction> {
         if let State::Silent { awaiting: Some(awaited), held, .. } = self.state {
@@ -316,6 +328,24 @@ mod tests {
         assert_eq!(dm.tick(t0 + WINDOW), vec![DeadManAction::Trip, DeadManAction::Mode(AdmitMode::Db)]);
         assert!(dm.tripped());
         assert_eq!(dm.mode(), AdmitMode::Db);
+    }
+
+    #[test]
+    fn a_tripped_cell_that_lost_its_slot_is_held_and_asks_again() {
+        let t0 = Instant::now();
+        let mut dm = controller(Some(1), t0);
+        let permit = claim(&dm.tick(t0 + WINDOW));
+        let t1 = t0 + WINDOW + secs(1);
+        assert_eq!(
+            dm.claim_outcome(permit, ClaimOutcome::Won, t1),
+            vec![DeadManAction::Trip, DeadManAction::Mode(AdmitMode::Db)]
+        );
+        let t2 = t1 + secs(700);
+        assert_eq!(dm.slot_lost(t2), vec![DeadManAction::LogHeld, DeadManAction::Mode(AdmitMode::Reserve)]);
+        assert!(dm.held() && !dm.tripped());
+        assert_eq!(dm.mode(), AdmitMode::Reserve);
+        assert!(dm.slot_lost(t2).is_empty(), "only a tripped cell loses a slot");
+        claim(&dm.tick(t2 + RETRY));
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub struct CellStatus {
     pub mode: AdmitMode,
     pub tripped: bool,
     pub held: bool,
+    /// The switch's `dead_man_trip_slots` (`None`: no cap): a tripped cell
+    /// with a cap holds a slot, which its row's refresh checks it still has.
+    pub trip_slots: Option<u8>,
 }
 
 /// One cell's shared state; one per process.
@@ -58,7 +61,8 @@ impl CellState {
         capacity: usize,
         recent_seat: Duration,
     ) -> Self {
-        let status = CellStatus { switch: AdmitMode::Db, mode: AdmitMode::Db, tripped: false, held: false };
+        let status =
+            CellStatus { switch: AdmitMode::Db, mode: AdmitMode::Db, tripped: false, held: false, trip_slots: None };
         Self {
             cell_id,
             incarnation,

@@ -32,6 +32,13 @@ pub struct ClaimAnswer(pub Permit, pub ClaimOutcome);
 #[rtype(result = "()")]
 pub struct SetWanted(pub AdmitMode);
 
+/// A tripped cell's refresh found its trip slot taken: another cell
+/// claimed it while this cell's row was stale (the process was frozen
+/// past `cell.slot_stale_ms`, say), and the slots are all held.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct SlotLost;
+
 /// Claim a trip slot under the permit.
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "()")]
@@ -42,6 +49,7 @@ pub struct CellAdmitEffectiveWriter {
     cell: Arc<CellState>,
     store: Arc<dyn Store>,
     controller: Recipient<ClaimAnswer>,
+    slot_lost: Recipient<SlotLost>,
     /// `cell.slot_stale_ms`: how fresh another holder's row must be.
     slot_stale: Duration,
     tick: Duration,
@@ -56,6 +64,7 @@ impl CellAdmitEffectiveWriter {
         cell: Arc<CellState>,
         store: Arc<dyn Store>,
         controller: Recipient<ClaimAnswer>,
+        slot_lost: Recipient<SlotLost>,
         refresh: Duration,
         forced: Duration,
         slot_stale: Duration,
@@ -69,6 +78,7 @@ impl CellAdmitEffectiveWriter {
             cell,
             store,
             controller,
+            slot_lost,
             slot_stale,
             tick,
             last_error: None,
@@ -93,14 +103,42 @@ impl CellAdmitEffectiveWriter {
         }
     }
 
+    /// Writes the row. A tripped cell with a slot cap refreshes its `db`
+    /// row as a claim (one transaction: count the other holders, write only
+    /// below the cap): a row that went stale counted as a free slot, and a
+    /// cell that lost it so must not go on holding its full pool.
     fn write(&mut self, mode: AdmitMode, ctx: &mut Context<Self>) {
-        let (store, cell) = (self.store.clone(), self.cell.clone());
-        let write = async move { store.write_cell_effective(&cell.cell_id, mode, &cell.incarnation).await };
-        ctx.spawn(write.into_actor(self).map(|result, act, ctx| {
-            let succeeded = result.is_ok();
-            if let Err(e) = result {
-                act.last_error = Some(e.to_string());
+        let (store, cell, fresh) = (self.store.clone(), self.cell.clone(), self.slot_stale);
+        let status = cell.status();
+        let recheck = match status.trip_slots {
+            Some(slots) if mode == AdmitMode::Db && status.tripped && slots > 0 => Some(slots),
+            _ => None,
+        };
+        let write = async move {
+            match recheck {
+                Some(slots) => store.claim_trip_slot(&cell.cell_id, &cell.incarnation, slots, fresh).await,
+                None => {
+                    store.write_cell_effective(&cell.cell_id, mode, &cell.incarnation).await.map(|()| SlotClaim::Won)
+                }
             }
+        };
+        ctx.spawn(write.into_actor(self).map(|result, act, ctx| {
+            let succeeded = match result {
+                Ok(SlotClaim::Won) => true,
+                Ok(SlotClaim::Refused { holders }) => {
+                    tracing::info!(holders, "tether_cell_slot_refused");
+                    act.slot_lost.do_send(SlotLost);
+                    true
+                }
+                Ok(SlotClaim::Busy) => {
+                    act.last_error = Some("another slot claim held the lock".into());
+                    false
+                }
+                Err(e) => {
+                    act.last_error = Some(e.to_string());
+                    false
+                }
+            };
             let actions = act.rules.write_done(Instant::now(), succeeded, act.conditions());
             act.run(actions, ctx);
         }));
