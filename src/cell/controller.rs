@@ -27,7 +27,7 @@ use actix::prelude::*;
 
 use super::deadman::{self, DeadManAction, Switch};
 use super::state::{CellState, CellStatus, Contact};
-use super::writer::{CellAdmitEffectiveWriter, ClaimAnswer, RequestClaim, SetWanted, SlotLost};
+use super::writer::{CellAdmitEffectiveWriter, ClaimAnswer, ControllerInbox, RequestClaim, SetWanted, SlotLost};
 use super::AdmitMode;
 use crate::store::Store;
 
@@ -75,12 +75,10 @@ impl DeadManController {
     }
 
     /// Starts the controller with its writer, each knowing the other.
-    pub fn start_with_writer(
-        self,
-        writer: impl FnOnce(Recipient<ClaimAnswer>, Recipient<SlotLost>) -> CellAdmitEffectiveWriter,
-    ) -> Addr<Self> {
+    pub fn start_with_writer(self, writer: impl FnOnce(ControllerInbox) -> CellAdmitEffectiveWriter) -> Addr<Self> {
         let ctx = Context::new();
-        let writer = writer(ctx.address().recipient(), ctx.address().recipient()).start();
+        let inbox = ControllerInbox { answers: ctx.address().recipient(), slot_lost: ctx.address().recipient() };
+        let writer = writer(inbox).start();
         let mut controller = self;
         controller.writer = Some(writer);
         ctx.run(controller)

@@ -38,8 +38,8 @@ pub async fn start(
     let wanted = controller.mode();
     let (writer_cell, writer_store) = (cell.clone(), store.clone());
     let (refresh, forced, stale) = (ms(c.effective_refresh_ms), ms(c.effective_forced_ms), ms(c.slot_stale_ms));
-    let controller = controller.start_with_writer(move |answers, lost| {
-        CellAdmitEffectiveWriter::new(writer_cell, writer_store, answers, lost, refresh, forced, stale, wanted)
+    let controller = controller.start_with_writer(move |inbox| {
+        CellAdmitEffectiveWriter::new(writer_cell, writer_store, inbox, refresh, forced, stale, wanted)
     });
     cell.attach_controller(controller.clone().recipient());
     tracing::info!(

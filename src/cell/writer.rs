@@ -39,6 +39,12 @@ pub struct SetWanted(pub AdmitMode);
 #[rtype(result = "()")]
 pub struct SlotLost;
 
+/// Where the writer reports to the dead-man controller.
+pub struct ControllerInbox {
+    pub answers: Recipient<ClaimAnswer>,
+    pub slot_lost: Recipient<SlotLost>,
+}
+
 /// Claim a trip slot under the permit.
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "()")]
@@ -63,8 +69,7 @@ impl CellAdmitEffectiveWriter {
     pub fn new(
         cell: Arc<CellState>,
         store: Arc<dyn Store>,
-        controller: Recipient<ClaimAnswer>,
-        slot_lost: Recipient<SlotLost>,
+        controller: ControllerInbox,
         refresh: Duration,
         forced: Duration,
         slot_stale: Duration,
@@ -77,8 +82,8 @@ impl CellAdmitEffectiveWriter {
             rules: EffectiveWriter::new(refresh, forced, wanted, Instant::now()),
             cell,
             store,
-            controller,
-            slot_lost,
+            controller: controller.answers,
+            slot_lost: controller.slot_lost,
             slot_stale,
             tick,
             last_error: None,
