@@ -381,6 +381,24 @@ async fn json_and_quiet_on_open_kill_rm_run_and_logs() {
     assert_eq!((quiet_run.code, quiet_run.stderr.as_str()), (Some(143), ""), "{quiet_run:#?}");
 }
 
+/// `tether kill ID` without `--signal` ends an interactive shell: it sends
+/// HUP, as closing a terminal does. It used to send TERM, which an
+/// interactive bash ignores, so the shell ran on.
+#[actix_rt::test]
+async fn kill_without_a_signal_ends_an_interactive_shell() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let person = logged_in(&e);
+    let opened = person.run(&["open", &host.name, "-q", "--", "bash", "-i"]);
+    let id: Uuid = opened.ok().trim().parse().unwrap_or_else(|_| panic!("{opened:#?}"));
+    wait_terminal_state(&client, id, "running").await;
+    let killed = person.run(&["kill", &id.to_string()]);
+    assert!(killed.stderr.contains("sent HUP"), "{killed:#?}");
+    wait_terminal_state(&client, id, "exited").await;
+    assert_eq!(client.terminal(id).await.expect("terminal").exit_signal, Some(1));
+}
+
 /// A run ended by a signal says which (`exitSignal`) and `tether run`
 /// exits 128+n; a run lost with its host says so and exits 1.
 #[actix_rt::test]

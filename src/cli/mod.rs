@@ -180,7 +180,7 @@ pub enum ClientCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Send a signal to a terminal's process (TERM by default).
+    /// Send a signal to a terminal's process (HUP by default, as closing a terminal does).
     ///
     /// The terminal stays running until its process really exits. --json
     /// prints the terminal as the server answered the kill; --quiet its id.

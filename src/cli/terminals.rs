@@ -134,7 +134,7 @@ pub async fn kill(client: &Client, query: &str, signal: Option<&str>, format: Fo
         _ => explain(e, client.server()),
     })?;
     if !print_one(format, "terminal", &killed, killed.id) {
-        eprintln!("tether: sent {} to terminal {}", signal.unwrap_or("TERM"), short_id(&terminal.id));
+        eprintln!("tether: sent {} to terminal {}", signal.unwrap_or("HUP"), short_id(&terminal.id));
     }
     Ok(())
 }

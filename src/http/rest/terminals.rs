@@ -244,7 +244,7 @@ pub struct KillBody {
 }
 
 impl KillBody {
-    /// The signal a kill body (or its absence) asks for: TERM by default.
+    /// The signal a kill body (or its absence) asks for: HUP by default.
     pub fn signal(body: Option<&Self>) -> Result<i32, ApiError> {
         signal_number(body.and_then(|b| b.signal.as_ref()))
     }
@@ -267,7 +267,8 @@ fn signal_number(value: Option<&serde_json::Value>) -> Result<i32, ApiError> {
     ];
     let bad = || ApiError::bad_request("invalid_signal", "`signal` must be 1..64 or a name such as TERM or KILL");
     match value {
-        None | Some(serde_json::Value::Null) => Ok(15),
+        // HUP, as closing a terminal does: an interactive shell ignores TERM.
+        None | Some(serde_json::Value::Null) => Ok(1),
         Some(serde_json::Value::Number(n)) => {
             n.as_i64().filter(|n| (1..=64).contains(n)).map(|n| n as i32).ok_or_else(bad)
         }
