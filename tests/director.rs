@@ -259,10 +259,25 @@ async fn cell_process(database_url: &str, cell_id: &str) -> TetherServer {
 /// A real `tether daemon` of user ann, with a daemon token, pointed at the
 /// director.
 fn daemon_of_ann(director: &TetherServer, state: &std::path::Path) -> DaemonProcess {
+    DaemonProcess::start_url(&director.url(), &daemon_token_of_ann(director), state)
+}
+
+/// A new daemon token of user ann.
+fn daemon_token_of_ann(director: &TetherServer) -> String {
     let token = director.run(&["token", "create", "--user", "ann", "--scope", "daemon"], &[]);
     assert!(token.status.success(), "{}", String::from_utf8_lossy(&token.stderr));
-    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
-    DaemonProcess::start_url(&director.url(), &token, state)
+    String::from_utf8_lossy(&token.stdout).trim().to_string()
+}
+
+/// A director and a db cell `cell-a` on a fresh database (its URL), with a
+/// store on it.
+async fn director_and_cell_a() -> (String, Arc<PgStore>, TetherServer, TetherServer) {
+    let url = support::pg_database().await;
+    let store: Arc<PgStore> = Arc::new(PgStore::connect(&url, 4).await.expect("store"));
+    let director = director(&url).await;
+    let cell_a = cell_process(&url, "cell-a").await;
+    register_cell(&store, "cell-a", &cell_a.url(), AdmitMode::Db, None).await;
+    (url, store, director, cell_a)
 }
 
 /// The host ann's daemon registered (through the director), once it did.
@@ -297,11 +312,7 @@ async fn wait_connected_on(store: &PgStore, host: Uuid, cell_id: &str, daemon: &
 
 #[actix_rt::test]
 async fn a_daemon_pointed_at_the_director_connects_to_its_cell_and_asks_again_when_the_cell_goes() {
-    let url = support::pg_database().await;
-    let store: Arc<PgStore> = Arc::new(PgStore::connect(&url, 4).await.expect("store"));
-    let director = director(&url).await;
-    let cell_a = cell_process(&url, "cell-a").await;
-    register_cell(&store, "cell-a", &cell_a.url(), AdmitMode::Db, None).await;
+    let (url, store, director, cell_a) = director_and_cell_a().await;
     let state = tempfile::tempdir().expect("state dir");
     let daemon = daemon_of_ann(&director, state.path());
 
@@ -329,14 +340,9 @@ async fn a_daemon_pointed_at_the_director_connects_to_its_cell_and_asks_again_wh
 /// while its cell was up and would have taken it.
 #[actix_rt::test]
 async fn a_daemon_restarted_while_the_director_is_away_dials_its_last_cell() {
-    let url = support::pg_database().await;
-    let store: Arc<PgStore> = Arc::new(PgStore::connect(&url, 4).await.expect("store"));
-    let director = director(&url).await;
-    let cell_a = cell_process(&url, "cell-a").await;
-    register_cell(&store, "cell-a", &cell_a.url(), AdmitMode::Db, None).await;
+    let (_, store, director, _cell_a) = director_and_cell_a().await;
     let state = tempfile::tempdir().expect("state dir");
-    let token = director.run(&["token", "create", "--user", "ann", "--scope", "daemon"], &[]);
-    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
+    let token = daemon_token_of_ann(&director);
     let mut daemon = DaemonProcess::start_url(&director.url(), &token, state.path());
     let host = registered_host(&store, &daemon).await;
     wait_connected_on(&store, host, "cell-a", &daemon).await;
@@ -345,8 +351,14 @@ async fn a_daemon_restarted_while_the_director_is_away_dials_its_last_cell() {
     let director_url = director.url();
     drop(director);
     let daemon = DaemonProcess::start_url(&director_url, &token, state.path());
-    wait_connected_on(&store, host, "cell-a", &daemon).await;
+    // The killed daemon's lease may still name cell-a: wait for this one.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    while !daemon.log().contains("tether_daemon_connected") {
+        assert!(tokio::time::Instant::now() < deadline, "the daemon did not connect; its log:\n{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(daemon.log().contains("tether_daemon_assign_failed_dialing_last_cell"), "{}", daemon.log());
+    wait_connected_on(&store, host, "cell-a", &daemon).await;
 }
 
 /// The whole booked path with real processes: a reserve cell that the
