@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use support::balancer::Balancer;
 use support::client::{create_token, viewer_url, Api, Event, Socket};
 use support::daemon::DaemonProcess;
 use support::disk::{limit_file_size, SmallDisk};
@@ -490,6 +491,58 @@ async fn redis_killed_and_restarted() {
     for daemon in [&ann.daemon, &bob.daemon] {
         assert_eq!(daemon.log().matches("tether_daemon_connected").count(), 1, "one connection: {}", daemon.log());
     }
+}
+
+/// A daemon moves to the other instance while Redis is away: that instance
+/// takes the host at once (its hello no longer waits for Redis, neither to
+/// subscribe nor to tell the previous owner) and serves it; once Redis is
+/// back, the subscription it finished in the background lets requests from
+/// the first instance reach the daemon. The hello used to wait for Redis
+/// to come back, the host offline meanwhile.
+#[actix_rt::test]
+async fn a_daemon_that_moves_while_redis_is_away_is_taken_at_once() {
+    let mut redis = OwnRedis::start();
+    let database = pg_database().await;
+    let (a, b) = pair(&database, &redis.url(), &[]).await;
+    let token = create_token(&a, "ann");
+    let balancer = Balancer::start(a.listen_addr()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let _daemon = DaemonProcess::start_url(&balancer.url(), &token, &dir.path().join("state"));
+    let (on_a, on_b) = (Api::new(a.url(), token.clone()), Api::new(b.url(), token.clone()));
+    let host = wait_online(&on_a).await;
+    let (status, body) = on_a.post("/api/v1/terminals", json!({"hostId": host, "argv": ["sh"], "dir": "/tmp"})).await;
+    assert_eq!(status, 201, "{body}");
+    let shell = body["terminal"]["id"].as_str().expect("terminal id").to_string();
+    wait_state(&on_a, &shell, "running").await;
+    let (_, card) = Api::new(b.url(), "").get("/api/v1/instance").await;
+    let b_instance = card["instanceId"].as_str().expect("instance id").to_string();
+
+    redis.kill();
+    balancer.switch(b.listen_addr());
+    let key = format!("host:{host}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !host_leases(&database).await.get(&key).is_some_and(|h| h.starts_with(&format!("{b_instance}#"))) {
+        assert!(Instant::now() < deadline, "B did not take the host while Redis was away:\n{}", b.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let input = |text: &str| json!({ "data": format!("echo {text}-$((6*7))\n") });
+    let (status, body) = on_b.post(&format!("/api/v1/terminals/{shell}/input"), input("moved")).await;
+    assert_eq!(status, 202, "B serves the host with Redis away: {body}");
+    Viewer::attach_to(&b, &token, &shell, "?from=0").await.until("moved-42").await;
+
+    redis.start_again();
+    wait_status(&on_a, "/readyz", 200).await;
+    let path = format!("/api/v1/terminals/{shell}/input");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = on_a.post(&path, input("across")).await;
+        if status == 202 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "A never reached the host on B: {status} {body}\n{}", b.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Viewer::attach_to(&b, &token, &shell, "?from=0").await.until("across-42").await;
 }
 
 /// A client that keeps typing into a viewer across instances while Redis

@@ -26,12 +26,26 @@ struct Accepted {
 
 /// What a hello took before it could fail: cleaned up when the connection
 /// stops (registry entry, bus subscription, and the lease if it was seized).
-#[derive(Clone)]
 struct Claim {
     conn_no: u64,
     holder: LeaseHolder,
     subscribed: bool,
+    /// The subscription still under way after [`SUBSCRIBE_WAIT`].
+    subscribing: Option<Subscribing>,
 }
+
+/// A bus subscription that goes on in the background.
+type Subscribing = actix_rt::task::JoinHandle<Result<(), crate::bus::BusError>>;
+
+/// How long a hello waits for its host's bus subscription before it goes
+/// on without it. With Redis away the subscription waits for Redis to
+/// come back; the hello does not: the host is claimed (its lease is in the
+/// database), served here, and reachable from other instances once the
+/// subscription, finished in the background, is in place
+/// (docs/CLUSTER.md, "Ownership: the host lease").
+const SUBSCRIBE_WAIT: Duration = Duration::from_secs(2);
+/// How often a background subscription that failed is tried again.
+const SUBSCRIBE_RETRY: Duration = Duration::from_secs(1);
 
 /// Why a hello was refused: the close code and reason (a wrong cell's
 /// reason names the URL to dial).
@@ -105,10 +119,12 @@ async fn take_host(
         running: &running,
     };
     let terminals = relay.store.host_hello(&record).await.map_err(database_error)?;
-    // The previous owner, if any, re-reads the lease and lets its connection go.
+    // The previous owner, if any, re-reads the lease and lets its connection
+    // go. Not waiting for Redis: without it, that owner finds out at its
+    // next renewal.
     let taken = crate::proto::bus::HostTaken { host_id: host_id.to_string() };
     let channel = relay.bus.host_channel(host_id);
-    if let Err(e) = relay.bus.publish(&channel, crate::proto::bus::envelope::Body::HostTaken(taken)).await {
+    if let Err(e) = relay.bus.publish_or_fail(&channel, crate::proto::bus::envelope::Body::HostTaken(taken)).await {
         tracing::warn!(error = %e, %host_id, "tether_host_taken_publish_failed");
     }
     let known: HashSet<Uuid> = terminals.iter().map(|t| t.terminal.id).collect();
@@ -128,6 +144,60 @@ async fn take_host(
         }
     }
     Ok(taken)
+}
+
+/// Finishes a subscription the hello went on without: waits for it, and
+/// tries again while the connection lives, then hands it to the connection
+/// (`late`: its address and number), or gives it back when that connection
+/// has gone or was refused.
+async fn finish_subscription(
+    relay: RelayContext,
+    host_id: Uuid,
+    subscribing: Subscribing,
+    late: Option<(Addr<DaemonConn>, u64)>,
+) {
+    let mut done = matches!(subscribing.await, Ok(Ok(())));
+    while !done {
+        match &late {
+            Some((conn, _)) if conn.connected() => {
+                tokio::time::sleep(SUBSCRIBE_RETRY).await;
+                done = relay.bus.subscribe(&relay.bus.host_channel(host_id)).await.is_ok();
+            }
+            _ => return,
+        }
+    }
+    let kept = match late {
+        Some((conn, conn_no)) => conn.send(LateSubscribed { conn_no }).await.unwrap_or(false),
+        None => false,
+    };
+    if kept {
+        tracing::info!(%host_id, "tether_bus_subscribed_late");
+    } else {
+        relay.bus.unsubscribe(&relay.bus.host_channel(host_id)).await;
+    }
+}
+
+/// The host's bus subscription, finished after the hello, is this
+/// connection's now; false when the connection is not the ready one it
+/// was made for (it will not unsubscribe it).
+#[derive(Message)]
+#[rtype(result = "bool")]
+struct LateSubscribed {
+    conn_no: u64,
+}
+
+impl Handler<LateSubscribed> for DaemonConn {
+    type Result = bool;
+
+    fn handle(&mut self, msg: LateSubscribed, _: &mut Context<Self>) -> bool {
+        match self.host.as_mut() {
+            Some(host) if host.conn_no == msg.conn_no && host.ready && !self.closed => {
+                host.subscribed = true;
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Tells the homes of viewers that joined through a previous owner that
@@ -194,15 +264,23 @@ impl Handler<Hello> for DaemonConn {
             let holder = HostRegistry::holder(&relay.instance_id, conn_no);
             // Subscribe first, then seize (docs/CLUSTER.md): a request
             // published right after the seize finds this instance listening.
-            let channel = relay.bus.host_channel(host_id);
-            let subscribed = match relay.bus.subscribe(&channel).await {
-                Ok(()) => true,
-                Err(e) => {
+            // At most SUBSCRIBE_WAIT, though: with Redis away nothing is
+            // published, and the hello does not wait for Redis.
+            let bus = relay.bus.clone();
+            let mut subscription = actix_rt::spawn(async move { bus.subscribe(&bus.host_channel(host_id)).await });
+            let (subscribed, subscribing) = match tokio::time::timeout(SUBSCRIBE_WAIT, &mut subscription).await {
+                Ok(Ok(Ok(()))) => (true, None),
+                Ok(Ok(Err(e))) => {
                     tracing::warn!(error = %e, %host_id, "tether_bus_subscribe_failed");
-                    false
+                    (false, None)
+                }
+                Ok(Err(_)) => (false, None),
+                Err(_) => {
+                    tracing::warn!(%host_id, "tether_bus_subscribe_slow");
+                    (false, Some(subscription))
                 }
             };
-            let claim = Claim { conn_no, holder, subscribed };
+            let claim = Claim { conn_no, holder, subscribed, subscribing };
             match take_host(&relay, host_id, &claim.holder, hello).await {
                 Ok(t) => Ok(Accepted {
                     admitted,
@@ -220,6 +298,9 @@ impl Handler<Hello> for DaemonConn {
             Err(Refused(code, reason, claim)) => {
                 tracing::info!(code, reason = %reason, "tether_daemon_hello_refused");
                 if let (Some(claim), Some(host_id)) = (claim, host_id) {
+                    if let Some(subscribing) = claim.subscribing {
+                        actix_rt::spawn(finish_subscription(act.relay.clone(), host_id, subscribing, None));
+                    }
                     act.host = Some(HostSession {
                         host_id,
                         conn_no: claim.conn_no,
@@ -244,6 +325,10 @@ impl Handler<Hello> for DaemonConn {
                 });
                 if act.closed {
                     return false;
+                }
+                if let Some(subscribing) = accepted.claim.subscribing {
+                    let late = Some((ctx.address(), accepted.claim.conn_no));
+                    actix_rt::spawn(finish_subscription(act.relay.clone(), host_id, subscribing, late));
                 }
                 let (epoch, by) = accepted.admitted;
                 act.relay.cell.seats().seated(host_id, epoch, accepted.claim.conn_no, by);
