@@ -36,6 +36,8 @@ struct Claim {
 
 /// A bus subscription that goes on in the background.
 type Subscribing = actix_rt::task::JoinHandle<Result<(), crate::bus::BusError>>;
+/// A bus subscription under way.
+type Subscription = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), crate::bus::BusError>>>>;
 
 /// How long a hello waits for its host's bus subscription before it goes
 /// on without it. With Redis away the subscription waits for Redis to
@@ -266,18 +268,20 @@ impl Handler<Hello> for DaemonConn {
             // published right after the seize finds this instance listening.
             // At most SUBSCRIBE_WAIT, though: with Redis away nothing is
             // published, and the hello does not wait for Redis.
+            // Only a subscription still under way then becomes a task of
+            // its own (it is not dropped half done); the usual one is not.
             let bus = relay.bus.clone();
-            let mut subscription = actix_rt::spawn(async move { bus.subscribe(&bus.host_channel(host_id)).await });
+            let mut subscription: Subscription =
+                Box::pin(async move { bus.subscribe(&bus.host_channel(host_id)).await });
             let (subscribed, subscribing) = match tokio::time::timeout(SUBSCRIBE_WAIT, &mut subscription).await {
-                Ok(Ok(Ok(()))) => (true, None),
-                Ok(Ok(Err(e))) => {
+                Ok(Ok(())) => (true, None),
+                Ok(Err(e)) => {
                     tracing::warn!(error = %e, %host_id, "tether_bus_subscribe_failed");
                     (false, None)
                 }
-                Ok(Err(_)) => (false, None),
                 Err(_) => {
                     tracing::warn!(%host_id, "tether_bus_subscribe_slow");
-                    (false, Some(subscription))
+                    (false, Some(actix_rt::spawn(subscription)))
                 }
             };
             let claim = Claim { conn_no, holder, subscribed, subscribing };
