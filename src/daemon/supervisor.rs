@@ -98,10 +98,12 @@ impl Supervisor {
             };
             let connection = match connection::dial(&client, &url, &self.token).await {
                 Ok(connection) => {
-                    if url != self.server
-                        && last_cell.as_ref().is_none_or(|cell| cell.url != url || cell.booking != booking)
-                    {
-                        self.remember_cell(&url);
+                    if url != self.server {
+                        // The file keeps the URL (a booking does not outlive
+                        // a restart): written only when the cell changes.
+                        if last_cell.as_ref().is_none_or(|cell| cell.url != url) {
+                            self.remember_cell(&url);
+                        }
                         last_cell = Some(Target { url: url.clone(), booking: booking.clone() });
                     }
                     connection
