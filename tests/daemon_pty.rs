@@ -31,6 +31,15 @@ impl Drop for Daemon {
 
 fn start_daemon(server: &FakeServer) -> Daemon {
     init_tracing();
+    // The daemon runs in this process, so its shells take this process's
+    // HOME. It is the empty one every harness daemon gets, so that a login
+    // shell reads none of the machine's dotfiles (see `shell_home` in
+    // tests/support/tether.rs for why).
+    let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("home");
+    std::fs::create_dir_all(&home).expect("home dir");
+    // SAFETY: nextest runs each test in its own process, and this is set
+    // before the daemon (the only reader) starts.
+    unsafe { std::env::set_var("HOME", &home) };
     let state = tempfile::tempdir().expect("temp dir");
     let work = state.path().join("work");
     std::fs::create_dir_all(&work).expect("work dir");

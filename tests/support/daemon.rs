@@ -4,9 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use super::{process, TetherServer};
-
-const TETHER: &str = env!("CARGO_BIN_EXE_tether");
+use super::{process, tether_command, TetherServer};
 
 /// A running `tether daemon`.
 pub struct DaemonProcess {
@@ -47,13 +45,10 @@ impl DaemonProcess {
         std::fs::create_dir_all(state_dir).expect("state dir");
         let log_path = state_dir.join(format!("daemon-{}.log", rand::random::<u32>()));
         let (out, err) = process::log_file(&log_path);
-        let mut command = Command::new(TETHER);
+        let mut command = tether_command(&[]);
         command
             .args(["daemon", "--server", url, "--allow-dir", "/tmp", "--state-dir"])
             .arg(state_dir)
-            .env_remove("TETHER_TEST_DATABASE_URL")
-            .env_remove("TETHER_TEST_REDIS_URL")
-            .env_remove("TETHER_TEST_REDIS_CLUSTER")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(out)

@@ -269,7 +269,8 @@ pub fn tether_cmd(args: &[&str], env: &[(&str, &str)]) -> Output {
     }
 }
 
-/// `tether` with the inherited `TETHER_*` variables removed and `vars` set.
+/// `tether` with the inherited `TETHER_*` variables removed, `HOME` set to
+/// [`shell_home`] and `vars` set (they win).
 pub fn tether_command(vars: &[(String, String)]) -> Command {
     let mut command = Command::new(TETHER);
     for (key, _) in std::env::vars_os() {
@@ -277,8 +278,22 @@ pub fn tether_command(vars: &[(String, String)]) -> Command {
             command.env_remove(&key);
         }
     }
+    command.env("HOME", shell_home());
     command.envs(vars.iter().map(|(k, v)| (k, v)));
     command
+}
+
+/// The `HOME` of every tether process the harness starts, and so of the
+/// shells its daemons start: an empty directory, so that a login shell
+/// reads none of the machine user's dotfiles. Those are not the project's
+/// and can stall a shell: pyenv's `rehash` in `~/.bashrc` takes a lock
+/// file, and a shell killed while it holds it (a test that kills a fresh
+/// shell) leaves the file behind, after which every later shell waits 60 s
+/// for it.
+fn shell_home() -> PathBuf {
+    let home = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("home");
+    std::fs::create_dir_all(&home).unwrap_or_else(|e| panic!("create {home:?}: {e}"));
+    home
 }
 
 /// The status code of `GET path` over HTTP/1.1, or None if the server does
