@@ -64,6 +64,8 @@ browser_cases!(
     read_and_share_tokens_home,
     phone_lists_fit_long_names,
     idle_viewers_do_not_bounce_the_grid,
+    kill_and_delete_from_the_list,
+    killed_terminal_header_names_the_signal,
 );
 
 #[actix_rt::test]
@@ -136,6 +138,17 @@ async fn share_token_watches_read_only() {
     env["terminalId"] = json!(id);
     env["shareToken"] = body["secret"].clone();
     run_case("share_token_watches_read_only", env, &[]).await;
+}
+
+/// The daemon goes away while a terminal runs: the page's Kill is refused
+/// (`409 host_offline`) and the page shows the server's reason.
+#[actix_rt::test]
+async fn kill_refused_shows_the_server_error() {
+    let mut e = start(false, &[]).await;
+    let env = case_env(&e);
+    let daemon = std::cell::RefCell::new(&mut e.daemon);
+    let stop_daemon = || daemon.borrow_mut().kill();
+    run_case("kill_refused_shows_the_server_error", env, &[("stop-daemon", &stop_daemon)]).await;
 }
 
 #[test]

@@ -96,8 +96,11 @@ export const api = (token) => ({
   terminals: () => new PagedList(token, "/terminals", "terminals"),
   terminal: (id) => request(token, "GET", `/terminals/${id}`).then((b) => b.terminal),
   createTerminal: (body) => request(token, "POST", "/terminals", body).then((b) => b.terminal),
-  killTerminal: (id) => request(token, "POST", `/terminals/${id}/kill`, {}),
-  deleteTerminal: (id) => request(token, "DELETE", `/terminals/${id}`),
+  /** Signals the terminal's processes: `signal` a name or number, or none for the server's default, HUP (docs/REST.md). */
+  killTerminal: (id, signal) =>
+    request(token, "POST", `/terminals/${id}/kill`, signal === undefined ? undefined : { signal }).then((b) => b.terminal),
+  /** Removes an ended terminal (409 terminal_live while it may still run); 204, so nothing comes back. */
+  deleteTerminal: (id) => request(token, "DELETE", `/terminals/${id}`).then(() => null),
   runs: () => new PagedList(token, "/runs", "runs"),
   /** Whether the token may start terminals: only a `full` one reaches the tokens route (docs/REST.md, "Scopes"). */
   mayControl: () =>

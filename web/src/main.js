@@ -8,6 +8,8 @@ import "@xterm/xterm/css/xterm.css";
 import "./style.css";
 import { api, ApiError, forgetToken, storedToken, storeToken } from "./api.js";
 import { ago, el, reconcile, splitArgv } from "./dom.js";
+import { shortExit } from "./exit.js";
+import { TerminalActions } from "./terminal-actions.js";
 import { bufferLines, defaultFontSize, TerminalView } from "./terminal-view.js";
 import { Terminal } from "@xterm/xterm";
 import { FitAddon } from "@xterm/addon-fit";
@@ -112,9 +114,10 @@ function topBar() {
 /**
  * The lists: hosts, terminals, the start form and runs, refreshed while
  * shown. A refresh changes only the rows that changed, so a selection or
- * the focus in the lists survives it. The form shows only for a token that
- * may start terminals; a share token, which reaches only its terminal,
- * gets a word on that instead of lists.
+ * the focus in the lists survives it. The form, and the terminals' Kill
+ * and Delete, show only for a token that may control terminals; a share
+ * token, which reaches only its terminal, gets a word on that instead of
+ * lists.
  */
 function home(token) {
   const client = api(token);
@@ -142,16 +145,39 @@ function home(token) {
     el("section", {}, el("h2", {}, "Runs"), runsBox),
   );
   app.replaceChildren(main);
+  let mayControl = false; // until the server says; Kill and Delete show once it does
+  let shown = null; // the terminals last read and the host names, to draw the list again between refreshes
+  const drawTerminals = () => {
+    if (shown) terminalTable(termsBox, actions.visible(shown.terminals), shown.names, mayControl ? actions : null);
+  };
+  const actions = new TerminalActions(client, { changed: drawTerminals, refresh: () => refresh() });
+  termsBox.addEventListener("click", (e) => actions.onClick(e));
+  termsBox.addEventListener("keydown", (e) => actions.onKey(e));
   client.mayControl().then(
     (may) => {
       startSection.hidden = !may;
       readOnlyNote.hidden = may;
+      mayControl = may;
+      drawTerminals();
     },
-    () => (startSection.hidden = false), // unknown: offer it; the server has the last word
+    () => {
+      // Unknown: offer them; the server has the last word.
+      startSection.hidden = false;
+      mayControl = true;
+      drawTerminals();
+    },
   );
   let timer = null;
   let stopped = false;
+  let reading = false; // a refresh is under way
+  let again = false; // and another was asked for meanwhile
   const refresh = async () => {
+    clearTimeout(timer);
+    if (reading) {
+      again = true;
+      return;
+    }
+    reading = true;
     try {
       const [hosts, terminals, runs] = await Promise.all([lists.hosts.refresh(), lists.terminals.refresh(), lists.runs.refresh()]);
       if (stopped) return;
@@ -159,23 +185,33 @@ function home(token) {
       const names = new Map(hosts.map((h) => [h.id, h.name]));
       reconcile(hostsBox, hosts.length ? hosts.map(hostItem) : [el("li", { className: "empty" }, "No hosts yet: run `tether daemon` on a machine.")]);
       form.setHosts(hosts);
-      terminalTable(termsBox, terminals, names);
+      shown = { terminals, names };
+      actions.forgetEnded(terminals);
+      drawTerminals();
       runTable(runsBox, runs, names);
     } catch (err) {
       if (stopped) return;
       if (err instanceof ApiError && err.status === 401) {
+        stopped = true;
         forgetToken();
         show(signIn("The token is no longer accepted: sign in again."));
         return;
       }
       if (err instanceof ApiError && err.code === "insufficient_scope") {
+        stopped = true;
         main.replaceChildren(topBar(), shareTokenNote(err.message));
         return;
       }
       problem.textContent = `Could not refresh: ${err.message}`;
       problem.hidden = false;
+    } finally {
+      reading = false;
     }
-    if (!stopped) timer = setTimeout(refresh, LIST_REFRESH_MS);
+    if (stopped) return;
+    if (again) {
+      again = false;
+      refresh();
+    } else timer = setTimeout(refresh, LIST_REFRESH_MS);
   };
   refresh();
   return {
@@ -209,65 +245,70 @@ function hostItem(h) {
 
 /**
  * Fills `box` with a table of resources, newest first (or `empty` when
- * there are none); `cells(item)` gives a row's cells. The table stays and
+ * there are none); `cells(item)` gives a row's cells, `rowsAfter(item)`
+ * rows to put under it. The table stays (until its headers change) and
  * only rows that changed are replaced.
  */
-function fillNewestFirst(box, items, empty, headers, rowProps, cells) {
+function fillNewestFirst(box, items, { empty, headers, rowProps, cells, rowsAfter = () => [], className }) {
   if (!items.length) {
     reconcile(box, [el("p", { className: "empty" }, empty)]);
     return;
   }
   let table = box.querySelector(":scope > table");
-  if (!table) {
-    table = el("table", {}, el("thead", {}, el("tr", {}, ...headers.map((h) => el("th", {}, h)))), el("tbody", {}));
+  const heads = headers.join("|");
+  if (!table || table.dataset.headers !== heads) {
+    table = el("table", { className, "data-headers": heads }, el("thead", {}, el("tr", {}, ...headers.map((h) => el("th", {}, h)))), el("tbody", {}));
     box.replaceChildren(table);
   }
   const rows = items
     .slice()
     .sort((a, b) => Date.parse(b.createdAt) - Date.parse(a.createdAt))
-    .map((item) => el("tr", rowProps(item), ...cells(item).map((cell) => (cell instanceof Node && cell.tagName === "TD" ? cell : el("td", {}, cell)))));
+    .flatMap((item) => [
+      el("tr", rowProps(item), ...cells(item).map((cell) => (cell instanceof Node && cell.tagName === "TD" ? cell : el("td", {}, cell)))),
+      ...rowsAfter(item),
+    ]);
   reconcile(table.tBodies[0], rows);
 }
 
-function terminalTable(box, terminals, names) {
-  fillNewestFirst(
-    box,
-    terminals,
-    "No terminals yet.",
-    ["Terminal", "Host", "State", "Size", "Last typed"],
-    (t) => ({ className: `terminal ${t.state}`, "data-terminal": t.id }),
-    (t) => [
+/** The terminals; with `actions` (a TerminalActions), each row's Kill or Delete. */
+function terminalTable(box, terminals, names, actions) {
+  const headers = ["Terminal", "Host", "State", "Size", "Last typed"];
+  if (actions) headers.push("Actions");
+  fillNewestFirst(box, terminals, {
+    empty: "No terminals yet.",
+    headers,
+    className: actions ? "with-actions" : undefined,
+    rowProps: (t) => ({ className: `terminal ${t.state}`, "data-terminal": t.id }),
+    cells: (t) => [
       el("a", { href: `#/t/${t.id}` }, t.title || (t.argv.length ? t.argv.join(" ") : "login shell")),
       names.get(t.hostId) || "?",
       el("td", { className: "state" }, terminalState(t)),
       `${t.cols}×${t.rows}`,
       ago(t.lastInteractedAt),
+      ...(actions ? [actions.cell(t)] : []),
     ],
-  );
+    rowsAfter: (t) => (actions ? actions.rowsAfter(t, headers.length) : []),
+  });
 }
 
 /** A terminal's state for the list: with its exit code or signal once exited. */
 function terminalState(t) {
-  if (t.state !== "exited") return t.state;
-  if (t.exitCode !== null && t.exitCode !== undefined) return `exited (${t.exitCode})`;
-  return t.exitSignal ? `exited (${t.exitSignal})` : "exited";
+  return t.state === "exited" ? shortExit(t) : t.state;
 }
 
 function runTable(box, runs, names) {
-  fillNewestFirst(
-    box,
-    runs,
-    "No runs yet (POST /api/v1/runs, or tether run).",
-    ["Command", "Host", "State", "Exit", "Queued"],
-    (r) => ({ className: `run ${r.state}`, "data-run": r.id }),
-    (r) => [
+  fillNewestFirst(box, runs, {
+    empty: "No runs yet (POST /api/v1/runs, or tether run).",
+    headers: ["Command", "Host", "State", "Exit", "Queued"],
+    rowProps: (r) => ({ className: `run ${r.state}`, "data-run": r.id }),
+    cells: (r) => [
       el("a", { href: `#/r/${r.id}` }, r.argv.join(" ")),
       names.get(r.hostId) || "?",
       el("td", { className: "state" }, r.state),
       r.exitCode ?? "",
       ago(r.createdAt),
     ],
-  );
+  });
 }
 
 /**
@@ -360,6 +401,7 @@ function terminalPage(token, id) {
     title: id.slice(0, 8),
     phone: isPhone(),
     onBack: () => (location.hash = ""),
+    fetchTerminal: () => api(token).terminal(id),
   });
   view.mount(app);
   api(token)

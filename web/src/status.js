@@ -2,18 +2,19 @@
 // something (docs/WEB.md, "Terminal view"), as plain logic the unit tests
 // can reach without a browser.
 
+import { describeExit } from "./exit.js";
+
 /**
  * What the header's status and the notice say (docs/WEB.md, "Terminal
  * view"). `state` is the socket's (connecting, reconnecting, live, ended)
- * or "exited"; `termState` and `hostState` come from the last `status`.
+ * or "exited" (then `exitCode` or `exitSignal` says how, exit.js);
+ * `termState` and `hostState` come from the last `status`.
  * `kind` names the notice: "connection" and "host" go away by themselves
  * once the stream is live, "final" stays.
  */
-export function describeStatus({ state, attempt, termState, hostState, exitCode, endMessage, heldBytes = 0 }) {
+export function describeStatus({ state, attempt, termState, hostState, exitCode, exitSignal, endMessage, heldBytes = 0 }) {
   const held = heldBytes > 0 ? ` What you type is held (${heldBytes} bytes so far) and sent once it is back.` : "";
-  if (state === "exited") {
-    return { text: exitCode === null || exitCode === undefined ? "exited" : `exited with code ${exitCode}` };
-  }
+  if (state === "exited") return { text: describeExit({ exitCode, exitSignal }) };
   if (state === "ended") {
     return { text: termState === "error" ? "failed to start" : "disconnected", notice: endMessage, kind: "final" };
   }

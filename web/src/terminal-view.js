@@ -6,7 +6,9 @@
 // says so before anyone types. The header's status and the notice say what
 // the view waits for (the connection, the host, the terminal's start); the
 // held bar and the notice float over the screen, so showing them never
-// changes the grid.
+// changes the grid. When the terminal ends by a signal, the socket's `exit`
+// has no code and says no more, so the view reads the signal from the
+// terminal's REST resource (`fetchTerminal`).
 
 import { Terminal } from "@xterm/xterm";
 import { FitAddon } from "@xterm/addon-fit";
@@ -14,6 +16,7 @@ import { WebLinksAddon } from "@xterm/addon-web-links";
 import { WebglAddon } from "@xterm/addon-webgl";
 import { HELD_INPUT_LIMIT, ViewerSocket } from "./viewer-socket.js";
 import { describeStatus } from "./status.js";
+import { exitFromResource, exitIsComplete } from "./exit.js";
 import { OutputQueue } from "./output-queue.js";
 import { keyRow, Modifiers } from "./keys.js";
 import { touchScroll } from "./touch-scroll.js";
@@ -38,8 +41,9 @@ export function defaultFontSize() {
 }
 
 export class TerminalView {
-  constructor({ terminalId, token, title, onBack, phone }) {
+  constructor({ terminalId, token, title, onBack, phone, fetchTerminal }) {
     this.terminalId = terminalId;
+    this.fetchTerminal = fetchTerminal; // () => the REST resource, for how it ended
     this.phone = phone;
     this.lastKeyAt = Date.now();
     this.holder = null; // true: ours, false: another viewer's, null: not told yet
@@ -306,8 +310,8 @@ export class TerminalView {
       }
       case "exit":
         this.exited = true;
-        this.exitCode = msg.exitCode;
-        this.queue.then(() => this.onState("exited", { exitCode: msg.exitCode }));
+        this.queue.then(() => this.onState("exited", { exitCode: msg.exitCode, exitSignal: msg.exitSignal }));
+        if (!exitIsComplete(msg) && this.fetchTerminal) this.readExitFromResource();
         break;
       case "error":
         // The bar already says what a read-only refusal would, the status
@@ -384,10 +388,21 @@ export class TerminalView {
       this.renderHolder();
     }
     if (name === "exited") {
-      this.exitCode = detail.exitCode;
+      // The resource may have answered first: what it said stays.
+      this.exitCode = detail.exitCode ?? this.exitCode;
+      this.exitSignal = detail.exitSignal ?? this.exitSignal;
       this.renderHolder();
       this.term.options.cursorBlink = false;
     }
+    this.renderStatus();
+  }
+
+  /** How the terminal ended, from its REST resource (the `exit` message had no code: a signal). */
+  async readExitFromResource() {
+    const status = await exitFromResource(this.fetchTerminal);
+    if (!status || this.disposed) return;
+    this.exitCode ??= status.exitCode;
+    this.exitSignal ??= status.exitSignal;
     this.renderStatus();
   }
 
@@ -411,6 +426,7 @@ export class TerminalView {
       termState: this.termState,
       hostState: this.hostState,
       exitCode: this.exitCode,
+      exitSignal: this.exitSignal,
       endMessage: this.endMessage,
       heldBytes: this.heldInput.bytes,
     });

@@ -599,15 +599,21 @@ export async function read_and_share_tokens_home(browser) {
 /** On a phone, long host names and titles stay within the screen's width. */
 export async function phone_lists_fit_long_names(browser) {
   await rest("POST", "/hosts", { hostname: "far_away_machine_with_a_very_long_hostname.example.internal", name: "a_host_name_that_goes_on_and_on_and_on_and_on_and_on_and_on" });
-  await restTerminal({ argv: ["sh"], title: "a_terminal_title_that_goes_on_and_on_and_on_and_on_and_on_and_on" });
+  const t = await restTerminal({ argv: ["sh"], title: "a_terminal_title_that_goes_on_and_on_and_on_and_on_and_on_and_on" });
   const page = await newPage(browser, PHONE);
   await signInAndSeeHost(page);
   await page.waitForSelector("tr.terminal");
   const width = await page.evaluate(() => document.querySelector(".home").scrollWidth);
   await page.screenshot({ path: shot("phone-long-names.png") });
   check(width <= 390, `the lists are ${width}px wide on a 390px screen`);
+  // With Kill's confirmation open too.
+  await page.tap(`tr[data-terminal="${t.id}"] button[data-action="kill"]`);
+  await page.waitForSelector(`tr.row-confirm[data-for="${t.id}"]`);
+  const asking = await page.evaluate(() => document.querySelector(".home").scrollWidth);
+  await page.screenshot({ path: shot("phone-kill-confirm.png") });
+  check(asking <= 390, `the lists are ${asking}px wide with a confirmation open`);
   noProblems(page);
-  report({ width });
+  report({ width, asking });
 }
 
 /**
@@ -633,4 +639,145 @@ export async function idle_viewers_do_not_bounce_the_grid(browser) {
   check(sizes.every((s) => s.length <= 8), `the grid bounced: ${JSON.stringify(sizes)}`);
   for (const page of pages) noProblems(page);
   report({ sizes });
+}
+
+/** Polls the terminal's REST resource until it is in `state`; returns it. */
+async function terminalInState(id, state) {
+  return waitFor(`terminal ${id} to be ${state}`, async () => {
+    const { terminal } = await rest("GET", `/terminals/${id}`);
+    return terminal.state === state ? terminal : null;
+  });
+}
+
+/**
+ * The list's Kill (running terminals) and Delete (ended ones), each after
+ * an in-page confirmation that survives the list's refresh; the list
+ * changes in place (another row is never rebuilt, a selection in it
+ * stays). A read token is offered neither.
+ */
+export async function kill_and_delete_from_the_list(browser) {
+  const doomed = await restTerminal({ argv: ["sh"], title: "kill-me" });
+  const kept = await restTerminal({ argv: ["sh"], title: "keep-me-selected" });
+  await terminalInState(doomed.id, "running");
+  const page = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(page);
+  const row = page.locator(`tr[data-terminal="${doomed.id}"]`);
+  const kill = row.locator('button[data-action="kill"]');
+  await kill.waitFor();
+  check((await row.locator('button[data-action="delete"]').count()) === 0, "no Delete while it runs");
+  await page.evaluate((id) => (document.querySelector(`tr[data-terminal="${id}"]`).marked = "yes"), kept.id);
+
+  // Asked first; the question stays across a refresh; Cancel does nothing.
+  await kill.click();
+  const confirm = page.locator(`tr.row-confirm[data-for="${doomed.id}"]`);
+  await confirm.waitFor();
+  const question = await confirm.textContent();
+  check(/Kill this terminal\?/.test(question), `the confirmation says ${question}`);
+  await page.screenshot({ path: shot("desktop-kill-confirm.png") });
+  await sleep(3000 + 500);
+  check(await confirm.isVisible(), "the confirmation went away with a list refresh");
+  await confirm.locator('button[data-action="cancel"]').click();
+  await confirm.waitFor({ state: "detached" });
+  check((await rest("GET", `/terminals/${doomed.id}`)).terminal.state === "running", "Cancel killed the terminal");
+
+  // Kill, confirmed: SIGHUP by default; the row says so and offers Delete.
+  await kill.click();
+  await confirm.locator('button[data-action="confirm"]').click();
+  await waitFor("the row to say how it ended", async () => (await row.locator(".state").textContent()) === "killed (SIGHUP)");
+  const ended = (await rest("GET", `/terminals/${doomed.id}`)).terminal;
+  check(ended.state === "exited" && ended.exitSignal === 1, `killed with ${JSON.stringify(ended)}`);
+  const remove = row.locator('button[data-action="delete"]');
+  await remove.waitFor();
+  check((await kill.count()) === 0, "no Kill once it ended");
+
+  // Delete, confirmed: the row goes at once, and stays gone.
+  await remove.click();
+  await confirm.waitFor();
+  check(/Delete this terminal/.test(await confirm.textContent()), "the delete confirmation");
+  await confirm.locator('button[data-action="confirm"]').click();
+  await row.waitFor({ state: "detached", timeout: 2000 });
+  const gone = await fetch(`${env.url}/api/v1/terminals/${doomed.id}`, { headers: { Authorization: `Bearer ${env.token}` } });
+  check(gone.status === 404, `the server still has it: ${gone.status}`);
+
+  // The other row was never rebuilt, and a selection in it survives refreshes.
+  await page.evaluate((id) => getSelection().selectAllChildren(document.querySelector(`tr[data-terminal="${id}"] a`)), kept.id);
+  await sleep(3000 + 500);
+  check((await row.count()) === 0, "the deleted terminal came back");
+  const after = await page.evaluate((id) => ({
+    selection: getSelection().toString(),
+    marked: document.querySelector(`tr[data-terminal="${id}"]`)?.marked ?? null,
+  }), kept.id);
+  check(after.marked === "yes", "the other terminal's row was rebuilt");
+  check(after.selection === "keep-me-selected", `the selection is ${JSON.stringify(after.selection)}`);
+
+  // A read token watches: no Kill, no Delete.
+  const { secret: readToken } = await rest("POST", "/tokens", { scope: "read", name: "reader" });
+  const reader = await newPage(browser, DESKTOP);
+  await signIn(reader, readToken);
+  await reader.waitForSelector(`tr[data-terminal="${kept.id}"]`);
+  await reader.waitForSelector(".read-only-note:not([hidden])");
+  await sleep(500);
+  check((await reader.locator("button[data-action]").count()) === 0, "a read token is offered Kill or Delete");
+  noProblems(page);
+  noProblems(reader);
+  report({});
+}
+
+/**
+ * The server refuses a kill (here the host went away: 409 host_offline):
+ * the page shows the server's reason under the row, across refreshes,
+ * until the user dismisses it; the row stays.
+ */
+export async function kill_refused_shows_the_server_error(browser) {
+  const t = await restTerminal({ argv: ["sh"], title: "host-goes-away" });
+  await terminalInState(t.id, "running");
+  const page = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(page);
+  const row = page.locator(`tr[data-terminal="${t.id}"]`);
+  await row.locator('button[data-action="kill"]').waitFor();
+  await askHarness("stop-daemon");
+  await page.waitForSelector(`.host.offline[data-host="${env.hostId}"]`);
+  await row.locator('button[data-action="kill"]').click();
+  await page.locator(`tr.row-confirm[data-for="${t.id}"] button[data-action="confirm"]`).click();
+  const problem = page.locator(`tr.row-problem[data-for="${t.id}"]`);
+  await problem.waitFor();
+  const text = await problem.locator("[role=alert]").textContent();
+  check(/^Could not kill the terminal: the host is offline/.test(text), `the page says ${text}`);
+  await sleep(3000 + 500);
+  check(await problem.isVisible(), "the reason went away with a list refresh");
+  check((await row.locator('button[data-action="kill"]').count()) === 1, "the row still offers Kill");
+  await problem.locator('button[data-action="dismiss"]').click();
+  await problem.waitFor({ state: "detached" });
+  noProblems(page);
+  report({ text });
+}
+
+/** Waits until the terminal view's header status is `text`; on timeout, says what it was. */
+async function statusSays(page, text) {
+  let last = null;
+  await waitFor(`the status "${text}"`, async () => (last = await page.locator(".status").textContent()) === text).catch((e) => {
+    throw new Error(`${e.message}; it says ${JSON.stringify(last)}`);
+  });
+}
+
+/**
+ * A terminal ended by a signal: the header names it ("killed by SIGHUP"),
+ * read from the REST resource since the socket's `exit` carries only a
+ * code; for a terminal opened after it was killed too.
+ */
+export async function killed_terminal_header_names_the_signal(browser) {
+  const page = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(page);
+  const id = await startTerminal(page, "sh");
+  await rest("POST", `/terminals/${id}/kill`);
+  await statusSays(page, "killed by SIGHUP");
+
+  const t = await restTerminal({ argv: ["sh"] });
+  await terminalInState(t.id, "running");
+  await rest("POST", `/terminals/${t.id}/kill`, { signal: "KILL" });
+  await terminalInState(t.id, "exited");
+  await page.goto(`${env.url}/#/t/${t.id}`);
+  await statusSays(page, "killed by SIGKILL");
+  noProblems(page);
+  report({});
 }

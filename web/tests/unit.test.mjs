@@ -10,6 +10,9 @@ import { backoffDelay, BACKOFF, HELD_INPUT_LIMIT, ViewerSocket } from "../src/vi
 import { PagedList } from "../src/api.js";
 import { describeStatus } from "../src/status.js";
 import { linesFor } from "../src/touch-scroll.js";
+import { describeExit, exitFromResource, exitIsComplete, shortExit, signalName } from "../src/exit.js";
+import { actionFor } from "../src/terminal-actions.js";
+import { api } from "../src/api.js";
 
 /** An xterm.js stand-in whose parser finishes a write only when told to. */
 function slowTerm() {
@@ -267,6 +270,72 @@ test("a list reads every page once, then from its last page on", async () => {
     pages[""] = ["a"]; // "b" deleted: seen at the next full read
     assert.deepEqual(await list.refresh(), ["a", "c", "d", "e2"]);
     assert.deepEqual(asked.splice(0), ["", "?after=c1", "?after=c2"]);
+  } finally {
+    globalThis.fetch = saved;
+  }
+});
+
+test("signals have their portable names, others their number", () => {
+  assert.equal(signalName(1), "SIGHUP");
+  assert.equal(signalName(9), "SIGKILL");
+  assert.equal(signalName(15), "SIGTERM");
+  assert.equal(signalName(10), "signal 10", "SIGUSR1 on Linux, SIGBUS on macOS: the page cannot tell");
+  assert.equal(signalName(64), "signal 64");
+});
+
+test("an ended terminal says its code or its signal", () => {
+  assert.equal(describeExit({ exitCode: 0, exitSignal: null }), "exited with code 0");
+  assert.equal(describeExit({ exitCode: 3 }), "exited with code 3");
+  assert.equal(describeExit({ exitCode: null, exitSignal: 1 }), "killed by SIGHUP");
+  assert.equal(describeExit({ exitCode: null, exitSignal: 42 }), "killed by signal 42");
+  assert.equal(describeExit({ exitCode: null, exitSignal: null }), "exited");
+  assert.equal(shortExit({ exitCode: 3 }), "exited (3)");
+  assert.equal(shortExit({ exitCode: null, exitSignal: 1 }), "killed (SIGHUP)");
+  assert.equal(shortExit({}), "exited");
+  assert.equal(describeStatus({ state: "exited", exitCode: null, exitSignal: 1 }).text, "killed by SIGHUP");
+  assert.equal(describeStatus({ state: "exited", exitCode: 0, exitSignal: null }).text, "exited with code 0");
+  assert.ok(exitIsComplete({ exitCode: 0 }) && exitIsComplete({ exitCode: null, exitSignal: 9 }));
+  assert.ok(!exitIsComplete({ type: "exit", exitCode: null }), "a signal's exit message says nothing more");
+});
+
+test("the exit is read from the resource once it says exited", async () => {
+  const answers = [{ state: "running" }, Promise.reject(new Error("network")), { state: "exited", exitCode: null, exitSignal: 1 }];
+  const waits = [];
+  const sleep = async (ms) => waits.push(ms);
+  const status = await exitFromResource(() => answers.shift(), { sleep, waitMs: 7 });
+  assert.deepEqual(status, { exitCode: null, exitSignal: 1 });
+  assert.deepEqual(waits, [7, 7]);
+  const never = await exitFromResource(async () => ({ state: "running" }), { sleep, tries: 3 });
+  assert.equal(never, null);
+});
+
+test("running terminals offer Kill, ended ones Delete", () => {
+  assert.equal(actionFor("running"), "kill");
+  assert.equal(actionFor("launching"), "kill");
+  for (const state of ["pending", "exited", "error"]) assert.equal(actionFor(state), "delete", state);
+});
+
+test("kill sends the chosen signal (none: the server's HUP); delete answers nothing", async () => {
+  const asked = [];
+  const saved = globalThis.fetch;
+  globalThis.fetch = async (url, init) => {
+    asked.push([init.method, url, init.body ?? null]);
+    if (init.method === "DELETE") return new Response(null, { status: 204 });
+    return new Response(JSON.stringify({ terminal: { id: "t1", state: "running" } }), {
+      status: 202,
+      headers: { "content-type": "application/json" },
+    });
+  };
+  try {
+    const client = api("tok");
+    assert.deepEqual(await client.killTerminal("t1"), { id: "t1", state: "running" });
+    assert.deepEqual(await client.killTerminal("t1", "KILL"), { id: "t1", state: "running" });
+    assert.equal(await client.deleteTerminal("t1"), null);
+    assert.deepEqual(asked, [
+      ["POST", "/api/v1/terminals/t1/kill", null],
+      ["POST", "/api/v1/terminals/t1/kill", '{"signal":"KILL"}'],
+      ["DELETE", "/api/v1/terminals/t1", null],
+    ]);
   } finally {
     globalThis.fetch = saved;
   }
