@@ -156,19 +156,71 @@ pub fn is_cluster_secret(configured: &str, presented: &str) -> bool {
     a.iter().zip(b.iter()).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
+/// Why a `daemon` token may not speak for a host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotItsHost {
+    /// The token is bound to another host.
+    BoundElsewhere,
+    /// The token is unbound, and another usable daemon token is bound to the host.
+    HostHasToken,
+}
+
+impl NotItsHost {
+    /// The REST error code.
+    pub fn code(self) -> &'static str {
+        match self {
+            NotItsHost::BoundElsewhere => "token_bound_to_other_host",
+            NotItsHost::HostHasToken => "host_bound_to_other_token",
+        }
+    }
+
+    /// The REST error message.
+    pub fn message(self) -> &'static str {
+        match self {
+            NotItsHost::BoundElsewhere => {
+                "this daemon token is bound to another host; create a new daemon token for this machine"
+            }
+            NotItsHost::HostHasToken => {
+                "this host is bound to another daemon token; revoke that one (tether token list, tether token \
+                 revoke) or create this one with --host"
+            }
+        }
+    }
+
+    /// The reason of a hello's 4403.
+    pub fn close_reason(self) -> &'static str {
+        match self {
+            NotItsHost::BoundElsewhere => "this daemon token is bound to another host",
+            NotItsHost::HostHasToken => "this host is bound to another daemon token",
+        }
+    }
+}
+
 /// Whether `principal` may speak for `host_id` (a hello, a registration): a
 /// `daemon` token is bound to the first host it registers or says hello for
 /// (or the one given at create) and to no other, so one machine's token
-/// cannot impersonate another; other scopes reach every host of their user
-/// (ownership is the caller's check).
-pub async fn speaks_for(store: &dyn Store, principal: &Principal, host_id: Uuid) -> StoreResult<bool> {
+/// cannot impersonate another. It binds only to a host that no other usable
+/// daemon token is bound to, so a new daemon token cannot take over a
+/// machine that has one either (`token create --host` binds on purpose).
+/// Other scopes reach every host of their user (ownership is the caller's
+/// check).
+pub async fn speaks_for(
+    store: &dyn Store,
+    principal: &Principal,
+    host_id: Uuid,
+) -> StoreResult<Result<(), NotItsHost>> {
     if principal.scope != TokenScope::Daemon {
-        return Ok(true);
+        return Ok(Ok(()));
     }
-    if let Some(bound) = principal.bound_host {
-        return Ok(bound == host_id);
-    }
-    Ok(store.bind_token_host(principal.token_id, host_id).await? == Some(host_id))
+    let bound = match principal.bound_host {
+        Some(bound) => Some(bound),
+        None => store.bind_token_host(principal.token_id, host_id).await?,
+    };
+    Ok(match bound {
+        Some(bound) if bound == host_id => Ok(()),
+        Some(_) => Err(NotItsHost::BoundElsewhere),
+        None => Err(NotItsHost::HostHasToken),
+    })
 }
 
 /// What a route or socket asks of the token (docs/REST.md, "Scopes").

@@ -50,6 +50,7 @@ conformance!(
     token_last_use_is_stamped_once_a_minute,
     ended_tokens_are_read_from_the_log,
     daemon_tokens_bind_to_their_first_host,
+    a_host_takes_a_second_daemon_token_only_once_the_first_is_unusable,
     hosts_upsert_and_scope,
     host_and_terminal_pages,
     host_delete_removes_dependents,
@@ -275,6 +276,41 @@ async fn daemon_tokens_bind_to_their_first_host(store: &Arc<dyn Store>) {
     assert_eq!(store.bind_token_host(token.id, h1).await.expect("bind"), Some(h1));
     assert_eq!(store.bind_token_host(token.id, h2).await.expect("bind"), Some(h1), "the first host stays");
     assert_eq!(store.bind_token_host(Uuid::new_v4(), h2).await.expect("bind"), None, "no such token");
+}
+
+/// An unbound daemon token does not bind to a host another usable daemon
+/// token is bound to (it stays unbound); it does once that one is revoked
+/// or expired.
+async fn a_host_takes_a_second_daemon_token_only_once_the_first_is_unusable(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let bx = host(store, &ann, "box").await;
+    let daemon = |hash: &'static str| NewToken { scope: TokenScope::Daemon, ..NewToken::full(ann.id, hash) };
+    let first = store.insert_token(&daemon("hash-first")).await.expect("token");
+    let second = store.insert_token(&daemon("hash-second")).await.expect("token");
+    assert_eq!(store.bind_token_host(first.id, bx.id).await.expect("bind"), Some(bx.id));
+    assert_eq!(store.bind_token_host(second.id, bx.id).await.expect("bind"), None, "the host has a token");
+    let other = host(store, &ann, "other").await;
+    assert_eq!(store.bind_token_host(second.id, other.id).await.expect("bind"), Some(other.id), "still unbound");
+
+    let third = store.insert_token(&daemon("hash-third")).await.expect("token");
+    assert_eq!(store.bind_token_host(third.id, bx.id).await.expect("bind"), None);
+    store.revoke_token(None, first.id).await.expect("revoke");
+    assert_eq!(store.bind_token_host(third.id, bx.id).await.expect("bind"), Some(bx.id), "the first is revoked");
+
+    let expired = NewToken {
+        expires_at: Some(chrono::Utc::now() - chrono::Duration::seconds(1)),
+        host_id: Some(other.id),
+        ..daemon("hash-expired")
+    };
+    store.insert_token(&expired).await.expect("token");
+    let fourth = store.insert_token(&daemon("hash-fourth")).await.expect("token");
+    assert_eq!(store.bind_token_host(fourth.id, other.id).await.expect("bind"), None, "second still holds it");
+    store.revoke_token(None, second.id).await.expect("revoke");
+    assert_eq!(
+        store.bind_token_host(fourth.id, other.id).await.expect("bind"),
+        Some(other.id),
+        "an expired token holds nothing"
+    );
 }
 
 /// Pages in creation order after a cursor, filtered by the host's lease or

@@ -269,6 +269,45 @@ async fn a_daemon_token_speaks_for_one_host() {
     assert!(out.stdout.is_empty());
 }
 
+/// A new daemon token cannot become a machine that already has a usable
+/// daemon token, neither by registering its hostname nor by a hello: its
+/// real daemon would be replaced and what is typed there would reach the
+/// new token's holder. Once the old token is revoked, the new one binds.
+#[actix_rt::test]
+async fn a_new_daemon_token_cannot_take_over_a_machine_that_has_one() {
+    let server = TetherServer::start(&[], &[]).await;
+    let daemon_token = |label: &str| {
+        let out = server.run(&["token", "create", "--user", "ann", "--scope", "daemon", "--name", label], &[]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        Api::new(server.url(), String::from_utf8(out.stdout).expect("utf8").trim())
+    };
+    let body = json!({"name": "box", "hostname": "box", "platform": "linux", "arch": "x86_64"});
+    let first = daemon_token("first");
+    let (status, host) = first.post("/api/v1/hosts", body.clone()).await;
+    assert_eq!(status, 201, "{host}");
+    let host = host["host"]["id"].as_str().expect("id").to_string();
+    assert_eq!(hello_as(&server, &first.token, &host).await, None);
+
+    let second = daemon_token("second");
+    let (status, refused) = second.post("/api/v1/hosts", body.clone()).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (403, Some("host_bound_to_other_token")), "{refused}");
+    assert_eq!(hello_as(&server, &second.token, &host).await, Some(4403));
+    let third = daemon_token("third");
+    assert_eq!(hello_as(&server, &third.token, &host).await, Some(4403), "a hello does not bind it either");
+    // Still unbound: it can become another machine.
+    let (status, other) = third.post("/api/v1/hosts", json!({"hostname": "other"})).await;
+    assert_eq!(status, 201, "{other}");
+
+    let list = server.run(&["token", "list", "--user", "ann"], &[]);
+    let table = String::from_utf8(list.stdout).expect("utf8");
+    let first_id = table.lines().find(|l| l.contains(" first ")).and_then(|l| l.split_whitespace().next());
+    let revoked = server.run(&["token", "revoke", first_id.unwrap_or_else(|| panic!("{table}"))], &[]);
+    assert!(revoked.status.success(), "{}", String::from_utf8_lossy(&revoked.stderr));
+    let (status, again) = second.post("/api/v1/hosts", body).await;
+    assert_eq!((status, again["host"]["id"].as_str()), (201, Some(host.as_str())), "{again}");
+    assert_eq!(hello_as(&server, &second.token, &host).await, None);
+}
+
 #[actix_rt::test]
 async fn the_cli_creates_lists_expires_and_revokes_tokens() {
     let server = TetherServer::start(&[], &[]).await;

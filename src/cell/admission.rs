@@ -184,8 +184,8 @@ async fn check_database(
     let Some(host) = host.filter(|h| h.user_id == principal.user_id()) else {
         return Ok(Verdict::Refuse { code: close::FORBIDDEN, reason: "unknown or foreign host" });
     };
-    if !crate::auth::speaks_for(store, principal, host_id).await? {
-        return Ok(Verdict::Refuse { code: close::FORBIDDEN, reason: "this daemon token is bound to another host" });
+    if let Err(not) = crate::auth::speaks_for(store, principal, host_id).await? {
+        return Ok(Verdict::Refuse { code: close::FORBIDDEN, reason: not.close_reason() });
     }
     match host.assignment {
         Some((assigned, _)) if assigned != cell.cell_id => {

@@ -192,8 +192,10 @@ pub trait Store: Send + Sync + 'static {
     /// such token. Revoking twice keeps the first revocation time and says
     /// so, so the revocation is recorded once.
     async fn revoke_token(&self, user_id: Option<Uuid>, id: Uuid) -> StoreResult<Option<Revocation>>;
-    /// Binds a token to `host_id` if it is bound to none yet; returns the
-    /// host it is bound to afterwards (None: no such token).
+    /// Binds a token to `host_id` if it is bound to none yet and no other
+    /// usable token (not revoked, not expired) is bound to that host;
+    /// returns the host the token is bound to afterwards (None: no such
+    /// token, or still unbound because the host is another token's).
     async fn bind_token_host(&self, id: Uuid, host_id: Uuid) -> StoreResult<Option<Uuid>>;
     /// For the revocation watch: the tokens that are unusable now (revoked,
     /// expired or deleted) among those that ended or had their revocation

@@ -503,13 +503,23 @@ impl Store for PgStore {
     }
 
     async fn bind_token_host(&self, id: Uuid, host_id: Uuid) -> StoreResult<Option<Uuid>> {
-        let row = self
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        // Two tokens binding to one host take turns on its row, so the
+        // second one's check (a statement of its own, so a fresh snapshot)
+        // sees the first one's binding.
+        tx.execute("SELECT 1 FROM hosts WHERE id = $1 FOR NO KEY UPDATE", &[&host_id]).await?;
+        let row = tx
             .query_opt(
-                "WITH bound AS (UPDATE api_tokens SET host_id = $2 WHERE id = $1 AND host_id IS NULL RETURNING host_id) \
+                "WITH bound AS (UPDATE api_tokens SET host_id = $2 WHERE id = $1 AND host_id IS NULL \
+                   AND NOT EXISTS (SELECT 1 FROM api_tokens o WHERE o.host_id = $2 AND o.id <> $1 \
+                     AND o.revoked_at IS NULL AND (o.expires_at IS NULL OR o.expires_at > now())) \
+                   RETURNING host_id) \
                  SELECT host_id FROM bound UNION ALL SELECT host_id FROM api_tokens WHERE id = $1 LIMIT 1",
                 &[&id, &host_id],
             )
             .await?;
+        tx.commit().await?;
         Ok(row.and_then(|r| r.get::<_, Option<Uuid>>(0)))
     }
 

@@ -616,8 +616,10 @@ impl Store for SqliteStore {
     async fn bind_token_host(&self, id: Uuid, host_id: Uuid) -> StoreResult<Option<Uuid>> {
         self.call(move |c| {
             c.execute(
-                "UPDATE api_tokens SET host_id = ?1 WHERE id = ?2 AND host_id IS NULL",
-                params![host_id.to_string(), id.to_string()],
+                "UPDATE api_tokens SET host_id = ?1 WHERE id = ?2 AND host_id IS NULL AND NOT EXISTS ( \
+                   SELECT 1 FROM api_tokens o WHERE o.host_id = ?1 AND o.id <> ?2 \
+                   AND o.revoked_at IS NULL AND (o.expires_at IS NULL OR o.expires_at > ?3))",
+                params![host_id.to_string(), id.to_string(), now_ms()],
             )?;
             Ok(token_by(c, "id = ?1", &[&id.to_string()])?.and_then(|t| t.host_id))
         })

@@ -32,12 +32,8 @@ pub async fn assign(
     if state.store.get_host(user.id(), host_id).await?.is_none() {
         return Err(ApiError::not_found("host"));
     }
-    if !auth::speaks_for(state.store.as_ref(), &user.0, host_id).await? {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "token_bound_to_other_host",
-            "this daemon token is bound to another host",
-        ));
+    if let Err(not) = auth::speaks_for(state.store.as_ref(), &user.0, host_id).await? {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, not.code(), not.message()));
     }
     match director.assign(user.id(), host_id).await {
         Ok(answer) => Ok(HttpResponse::Ok().json(answer)),

@@ -9,7 +9,7 @@ use serde_json::json;
 use super::page::{PageQuery, Position};
 use super::{check_text, on_host, online_hosts, path_id};
 use crate::audit::Subject;
-use crate::auth;
+use crate::auth::{self, NotItsHost};
 use crate::daemon::MAX_DIR_PATH_BYTES;
 use crate::http::body::Json;
 use crate::http::error::ApiError;
@@ -54,7 +54,7 @@ pub async fn register(
     if let (TokenScope::Daemon, Some(bound)) = (user.0.scope, user.0.bound_host) {
         let same = state.store.get_host(user.id(), bound).await?.is_some_and(|h| h.hostname == body.hostname);
         if !same {
-            return Err(bound_elsewhere());
+            return Err(refused(NotItsHost::BoundElsewhere));
         }
     }
     let host = state
@@ -67,8 +67,8 @@ pub async fn register(
             arch: body.arch,
         })
         .await?;
-    if !auth::speaks_for(state.store.as_ref(), &user.0, host.id).await? {
-        return Err(bound_elsewhere());
+    if let Err(not) = auth::speaks_for(state.store.as_ref(), &user.0, host.id).await? {
+        return Err(refused(not));
     }
     let subject = Subject::host(host.id).by(user.0.token_id);
     state.relay.audit.record(user.id(), AuditAction::HostRegistered, subject);
@@ -76,12 +76,8 @@ pub async fn register(
     Ok(HttpResponse::Created().json(json!({ "host": HostView::new(host, online) })))
 }
 
-fn bound_elsewhere() -> ApiError {
-    ApiError::new(
-        actix_web::http::StatusCode::FORBIDDEN,
-        "token_bound_to_other_host",
-        "this daemon token is bound to another host; create a new daemon token for this machine",
-    )
+fn refused(not: NotItsHost) -> ApiError {
+    ApiError::new(actix_web::http::StatusCode::FORBIDDEN, not.code(), not.message())
 }
 
 #[derive(Debug, Deserialize)]
