@@ -134,6 +134,29 @@ async fn runs_succeed_and_fail(postgres: bool) {
     assert!(String::from_utf8_lossy(&log).contains("failing"));
 }
 
+/// A viewer may send 1 MiB of input in one frame (the largest a viewer
+/// frame may be): it reaches the terminal whole and in order, and the
+/// daemon's connection stays up (one Input frame of it would be over the
+/// daemon socket's 1 MiB limit with its envelope, and the daemon would drop
+/// the connection: every viewer of the host closed 4503).
+#[actix_rt::test]
+async fn a_megabyte_of_input_in_one_viewer_frame_reaches_the_terminal() {
+    use sha2::{Digest, Sha256};
+    let e = start(false, &[]).await;
+    let script = "stty raw -echo; head -c 1048576 | sha256sum; sleep 600";
+    let id = terminal(&e, &["sh", "-c", script]).await;
+    let mut other = Viewer::attach(&e, &terminal(&e, &["cat"]).await, "").await;
+    let mut viewer = Viewer::attach(&e, &id, "").await;
+    let input: Vec<u8> = (0..1024 * 1024).map(|i| b'a' + ((i * 7 + i / 1000) % 26) as u8).collect();
+    let digest: String = Sha256::digest(&input).iter().map(|b| format!("{b:02x}")).collect();
+    viewer.sock.send_binary(input).await;
+    viewer.until(&digest).await;
+    // The host's other terminal still answers on the same connection.
+    other.type_line("still-here").await;
+    other.until("still-here").await;
+    assert_eq!(e.daemon.log().matches("tether_daemon_connected").count(), 1, "{}", e.daemon.log());
+}
+
 #[actix_rt::test]
 async fn daemon_restart_parks_then_spawns_and_reconciles() {
     let mut e = start(false, &[]).await;

@@ -854,10 +854,7 @@ impl Handler<FromViewer> for TerminalArbiter {
                     self.maybe_idle(ctx);
                     return;
                 }
-                stream.link.daemon.frame(server_frame::Frame::Input(crate::proto::v1::Input {
-                    terminal_id: self.terminal_id.to_string(),
-                    data,
-                }));
+                stream.link.daemon.input(self.terminal_id, data);
             }
             FromViewer::Leave { viewer } => {
                 self.remove_member(viewer, ctx);

@@ -16,6 +16,9 @@ use uuid::Uuid;
 
 use crate::store::ExitStatus;
 
+/// The most input data one Input frame to a daemon carries.
+const INPUT_CHUNK_BYTES: usize = 64 * 1024;
+
 // ------------------------------------------------------------ to a DaemonConn
 
 /// A frame for the daemon that needs no answer (input, resize, kill).
@@ -247,6 +250,24 @@ impl DaemonHandle {
     /// A frame that needs no answer (input, resize, kill, credit).
     pub fn frame(&self, frame: crate::proto::v1::server_frame::Frame) {
         self.to.frames.do_send(ToDaemon(frame));
+    }
+
+    /// Input for a terminal, in order, in Input frames of at most
+    /// `INPUT_CHUNK_BYTES` of data each: a viewer may send
+    /// `super::MAX_FRAME_BYTES` in one message, and one Input frame of it
+    /// would be over the daemon socket's frame limit with its envelope.
+    pub fn input(&self, terminal_id: Uuid, mut data: Bytes) {
+        loop {
+            let chunk = data.split_to(data.len().min(INPUT_CHUNK_BYTES));
+            let terminal_id = terminal_id.to_string();
+            self.frame(crate::proto::v1::server_frame::Frame::Input(crate::proto::v1::Input {
+                terminal_id,
+                data: chunk,
+            }));
+            if data.is_empty() {
+                break;
+            }
+        }
     }
 
     /// Queues the spawn in order with every other message to the

@@ -204,10 +204,7 @@ fn dispatch(relay: &RelayContext, link: &DaemonLink, op: HostOp) -> Result<Dispa
             if link.queue.load(std::sync::atomic::Ordering::Relaxed) > super::INPUT_QUEUE_LIMIT {
                 return Err(RequestError::InputBacklog);
             }
-            daemon.frame(server_frame::Frame::Input(crate::proto::v1::Input {
-                terminal_id: terminal_id.to_string(),
-                data,
-            }));
+            daemon.input(terminal_id, data);
             Ok(Dispatched::Sent)
         }
         HostOp::Resize { terminal_id, cols, rows } => {
