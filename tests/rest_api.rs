@@ -573,6 +573,53 @@ async fn bad_optional_bodies_are_refused(fx: Fixture) {
         .set_payload("{not json")
         .to_request();
     expect_error(call_service(&app, bad).await, StatusCode::BAD_REQUEST, "bad_json").await;
+
+    // A body that is there must say it is JSON (or say nothing), as a
+    // required one must: a form post makes no token and kills nothing.
+    for (uri, content_type) in [
+        ("/api/v1/tokens", "application/x-www-form-urlencoded"),
+        ("/api/v1/tokens", "text/plain"),
+        (kill.as_str(), "text/plain"),
+    ] {
+        let res = call_service(
+            &app,
+            auth(TestRequest::post().uri(uri), &t)
+                .insert_header(("Content-Type", content_type))
+                .set_payload(r#"{"signal": "KILL"}"#)
+                .to_request(),
+        )
+        .await;
+        expect_error(res, StatusCode::BAD_REQUEST, "bad_content_type").await;
+    }
+    // Routes that take no fields hold a body that is there to the same rules.
+    for refresh in ["limits", "credentials"] {
+        let uri = format!("/api/v1/hosts/{hid}/{refresh}/refresh");
+        for (payload, code) in [("{bad", "bad_json"), ("[]", "bad_json")] {
+            let res = call_service(
+                &app,
+                auth(TestRequest::post().uri(&uri), &t)
+                    .insert_header(("Content-Type", "application/json"))
+                    .set_payload(payload)
+                    .to_request(),
+            )
+            .await;
+            expect_error(res, StatusCode::BAD_REQUEST, code).await;
+        }
+        let res = call_service(
+            &app,
+            auth(TestRequest::post().uri(&uri), &t)
+                .insert_header(("Content-Type", "text/plain"))
+                .set_payload("{}")
+                .to_request(),
+        )
+        .await;
+        expect_error(res, StatusCode::BAD_REQUEST, "bad_content_type").await;
+    }
+    let tokens =
+        json_body(call_service(&app, auth(TestRequest::get().uri("/api/v1/tokens"), &t).to_request()).await).await;
+    assert_eq!(tokens["tokens"].as_array().map(Vec::len), Some(2), "the fixture's and the one made above: {tokens}");
+    let events = wait_for_audit(&fx, &t, |events| events.iter().any(|e| e["action"] == "token_created")).await;
+    assert_eq!(events.iter().filter(|e| e["action"] == "kill").count(), 2, "no more kills: {events:?}");
 }
 
 /// Polls `GET /api/v1/audit` (events are written in the background) until

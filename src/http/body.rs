@@ -129,7 +129,15 @@ impl<T: DeserializeOwned + 'static> FromRequest for OptionalJson<T> {
     type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let content_type = json_content_type(req);
         let body = read_body(req, payload);
-        Box::pin(async move { parse_optional(&body.await?).map(OptionalJson) })
+        Box::pin(async move {
+            let body = body.await?;
+            // A body that is there is held to a required one's rules.
+            if !body.iter().all(u8::is_ascii_whitespace) {
+                content_type?;
+            }
+            parse_optional(&body).map(OptionalJson)
+        })
     }
 }

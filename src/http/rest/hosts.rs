@@ -3,6 +3,7 @@
 //! the requests answered by the daemon: dirs, limits, credentials.
 
 use actix_web::{web, HttpResponse};
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -11,7 +12,7 @@ use super::{check_text, on_host, online_hosts, path_id};
 use crate::audit::Subject;
 use crate::auth::{self, NotItsHost};
 use crate::daemon::MAX_DIR_PATH_BYTES;
-use crate::http::body::Json;
+use crate::http::body::{Json, OptionalJson};
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::http::views::HostView;
@@ -199,10 +200,12 @@ pub async fn remove_dir(
 }
 
 /// `POST /hosts/{id}/limits/refresh`: the daemon's resource limits (30 s).
+/// It takes no fields, but a body that is there must be JSON.
 pub async fn refresh_limits(
     state: web::Data<AppState>,
     user: AuthUser,
     id: web::Path<String>,
+    _no_fields: OptionalJson<IgnoredAny>,
 ) -> Result<HttpResponse, ApiError> {
     let id = own_host(&state, &user, &id).await?;
     match on_host(&state, id, HostOp::RefreshLimits).await? {
@@ -219,6 +222,7 @@ pub async fn refresh_credentials(
     state: web::Data<AppState>,
     user: AuthUser,
     id: web::Path<String>,
+    _no_fields: OptionalJson<IgnoredAny>,
 ) -> Result<HttpResponse, ApiError> {
     let id = own_host(&state, &user, &id).await?;
     if state.settings.encryption_key().is_none() {
