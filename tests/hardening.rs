@@ -81,7 +81,7 @@ async fn request(method: &str, url: &str, token: Option<&str>) -> (u16, awc::htt
 async fn head_is_a_get_without_a_body_and_a_405_says_what_is_allowed() {
     let server = TetherServer::start(&[], &[]).await;
     let token = create_token(&server, "ann");
-    for path in ["/healthz", "/api/v1/hosts", "/api/v1/tokens"] {
+    for path in ["/healthz", "/api/v1/hosts", "/api/v1/tokens", "/", "/manifest.webmanifest"] {
         let url = format!("{}{path}", server.url());
         let (get_status, get_headers, get_body) = request("GET", &url, Some(&token)).await;
         let (status, headers, body) = request("HEAD", &url, Some(&token)).await;
@@ -98,6 +98,8 @@ async fn head_is_a_get_without_a_body_and_a_405_says_what_is_allowed() {
         ("PUT", "/api/v1/tokens/00000000-0000-0000-0000-000000000000", "DELETE"),
         ("HEAD", "/ws/v1/daemon", "GET"),
         ("POST", "/healthz", "HEAD, GET"),
+        ("POST", "/", "HEAD, GET"),
+        ("DELETE", "/manifest.webmanifest", "HEAD, GET"),
     ] {
         let (status, headers, body) = request(method, &format!("{}{path}", server.url()), Some(&token)).await;
         assert_eq!(status, 405, "{method} {path}");
@@ -106,6 +108,13 @@ async fn head_is_a_get_without_a_body_and_a_405_says_what_is_allowed() {
             let body: serde_json::Value = serde_json::from_slice(&body).expect("json");
             assert_eq!(body["error"]["code"], "method_not_allowed");
         }
+    }
+    // A plain GET of a socket's path is refused in the API's error shape.
+    for path in ["/ws/v1/daemon", "/ws/v1/terminals/00000000-0000-0000-0000-000000000000"] {
+        let (status, _, body) = request("GET", &format!("{}{path}", server.url()), Some(&token)).await;
+        assert_eq!(status, 400, "{path}");
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(body["error"]["code"], "not_a_websocket", "{path}: {body}");
     }
 }
 

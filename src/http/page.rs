@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::middleware::Compress;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use sha2::{Digest, Sha256};
 
 use super::state::AppState;
@@ -32,12 +32,37 @@ pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'
 const IMMUTABLE: &str = "public, max-age=31536000, immutable";
 const REVALIDATE: &str = "no-cache";
 
-/// Registers the page's routes.
+/// Registers the page's routes. Each answers GET and HEAD (a GET without
+/// its body, as every GET route of the API), and any other method with the
+/// API's 405.
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.service(web::resource("/").wrap(Compress::default()).route(web::get().to(index)))
-        .service(web::resource("/manifest.webmanifest").wrap(Compress::default()).route(web::get().to(manifest)))
-        .service(web::resource("/icons/{name}").route(web::get().to(icon)))
-        .service(web::resource("/assets/{name}").wrap(Compress::default()).route(web::get().to(asset)));
+    cfg.service(page_resource("/", index).wrap(Compress::default()))
+        .service(page_resource("/manifest.webmanifest", manifest).wrap(Compress::default()))
+        .service(page_resource("/icons/{name}", icon))
+        .service(page_resource("/assets/{name}", asset).wrap(Compress::default()));
+}
+
+fn page_resource<F, Args>(path: &str, handler: F) -> actix_web::Resource
+where
+    F: actix_web::Handler<Args>,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
+    web::resource(path)
+        .route(web::get().to(handler.clone()))
+        .route(web::head().to(handler))
+        .default_service(web::to(method_not_allowed))
+}
+
+async fn method_not_allowed() -> HttpResponse {
+    let mut res = super::error::ApiError::new(
+        actix_web::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed",
+    )
+    .error_response();
+    res.headers_mut().insert(header::ALLOW, HeaderValue::from_static("HEAD, GET"));
+    res
 }
 
 async fn index(req: HttpRequest, state: web::Data<AppState>) -> HttpResponse {

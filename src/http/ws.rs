@@ -64,7 +64,13 @@ fn refused(r: Refused) -> Result<HttpResponse, actix_web::Error> {
             "this instance is shutting down; connect to another one",
         )
         .error_response()),
-        Refused::Handshake(e) => Err(e),
+        // actix-ws's own answer has no body; the API's error shape says why.
+        Refused::Handshake(e) => Ok(ApiError::new(
+            e.error_response().status(),
+            "not_a_websocket",
+            format!("this path takes a WebSocket upgrade: {e}"),
+        )
+        .error_response()),
     }
 }
 
