@@ -14,9 +14,13 @@ use super::screen_skip::ScrollSkip;
 const MAX_GRID: u16 = 1000;
 
 /// Snapshots must fit a 1 MiB frame with room for the envelope; a screen
-/// that formats larger than this (huge grids full of attributes) is sent as
-/// a blank repaint instead of a frame the server would refuse.
+/// that formats larger than this (a huge grid full of attributes) is sent
+/// as its bottom rows, as many as fit (`trimmed`).
 const MAX_SNAPSHOT_BYTES: usize = 960 * 1024;
+
+/// Before each row of a trimmed snapshot: attributes back to the default,
+/// which is what each row's formatting starts from.
+const RESET_ATTRIBUTES: &str = "\x1b[m";
 
 /// Enter/leave the alternate screen: vt100 formats only the active grid, so
 /// the snapshot says which buffer it belongs to.
@@ -95,12 +99,52 @@ impl ScreenModel {
         if buffer_switch.len() + state.len() <= MAX_SNAPSHOT_BYTES {
             out.extend_from_slice(state.as_bytes());
         } else {
-            tracing::warn!(formatted_bytes = state.len(), "tether_daemon_snapshot_too_large");
-            out.extend_from_slice(CLEAR_AND_HOME);
-            out.extend_from_slice(screen.cursor_state_formatted().as_bytes());
+            let left_out = trimmed(screen, &mut out);
+            tracing::warn!(formatted_bytes = state.len(), rows_left_out = left_out, "tether_daemon_snapshot_trimmed");
         }
         Bytes::from(out)
     }
+}
+
+/// Repaints the bottom rows of `screen`, as many as fit in
+/// `MAX_SNAPSHOT_BYTES` with what `out` holds, from a cleared screen, with
+/// the cursor, attributes and input modes as a full snapshot has them;
+/// returns how many rows at the top were left out (blank in the repaint).
+///
+/// Each row's formatting starts from the default attributes, so every kept
+/// row is preceded by an attribute reset. A row that continues a wrapped
+/// one counts on the cursor waiting at the end of the row above, where
+/// writing the row above left it; the first kept row, and every row that
+/// starts a line, is preceded by a move to its start instead.
+fn trimmed(screen: &vt100::Screen, out: &mut Vec<u8>) -> usize {
+    let (_, cols) = screen.size();
+    let rows: Vec<String> = screen.rows_formatted(0, cols.get()).collect();
+    let continues = |row: usize| row > 0 && u16::try_from(row - 1).is_ok_and(|above| screen.row_wrapped(above));
+    let start_of = |row: usize| format!("{RESET_ATTRIBUTES}\x1b[{};1H", row + 1);
+    let tail = [screen.cursor_state_formatted(), screen.attributes_formatted(), screen.input_mode_formatted()].concat();
+    let budget = MAX_SNAPSHOT_BYTES.saturating_sub(out.len() + CLEAR_AND_HOME.len() + tail.len());
+    // The top row to keep: the highest from which the rest fits (each row
+    // counted with the longer of its two preludes).
+    let mut first = rows.len();
+    let mut used = 0;
+    for row in (0..rows.len()).rev() {
+        used += start_of(row).len() + rows[row].len();
+        if used > budget {
+            break;
+        }
+        first = row;
+    }
+    out.extend_from_slice(CLEAR_AND_HOME);
+    for (row, contents) in rows.iter().enumerate().skip(first) {
+        if row == first || !continues(row) {
+            out.extend_from_slice(start_of(row).as_bytes());
+        } else {
+            out.extend_from_slice(RESET_ATTRIBUTES.as_bytes());
+        }
+        out.extend_from_slice(contents.as_bytes());
+    }
+    out.extend_from_slice(tail.as_bytes());
+    first
 }
 
 #[cfg(test)]
@@ -138,6 +182,80 @@ mod tests {
         assert!(model.snapshot().starts_with(LEAVE_ALTERNATE_SCREEN));
         model.process(b"\x1b[?1049hfull-screen");
         assert!(model.snapshot().starts_with(ENTER_ALTERNATE_SCREEN));
+    }
+
+    /// A screen whose formatting is over the limit (a 400x120 grid of
+    /// 24-bit colours) repaints its bottom rows exactly, colours and cursor
+    /// included, within the limit; the rows left out are blank.
+    #[test]
+    fn an_oversized_screen_repaints_its_bottom_rows() {
+        let (cols, rows) = (400u16, 120u16);
+        let mut model = ScreenModel::new(GridSize::clamped(cols.into(), rows.into()));
+        let mut output = Vec::new();
+        for row in 0..rows {
+            for col in 0..cols {
+                let (r, g, b) = (row % 256, col % 256, (row * 7 + col) % 256);
+                output.extend_from_slice(
+                    format!("\x1b[38;2;{r};{g};{b};48;2;{b};{r};{g}m{}", (b'a' + (col % 26) as u8) as char).as_bytes(),
+                );
+            }
+        }
+        // The last row is written whole, then the cursor goes back into it.
+        output.extend_from_slice(b"\x1b[0m\x1b[120;17H");
+        model.process(&output);
+        let full = model.parser.screen().state_formatted();
+        assert!(full.len() > MAX_SNAPSHOT_BYTES, "the test's screen formats to {} bytes", full.len());
+
+        let snapshot = model.snapshot();
+        assert!(snapshot.len() <= MAX_SNAPSHOT_BYTES, "{}", snapshot.len());
+        let mut replay = vt100::Parser::new(NonZeroU16::new(rows).unwrap(), NonZeroU16::new(cols).unwrap(), 0);
+        replay.process(&snapshot);
+        let (original, repainted) = (model.parser.screen(), replay.screen());
+        let blank =
+            (0..rows).take_while(|row| repainted.contents_between(*row, 0, *row, cols).trim().is_empty()).count();
+        assert!((1..60).contains(&blank), "{blank} rows left out");
+        for row in u16::try_from(blank).unwrap()..rows {
+            for col in 0..cols {
+                assert_eq!(repainted.cell(row, col), original.cell(row, col), "cell {row},{col}");
+            }
+        }
+        assert_eq!(repainted.cursor_position(), (119, 16));
+    }
+
+    /// Wrapped rows keep wrapping in a trimmed repaint, whether the first
+    /// row kept starts a line or continues one.
+    #[test]
+    fn a_trimmed_repaint_keeps_wrapped_rows_whole() {
+        let (cols, rows) = (1000u16, 1000u16);
+        let mut model = ScreenModel::new(GridSize::clamped(cols.into(), rows.into()));
+        let mut output = Vec::new();
+        // Lines of 1,500 coloured cells: each wraps once.
+        for line in 0..500u32 {
+            for col in 0..1500u32 {
+                output.extend_from_slice(
+                    format!("\x1b[38;5;{}m{}", (line + col) % 256, (b'a' + (col % 26) as u8) as char).as_bytes(),
+                );
+            }
+            if line < 499 {
+                output.extend_from_slice(b"\r\n");
+            }
+        }
+        model.process(&output);
+        let snapshot = model.snapshot();
+        assert!(snapshot.len() <= MAX_SNAPSHOT_BYTES, "{}", snapshot.len());
+        let mut replay = vt100::Parser::new(NonZeroU16::new(rows).unwrap(), NonZeroU16::new(cols).unwrap(), 0);
+        replay.process(&snapshot);
+        let (original, repainted) = (model.parser.screen(), replay.screen());
+        let blank =
+            (0..rows).take_while(|row| repainted.contents_between(*row, 0, *row, cols).trim().is_empty()).count();
+        assert!(blank > 0 && blank < 1000, "{blank} rows left out");
+        for row in u16::try_from(blank).unwrap()..rows {
+            assert_eq!(repainted.row_wrapped(row), original.row_wrapped(row), "row {row}");
+            for col in 0..cols {
+                assert_eq!(repainted.cell(row, col), original.cell(row, col), "cell {row},{col}");
+            }
+        }
+        assert_eq!(repainted.cursor_position(), original.cursor_position());
     }
 
     #[test]
