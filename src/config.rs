@@ -450,11 +450,15 @@ impl Settings {
         env: &HashMap<String, String>,
         flags: &[(&str, String)],
     ) -> Result<Self, ConfigError> {
-        let file = file.map(Path::to_path_buf).or_else(|| env.get("TETHER_CONFIG").map(PathBuf::from));
+        // The error names where the file came from: the flag, or the variable.
+        let file = match file {
+            Some(path) => Some((path.to_path_buf(), "--config")),
+            None => env.get("TETHER_CONFIG").map(|path| (PathBuf::from(path), "TETHER_CONFIG")),
+        };
         let mut builder = config::Config::builder();
-        if let Some(path) = file {
+        if let Some((path, named_by)) = file {
             if !path.exists() {
-                return Err(invalid("--config", format!("file {} does not exist", path.display())));
+                return Err(invalid(named_by, format!("file {} does not exist", path.display())));
             }
             builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
         }

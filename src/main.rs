@@ -278,12 +278,13 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<(), Failure> {
     // Client commands talk to a server; they need none of its settings.
-    // A --config given to one is still checked (a file that is missing or
-    // not valid settings is exit 2, as for every subcommand), not ignored.
+    // A --config (or TETHER_CONFIG) given to one is still checked (a file
+    // that is missing or not valid settings is exit 2, as for every
+    // subcommand), not ignored.
     let cli = match cli.command {
         Command::Client(command) => {
-            if let Some(path) = cli.config.as_deref() {
-                Settings::load_with(Some(path), &[]).map_err(Failure::config)?;
+            if cli.config.is_some() || std::env::var_os("TETHER_CONFIG").is_some() {
+                Settings::load_with(cli.config.as_deref(), &[]).map_err(Failure::config)?;
             }
             return tether::cli::run(command)
                 .await
@@ -330,6 +331,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 // as it is for the client commands.
                 tether::daemon::DaemonError::BadServerUrl(_) => Failure::config(format!("--server: {e}")),
                 tether::daemon::DaemonError::Tls(_) => Failure::config(e),
+                // An --allow-dir that is missing or not a directory (or no
+                // home to default to) is the command line's to fix.
+                tether::daemon::DaemonError::State(tether::daemon::StateError::Dirs(_)) => Failure::config(e),
                 other => Failure::runtime(other),
             })
         }

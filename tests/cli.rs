@@ -476,6 +476,22 @@ fn daemon_with_a_bad_server_url_exits_2_naming_it() {
     assert_status_2(&finished, "hosts --server notaurl");
 }
 
+/// A first start whose `--allow-dir` is missing or not a directory stops
+/// with exit 2 naming it, before dialing anything.
+#[test]
+fn daemon_with_an_allow_dir_that_is_not_a_directory_exits_2() {
+    let dir = tempdir();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "").expect("write");
+    for allow in ["/no/such/dir".to_owned(), file.display().to_string()] {
+        let state = dir.path().join(format!("state-{}", allow.len()));
+        let args = ["daemon", "--server", "http://127.0.0.1:9", "--token", "tth_x", "--allow-dir", &allow];
+        let finished = run_in_empty_dir(&[&args[..], &["--state-dir", state.to_str().unwrap()]].concat(), &[]);
+        assert_status_2(&finished, &format!("daemon --allow-dir {allow}"));
+        assert!(finished.stderr.contains(&allow), "the message does not name {allow}\n{}", finished.describe());
+    }
+}
+
 // ---------------------------------------------------------------------------
 // 3. Configuration errors
 
@@ -550,9 +566,11 @@ fn missing_config_file_exits_2() {
             finished.describe()
         );
     }
-    // TETHER_CONFIG is the same setting.
+    // TETHER_CONFIG is the same setting, and the message names it.
     let finished = run_in_empty_dir(&["migrate"], &[("TETHER_CONFIG", "/no/such/file")]);
     assert_status_2(&finished, "TETHER_CONFIG=/no/such/file migrate");
+    assert!(finished.stderr.contains("TETHER_CONFIG"), "{}", finished.describe());
+    assert!(!finished.stderr.contains("--config"), "no --config was given\n{}", finished.describe());
 }
 
 // ---------------------------------------------------------------------------
@@ -846,6 +864,16 @@ fn a_client_command_checks_its_config_file() {
     let good = dir.path().join("tether.toml");
     std::fs::write(&good, "[http]\nlisten = \"127.0.0.1:8080\"\n").expect("write");
     let finished = run_in_empty_dir(&[&client[..], &["--config", good.to_str().unwrap()]].concat(), &[]);
+    assert_eq!(finished.code(), Some(1), "{}", finished.describe());
+    // TETHER_CONFIG is checked as --config is.
+    let from_env = run_in_empty_dir(&client, &[("TETHER_CONFIG", "/no/such/tether.toml")]);
+    assert_status_2(&from_env, "TETHER_CONFIG=/no/such/tether.toml hosts");
+    assert!(from_env.stderr.contains("TETHER_CONFIG"), "{}", from_env.describe());
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "this is not [toml").expect("write");
+    let invalid = run_in_empty_dir(&client, &[("TETHER_CONFIG", bad.to_str().unwrap())]);
+    assert_status_2(&invalid, "TETHER_CONFIG=bad.toml hosts");
+    let finished = run_in_empty_dir(&client, &[("TETHER_CONFIG", good.to_str().unwrap())]);
     assert_eq!(finished.code(), Some(1), "{}", finished.describe());
 }
 
