@@ -156,6 +156,32 @@ async fn open_by_host_name_gives_a_shell_that_keeps_running_after_detach() {
     assert!(client.terminals(&TerminalFilter::default()).await.unwrap().is_empty());
 }
 
+/// A colleague with a share token attaches by the whole id the share
+/// printed; a detach tells them to come back the same way (a share token
+/// cannot match a short id), and a short id says why it cannot be used.
+#[actix_rt::test]
+async fn a_share_token_attaches_by_the_whole_id_and_is_told_so() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let owner = logged_in(&e);
+    let opened = owner.run(&["open", &host.name, "-q", "--", "cat"]);
+    let id: Uuid = opened.ok().trim().parse().unwrap_or_else(|_| panic!("{opened:#?}"));
+    wait_terminal_state(&client, id, "running").await;
+    let shared = owner.run(&["share", &id.to_string()]);
+    let token = shared.ok().trim().to_owned();
+
+    let mut colleague = Person::new();
+    colleague.set_env("TETHER_TOKEN", &token);
+    colleague.set_env("TETHER_SERVER", &e.server.url());
+    let mut attach = colleague.pty(&["attach", &id.to_string()], (80, 24));
+    attach.wait_for("read-only");
+    attach.type_keys(&[0x1d]); // Ctrl-]: detach
+    assert_eq!(attach.wait_exit(), 0, "{}", attach.screen());
+    attach.wait_for(&format!("come back with `tether attach {id}`"));
+    colleague.run(&["attach", &short_id(&id)]).fails(1, &["give the whole id"]);
+}
+
 #[actix_rt::test]
 async fn run_streams_output_while_running_and_exits_with_the_runs_code() {
     let e = e2e::start(false, &[]).await;

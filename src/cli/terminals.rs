@@ -26,7 +26,14 @@ pub async fn find_terminal(client: &Client, query: &str) -> Result<Terminal, Cli
             e => explain(e, client.server()),
         });
     }
-    let terminals = client.terminals(&TerminalFilter::default()).await.map_err(|e| explain(e, client.server()))?;
+    let terminals = client.terminals(&TerminalFilter::default()).await.map_err(|e| match e {
+        // A share token reaches its one terminal, not the list a prefix needs.
+        e if e.code() == Some("insufficient_scope") => CliError::failed(format!(
+            "{query:?} is not a whole terminal id, and this token cannot list terminals to match it \
+             (a share token reaches one terminal): give the whole id"
+        )),
+        e => explain(e, client.server()),
+    })?;
     Ok(resolve::terminal(&terminals, query)?.clone())
 }
 
@@ -56,26 +63,32 @@ pub async fn open(
         return Ok(());
     }
     eprintln!("tether: terminal {} on {}; detach with Ctrl-]", short_id(&terminal.id), host.name);
-    attach_to(client, connection, &terminal.id.to_string()).await
+    attach_to(client, connection, &terminal.id.to_string(), &short_id(&terminal.id)).await
 }
 
 pub async fn attach(client: &Client, connection: &Connection, query: &str) -> Result<(), CliError> {
     // A whole id goes straight to the socket, which says "terminal not found"
     // itself; a prefix needs the list.
-    let id = match Uuid::parse_str(query.trim()) {
-        Ok(id) => id,
-        Err(_) => find_terminal(client, query).await?.id,
+    // The way back is named as it was given: a share token cannot match
+    // the short form.
+    let (id, again) = match Uuid::parse_str(query.trim()) {
+        Ok(id) => (id, id.to_string()),
+        Err(_) => {
+            let id = find_terminal(client, query).await?.id;
+            (id, short_id(&id))
+        }
     };
-    attach_to(client, connection, &id.to_string()).await
+    attach_to(client, connection, &id.to_string(), &again).await
 }
 
-async fn attach_to(client: &Client, connection: &Connection, terminal_id: &str) -> Result<(), CliError> {
+/// Attaches to `terminal_id`; a detach says `tether attach <again>` brings
+/// the user back.
+async fn attach_to(client: &Client, connection: &Connection, terminal_id: &str, again: &str) -> Result<(), CliError> {
     let mut options = AttachOptions::new(client.server(), client.token(), terminal_id);
     options.ca_file = connection.ca_file.clone();
     match attach::run(options).await {
         Ok(AttachOutcome::Detached) => {
-            let short = terminal_id.get(..8).unwrap_or(terminal_id);
-            eprintln!("[detached] the terminal keeps running; come back with `tether attach {short}`");
+            eprintln!("[detached] the terminal keeps running; come back with `tether attach {again}`");
             Ok(())
         }
         Ok(outcome) if outcome.exit_status() == 0 => {
