@@ -58,7 +58,9 @@ enum Command {
     ///
     /// Dials the server, registers this machine as a host of the token's
     /// user and runs the terminals and runs started on it. It reconnects by
-    /// itself; terminals keep running while it is away.
+    /// itself; terminals keep running while the server is away. SIGTERM or
+    /// SIGINT ends its terminals (SIGHUP, then SIGKILL after 3 s), reports
+    /// their endings and exits 0.
     #[command(after_long_help = "Examples:
   tether daemon --server https://tether.example.com --token \"$TOKEN\"
   tether daemon --server http://127.0.0.1:8080 --token \"$TOKEN\" --name laptop --allow-dir ~/src")]
@@ -276,6 +278,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// Resolves at the first SIGTERM or SIGINT (the daemon's stop); never, if
+/// the handlers cannot be installed (the signals then end the process).
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut terminate), Ok(mut interrupt)) => {
+            tokio::select! {
+                _ = terminate.recv() => {}
+                _ = interrupt.recv() => {}
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
+
 async fn run(cli: Cli) -> Result<(), Failure> {
     // Client commands talk to a server; they need none of its settings.
     // A --config (or TETHER_CONFIG) given to one is still checked (a file
@@ -326,7 +343,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 lock_dirs,
                 ca_file,
             };
-            tether::daemon::run(options).await.map_err(|e| match e {
+            tether::daemon::run_until(options, stop_signal()).await.map_err(|e| match e {
                 // A --server that is not an http(s) base URL is a usage error,
                 // as it is for the client commands.
                 tether::daemon::DaemonError::BadServerUrl(_) => Failure::config(format!("--server: {e}")),

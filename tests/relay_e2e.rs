@@ -157,6 +157,54 @@ async fn a_megabyte_of_input_in_one_viewer_frame_reaches_the_terminal() {
     assert_eq!(e.daemon.log().matches("tether_daemon_connected").count(), 1, "{}", e.daemon.log());
 }
 
+/// A daemon asked to stop (SIGTERM) ends its terminals and reports each
+/// ending before it goes: a shell that exits on SIGHUP has its code, one
+/// that ignores SIGHUP is killed (nothing is left running), a run ends with
+/// its signal instead of waiting to be lost, a viewer sees the exit, and
+/// the daemon exits 0.
+#[actix_rt::test]
+async fn a_stopped_daemon_reports_its_terminals_endings() {
+    let mut e = start(false, &[]).await;
+    let marker = format!("tether-stop-{}", rand::random::<u32>());
+    let exits_on_hup = terminal(&e, &["sh", "-c", "trap 'exit 9' HUP; while :; do sleep 0.1; done"]).await;
+    let ignores_hup = terminal(&e, &["sh", "-c", &format!("trap '' HUP; exec sleep 1000 # {marker}")]).await;
+    let (status, run) =
+        e.api.post("/api/v1/runs", json!({"hostId": e.host, "argv": ["sh", "-c", "echo started; sleep 120"]})).await;
+    assert_eq!(status, 201, "{run}");
+    let run_id = run["run"]["id"].as_str().expect("run id").to_string();
+    let mut viewer = Viewer::attach(&e, &exits_on_hup, "").await;
+    wait_state(&e.api, &exits_on_hup, "running").await;
+    wait_state(&e.api, &ignores_hup, "running").await;
+    eventually_run_state(&e.api, &run_id, "running").await;
+
+    let status = e.daemon.terminate(Duration::from_secs(20)).expect("the daemon exits");
+    assert!(status.success(), "{status:?}\n{}", e.daemon.log());
+    assert!(e.daemon.log().contains("tether_daemon_stopped"), "{}", e.daemon.log());
+    let exit = viewer.until_exit().await;
+    assert_eq!(exit["exitCode"], 9, "{exit}");
+    let t = wait_state(&e.api, &exits_on_hup, "exited").await;
+    assert_eq!(t["exitCode"], 9, "{t}");
+    let t = wait_state(&e.api, &ignores_hup, "exited").await;
+    assert_eq!(t["exitSignal"], 9, "killed after the grace: {t}");
+    let run = eventually_run_state(&e.api, &run_id, "failed").await;
+    assert_eq!(run["exitSignal"], 1, "{run}");
+    let left = std::process::Command::new("pgrep").args(["-f", &marker]).output().expect("pgrep");
+    assert!(left.stdout.is_empty(), "left running: {}", String::from_utf8_lossy(&left.stdout));
+}
+
+/// Polls `GET /runs/{id}` until the run is in `state`; returns it.
+async fn eventually_run_state(api: &Api, id: &str, state: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, body) = api.get(&format!("/api/v1/runs/{id}")).await;
+        if body["run"]["state"] == state {
+            return body["run"].clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "run {id} never became {state}: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[actix_rt::test]
 async fn daemon_restart_parks_then_spawns_and_reconciles() {
     let mut e = start(false, &[]).await;

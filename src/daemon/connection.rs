@@ -34,6 +34,8 @@ pub enum Outbound {
     Frame(Frame),
     /// Answer to a WebSocket-level ping.
     Pong(Bytes),
+    /// The daemon is stopping: a close frame (1000), the last thing written.
+    Close,
 }
 
 /// The sending side of a connection's ordered queue.
@@ -170,6 +172,14 @@ where
         let result = match item {
             Outbound::Frame(frame) => feed_frame(&mut sink, frame).await,
             Outbound::Pong(payload) => sink.feed(awc::ws::Message::Pong(payload)).await,
+            Outbound::Close => {
+                let reason = awc::ws::CloseReason {
+                    code: awc::ws::CloseCode::Normal,
+                    description: Some("daemon stopping".to_owned()),
+                };
+                let _ = sink.send(awc::ws::Message::Close(Some(reason))).await;
+                return;
+            }
         };
         // Batch writes while the queue is busy; flush once it drains.
         let result = match result {

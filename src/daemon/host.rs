@@ -23,6 +23,7 @@ use super::pty;
 use super::screen::GridSize;
 use super::screen_worker::ScreenWorker;
 use super::state::StateDir;
+use super::stop::{self, Stop};
 use super::terminal::{self, ChildStreams, FinalFrames, TerminalCommand, TerminalHandle};
 use crate::proto::v1::{
     daemon_frame::Frame, server_frame::Frame as In, Attach, AttachError, Booking, Capabilities, CredentialsResult,
@@ -47,6 +48,9 @@ pub enum SessionEnd {
     Closed(Option<u16>),
     /// The socket failed, went silent, or never acknowledged the hello.
     Lost(String),
+    /// The daemon was asked to stop: its terminals were ended, and their
+    /// endings reported if the connection was established.
+    Stopped,
 }
 
 impl std::fmt::Display for SessionEnd {
@@ -55,6 +59,7 @@ impl std::fmt::Display for SessionEnd {
             SessionEnd::Closed(Some(code)) => write!(f, "closed by the server with code {code}"),
             SessionEnd::Closed(None) => f.write_str("closed by the server without a code"),
             SessionEnd::Lost(reason) => write!(f, "connection lost: {reason}"),
+            SessionEnd::Stopped => f.write_str("the daemon stopped"),
         }
     }
 }
@@ -85,6 +90,15 @@ impl TerminalEntry {
     }
 }
 
+/// Ends a connection with a close frame (1000) once the queue before it is
+/// written, waiting at most a second for the writer.
+async fn close(link: Link, mut writer: super::connection::WriterTask) {
+    if link.out.send(Outbound::Close).await.is_ok() {
+        drop(link);
+        let _ = tokio::time::timeout(Duration::from_secs(1), writer.stopped()).await;
+    }
+}
+
 /// The daemon's terminals, allowlist and state files.
 pub struct Host {
     state: StateDir,
@@ -94,6 +108,7 @@ pub struct Host {
     terminals: HashMap<String, TerminalEntry>,
     finished_tx: mpsc::UnboundedSender<FinalFrames>,
     finished_rx: mpsc::UnboundedReceiver<FinalFrames>,
+    stop: Stop,
 }
 
 /// The core's side of a connection's outbound queue, with its Ping/Pong
@@ -141,19 +156,55 @@ impl Link {
 }
 
 impl Host {
-    pub fn new(state: StateDir, dirs: DirAllowlist, dirs_locked: bool) -> Self {
+    pub fn new(state: StateDir, dirs: DirAllowlist, dirs_locked: bool, stop: Stop) -> Self {
         let (finished_tx, finished_rx) = mpsc::unbounded_channel();
-        Self { state, dirs, dirs_locked, terminals: HashMap::new(), finished_tx, finished_rx }
+        Self { state, dirs, dirs_locked, terminals: HashMap::new(), finished_tx, finished_rx, stop }
     }
 
-    /// Waits out a reconnect delay while still noting terminals that end.
+    /// Waits out a reconnect delay while still noting terminals that end;
+    /// a stop ends the wait.
     pub async fn idle(&mut self, delay: Duration) {
         let deadline = tokio::time::sleep(delay);
         tokio::pin!(deadline);
         loop {
             tokio::select! {
                 () = &mut deadline => return,
+                () = self.stop.asked() => return,
                 Some(final_frames) = self.finished_rx.recv() => self.on_finished(final_frames, None).await,
+            }
+        }
+    }
+
+    /// Ends every terminal with no connection to report to: SIGHUP, then
+    /// SIGKILL for what is left after the grace, waiting for each to be
+    /// reaped (the server learns of them at the next hello, if any).
+    pub async fn stop_unconnected(&mut self) {
+        self.signal_running(libc::SIGHUP);
+        let mut killed = false;
+        let timer = tokio::time::sleep(stop::HANGUP_GRACE);
+        tokio::pin!(timer);
+        while self.terminals.values().any(TerminalEntry::running) {
+            tokio::select! {
+                Some(final_frames) = self.finished_rx.recv() => self.on_finished(final_frames, None).await,
+                () = &mut timer => {
+                    if killed {
+                        break;
+                    }
+                    killed = true;
+                    self.signal_running(libc::SIGKILL);
+                    timer.as_mut().reset(tokio::time::Instant::now() + stop::KILL_GRACE);
+                }
+            }
+        }
+        let left = self.terminals.values().filter(|entry| entry.running()).count();
+        tracing::info!(terminals_left = left, "tether_daemon_stopped");
+    }
+
+    /// Sends `signal` to the process group of every running terminal.
+    fn signal_running(&self, signal: i32) {
+        for (terminal_id, entry) in self.terminals.iter().filter(|(_, entry)| entry.running()) {
+            if let Err(error) = pty::send_signal(entry.pid, signal) {
+                tracing::warn!(terminal_id, signal, %error, "tether_daemon_kill_failed");
             }
         }
     }
@@ -180,10 +231,22 @@ impl Host {
         tokio::pin!(hello_deadline);
         let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A stop (`stop`): terminals hung up, then killed when the timer
+        // first fires; the second time it fires the stop ends regardless.
+        let mut stopping = false;
+        let mut killed = false;
+        let stop_timer = tokio::time::sleep(HELLO_ACK_TIMEOUT);
+        tokio::pin!(stop_timer);
+        let mut stop = self.stop.clone();
 
         loop {
             if link.stalled {
                 return outcome(established, SessionEnd::Lost("outbound queue stalled".to_owned()));
+            }
+            if stopping && self.terminals.is_empty() {
+                // Every ending is confirmed (Pong): nothing is left to say.
+                close(link, writer).await;
+                return outcome(established, SessionEnd::Stopped);
             }
             tokio::select! {
                 inbound_item = inbound.next() => match inbound_item {
@@ -215,6 +278,25 @@ impl Host {
                 }
                 () = writer.stopped() => {
                     return outcome(established, SessionEnd::Lost("socket write failed".to_owned()));
+                }
+                () = stop.asked(), if !stopping => {
+                    tracing::info!(terminals = self.terminals.len(), "tether_daemon_stopping");
+                    if !established {
+                        // Nothing can be reported on this socket yet.
+                        return outcome(false, SessionEnd::Stopped);
+                    }
+                    stopping = true;
+                    self.signal_running(libc::SIGHUP);
+                    stop_timer.as_mut().reset(tokio::time::Instant::now() + stop::HANGUP_GRACE);
+                }
+                () = &mut stop_timer, if stopping => {
+                    if killed {
+                        tracing::warn!(unconfirmed = self.terminals.len(), "tether_daemon_stop_unconfirmed");
+                        return outcome(established, SessionEnd::Stopped);
+                    }
+                    killed = true;
+                    self.signal_running(libc::SIGKILL);
+                    stop_timer.as_mut().reset(tokio::time::Instant::now() + stop::KILL_GRACE);
                 }
             }
         }
@@ -343,6 +425,9 @@ impl Host {
         };
         if terminal_id.is_empty() {
             return spawn_error(terminal_id, "empty terminal id".to_owned());
+        }
+        if self.stop.requested() {
+            return spawn_error(terminal_id, "the daemon is stopping".to_owned());
         }
         let dir = match self.dirs.resolve_spawn_dir(&spawn.dir) {
             Ok(dir) => dir,

@@ -13,6 +13,7 @@
 //!   the screen model, its cheap path for text that scrolls off unseen, its
 //!   thread, the output ring buffer, and where the stream may be cut;
 //! - `ping_ledger`: when the server has a finished terminal's last frames;
+//! - `stop`: a stop asked for (SIGTERM), which ends the terminals first;
 //! - `dirs`, `state`, `limits`, `registration`, `server_url`, `backoff`.
 //!
 //! Everything runs on the current thread's local task set (awc is `!Send`),
@@ -34,6 +35,7 @@ mod screen_skip;
 mod screen_worker;
 mod server_url;
 mod state;
+mod stop;
 mod supervisor;
 mod terminal;
 mod token_file;
@@ -92,6 +94,19 @@ pub enum DaemonError {
 /// `LocalSet`, e.g. an actix `System` (`actix_rt::System::new().block_on(..)`
 /// or `actix_rt::spawn` from inside one).
 pub async fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
+    run_until(opts, std::future::pending()).await
+}
+
+/// Like [`run`], and stops when `stop` resolves (`tether daemon` passes
+/// SIGTERM and SIGINT): its terminals are hung up, then killed after a
+/// grace, their endings reported to the server when connected, and the
+/// socket closed with 1000 (docs/PROTOCOL.md, "Stopping the daemon").
+/// Returns `Ok` then.
+pub async fn run_until(
+    opts: DaemonOptions,
+    stop: impl std::future::Future<Output = ()> + 'static,
+) -> Result<(), DaemonError> {
+    let stop = stop::Stop::when(stop);
     let server = server_url::ServerUrl::parse(&opts.server)?;
     let client = crate::tls::http_client(opts.ca_file.as_deref(), supervisor::HTTP_TIMEOUT)?;
     let state = state::StateDir::open(opts.state_dir)?;
@@ -108,8 +123,9 @@ pub async fn run(opts: DaemonOptions) -> Result<(), DaemonError> {
         server,
         token: opts.token,
         description: registration::HostDescription::of_this_machine(opts.name),
-        host: host::Host::new(state.clone(), dirs, opts.lock_dirs),
+        host: host::Host::new(state.clone(), dirs, opts.lock_dirs, stop.clone()),
         state,
+        stop,
     }
     .run()
     .await

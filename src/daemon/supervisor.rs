@@ -15,6 +15,7 @@ use super::host::{Host, SessionEnd, SessionOutcome};
 use super::registration::{self, HostDescription, RegisterError};
 use super::server_url::ServerUrl;
 use super::state::StateDir;
+use super::stop::Stop;
 use super::DaemonError;
 
 /// Close codes the daemon acts on (docs/PROTOCOL.md, "Close codes (daemon's
@@ -43,11 +44,23 @@ pub struct Supervisor {
     pub description: HostDescription,
     pub state: StateDir,
     pub host: Host,
+    /// A stop ends the loop with `Ok` (`Host::serve` reports the endings
+    /// when connected; elsewhere the terminals are ended unreported).
+    pub stop: Stop,
 }
 
 impl Supervisor {
-    /// Runs until a fatal error.
+    /// Runs until a fatal error or a stop.
     pub async fn run(mut self) -> Result<(), DaemonError> {
+        let result = self.run_until_stopped().await;
+        if result.is_ok() {
+            self.host.stop_unconnected().await;
+        }
+        result
+    }
+
+    /// The loop; `Ok` once a stop is asked for.
+    async fn run_until_stopped(&mut self) -> Result<(), DaemonError> {
         let client = self.client.clone();
         let mut backoff = Backoff::new();
         // A 4403 earns one re-registration; a second one in a row is fatal.
@@ -60,8 +73,13 @@ impl Supervisor {
         // with its booking: where it dials when the director cannot be
         // asked (an expired ticket still names the epoch of a redial).
         let mut last_cell: Option<Target> = self.stored_last_cell();
+        let mut stop = self.stop.clone();
         loop {
-            let host_id = match self.host_id(&client).await? {
+            if stop.requested() {
+                return Ok(());
+            }
+            let Some(host_id) = stop.or_stop(self.host_id(&client)).await else { return Ok(()) };
+            let host_id = match host_id? {
                 Some(host_id) => host_id,
                 None => {
                     self.host.idle(backoff.next_delay()).await;
@@ -70,33 +88,39 @@ impl Supervisor {
             };
             let Target { url, booking } = match &target {
                 Some(known) => known.clone(),
-                None => match assign::ask(&client, &self.server, &self.token, &host_id).await {
-                    Ok(assigned) => {
-                        if assigned.url != self.server {
-                            tracing::info!(cell = %assigned.url, booked = assigned.booking.is_some(), "tether_daemon_assigned");
+                None => {
+                    let asked = stop.or_stop(assign::ask(&client, &self.server, &self.token, &host_id)).await;
+                    let Some(asked) = asked else { return Ok(()) };
+                    match asked {
+                        Ok(assigned) => {
+                            if assigned.url != self.server {
+                                tracing::info!(cell = %assigned.url, booked = assigned.booking.is_some(), "tether_daemon_assigned");
+                            }
+                            target.insert(assigned).clone()
                         }
-                        target.insert(assigned).clone()
+                        Err(AssignError::BadToken) => return Err(DaemonError::BadToken),
+                        // The director is away or cannot place it: its last
+                        // cell may still admit it (a cell admits by the
+                        // database when the director is quiet). A failed dial
+                        // sends the next attempt back to the director, after
+                        // the backoff.
+                        Err(err) => match last_cell.clone() {
+                            Some(cell) => {
+                                tracing::warn!(error = %err, cell = %cell.url, "tether_daemon_assign_failed_dialing_last_cell");
+                                cell
+                            }
+                            None => {
+                                let delay = backoff.next_delay();
+                                tracing::warn!(error = %err, delay_ms = delay.as_millis(), "tether_daemon_assign_failed");
+                                self.host.idle(delay).await;
+                                continue;
+                            }
+                        },
                     }
-                    Err(AssignError::BadToken) => return Err(DaemonError::BadToken),
-                    // The director is away or cannot place it: its last
-                    // cell may still admit it (a cell admits by the database
-                    // when the director is quiet). A failed dial sends the
-                    // next attempt back to the director, after the backoff.
-                    Err(err) => match last_cell.clone() {
-                        Some(cell) => {
-                            tracing::warn!(error = %err, cell = %cell.url, "tether_daemon_assign_failed_dialing_last_cell");
-                            cell
-                        }
-                        None => {
-                            let delay = backoff.next_delay();
-                            tracing::warn!(error = %err, delay_ms = delay.as_millis(), "tether_daemon_assign_failed");
-                            self.host.idle(delay).await;
-                            continue;
-                        }
-                    },
-                },
+                }
             };
-            let connection = match connection::dial(&client, &url, &self.token).await {
+            let Some(dialed) = stop.or_stop(connection::dial(&client, &url, &self.token)).await else { return Ok(()) };
+            let connection = match dialed {
                 Ok(connection) => {
                     if url != self.server {
                         // The file keeps the URL (a booking does not outlive
@@ -120,6 +144,9 @@ impl Supervisor {
 
             let span = tracing::info_span!("daemon_connection", host_id = %host_id);
             let outcome = self.host.serve(connection, &host_id, booking).instrument(span).await;
+            if matches!(outcome.end, SessionEnd::Stopped) {
+                return Ok(());
+            }
             if outcome.established {
                 reregistered = false;
                 if outcome.lived >= HEALTHY_CONNECTION {

@@ -71,6 +71,23 @@ impl DaemonProcess {
         self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
     }
 
+    /// Sends SIGTERM and waits up to `within` for the daemon to exit; its
+    /// status, or None if it is still running (it is then left running).
+    pub fn terminate(&mut self, within: std::time::Duration) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut()?;
+        // SAFETY: kill(2) on our own child, which has not been reaped yet.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                self.child = None;
+                return Some(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Kills the daemon at once (SIGKILL); its PTYs lose their master and end.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
