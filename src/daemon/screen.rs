@@ -206,20 +206,32 @@ mod tests {
         let full = model.parser.screen().state_formatted();
         assert!(full.len() > MAX_SNAPSHOT_BYTES, "the test's screen formats to {} bytes", full.len());
 
+        let blank = repaint_matches_below_the_blank_rows(&mut model);
+        assert!((1..60).contains(&blank), "{blank} rows left out");
+        assert_eq!(model.parser.screen().cursor_position(), (119, 16));
+    }
+
+    /// Replays the model's snapshot, which must fit the limit, into a fresh
+    /// parser: below the blank rows at the top (their count is returned)
+    /// every cell and wrap flag is the model's, and so is the cursor.
+    fn repaint_matches_below_the_blank_rows(model: &mut ScreenModel) -> usize {
         let snapshot = model.snapshot();
         assert!(snapshot.len() <= MAX_SNAPSHOT_BYTES, "{}", snapshot.len());
-        let mut replay = vt100::Parser::new(NonZeroU16::new(rows).unwrap(), NonZeroU16::new(cols).unwrap(), 0);
+        let (rows, cols) = model.parser.screen().size();
+        let mut replay = vt100::Parser::new(rows, cols, 0);
         replay.process(&snapshot);
         let (original, repainted) = (model.parser.screen(), replay.screen());
+        let (rows, cols) = (rows.get(), cols.get());
         let blank =
             (0..rows).take_while(|row| repainted.contents_between(*row, 0, *row, cols).trim().is_empty()).count();
-        assert!((1..60).contains(&blank), "{blank} rows left out");
         for row in u16::try_from(blank).unwrap()..rows {
+            assert_eq!(repainted.row_wrapped(row), original.row_wrapped(row), "row {row}");
             for col in 0..cols {
                 assert_eq!(repainted.cell(row, col), original.cell(row, col), "cell {row},{col}");
             }
         }
-        assert_eq!(repainted.cursor_position(), (119, 16));
+        assert_eq!(repainted.cursor_position(), original.cursor_position());
+        blank
     }
 
     /// Wrapped rows keep wrapping in a trimmed repaint, whether the first
@@ -241,21 +253,8 @@ mod tests {
             }
         }
         model.process(&output);
-        let snapshot = model.snapshot();
-        assert!(snapshot.len() <= MAX_SNAPSHOT_BYTES, "{}", snapshot.len());
-        let mut replay = vt100::Parser::new(NonZeroU16::new(rows).unwrap(), NonZeroU16::new(cols).unwrap(), 0);
-        replay.process(&snapshot);
-        let (original, repainted) = (model.parser.screen(), replay.screen());
-        let blank =
-            (0..rows).take_while(|row| repainted.contents_between(*row, 0, *row, cols).trim().is_empty()).count();
+        let blank = repaint_matches_below_the_blank_rows(&mut model);
         assert!(blank > 0 && blank < 1000, "{blank} rows left out");
-        for row in u16::try_from(blank).unwrap()..rows {
-            assert_eq!(repainted.row_wrapped(row), original.row_wrapped(row), "row {row}");
-            for col in 0..cols {
-                assert_eq!(repainted.cell(row, col), original.cell(row, col), "cell {row},{col}");
-            }
-        }
-        assert_eq!(repainted.cursor_position(), original.cursor_position());
     }
 
     #[test]
