@@ -423,6 +423,17 @@ async fn kill_without_a_signal_ends_an_interactive_shell() {
     assert!(killed.stderr.contains("sent HUP"), "{killed:#?}");
     wait_terminal_state(&client, id, "exited").await;
     assert_eq!(client.terminal(id).await.expect("terminal").exit_signal, Some(1));
+
+    // Someone attached is told which signal ended it.
+    let opened = person.run(&["open", &host.name, "-q", "--", "bash", "-i"]);
+    let id: Uuid = opened.ok().trim().parse().unwrap_or_else(|_| panic!("{opened:#?}"));
+    wait_terminal_state(&client, id, "running").await;
+    let mut attach = person.pty(&["attach", &id.to_string()], (80, 24));
+    attach.type_keys(b"echo up-$((1+1))\r");
+    attach.wait_for("up-2");
+    person.run(&["kill", &id.to_string(), "--signal", "KILL"]).ok();
+    assert_eq!(attach.wait_exit(), 1, "{}", attach.screen());
+    attach.wait_for("[terminal killed by SIGKILL]");
 }
 
 /// A run ended by a signal says which (`exitSignal`) and `tether run`

@@ -95,6 +95,11 @@ async fn attach_to(client: &Client, connection: &Connection, terminal_id: &str, 
             eprintln!("{}", attach::describe(&outcome));
             Ok(())
         }
+        // The socket's exit carries no signal; the terminal's resource does.
+        Ok(outcome @ AttachOutcome::Exited { code: None }) => match ended_by_signal(client, terminal_id).await {
+            Some(signal) => Err(CliError::failed(format!("[terminal killed by {}]", signal_name(signal)))),
+            None => Err(CliError::failed(attach::describe(&outcome))),
+        },
         Ok(AttachOutcome::Closed { code: 4401, .. }) | Err(AttachError::Rejected { status: 401 }) => {
             Err(explain(crate::client::ClientError::Rejected { status: 401 }, client.server()))
         }
@@ -105,6 +110,42 @@ async fn attach_to(client: &Client, connection: &Connection, terminal_id: &str, 
         }
         Err(e) => Err(CliError::failed(e.to_string())),
     }
+}
+
+/// The signal that ended the terminal, from its resource: the server
+/// records the exit before it tells viewers, but a read at that instant
+/// may still find it running, so it asks a few times.
+async fn ended_by_signal(client: &Client, terminal_id: &str) -> Option<i32> {
+    let id = Uuid::parse_str(terminal_id).ok()?;
+    for _ in 0..5 {
+        match client.terminal(id).await {
+            Ok(terminal) if terminal.state == "exited" => return terminal.exit_signal,
+            Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// "SIGHUP" for 1: names only for the numbers every Unix shares (the
+/// host's numbering may not be this machine's); "signal N" otherwise.
+fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        5 => "SIGTRAP",
+        6 => "SIGABRT",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        _ => return format!("signal {signal}"),
+    };
+    name.to_owned()
 }
 
 /// `tether share`: a share token for one terminal (docs/REST.md, "Scopes"):
