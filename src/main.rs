@@ -278,6 +278,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// The database the settings name, for messages: PostgreSQL (never its
+/// URL, which may hold a password) or the SQLite file's absolute path.
+fn database_named(settings: &Settings) -> String {
+    match &settings.database.url {
+        Some(_) => "PostgreSQL".to_owned(),
+        None => format!("embedded SQLite at {}", sqlite_path(settings).display()),
+    }
+}
+
+/// The SQLite file, absolute (relative paths are the working directory's).
+fn sqlite_path(settings: &Settings) -> PathBuf {
+    let path = &settings.database.sqlite_path;
+    std::path::absolute(path).unwrap_or_else(|_| path.clone())
+}
+
 /// Resolves at the first SIGTERM or SIGINT (the daemon's stop); never, if
 /// the handlers cannot be installed (the signals then end the process).
 async fn stop_signal() {
@@ -518,8 +533,10 @@ async fn token_command(settings: &Settings, command: TokenCommand) -> Result<(),
             audit_operator(store.as_ref(), user.id, AuditAction::TokenCreated, token.id).await;
             let expires = token.expires_at.map_or("never".to_string(), |e| e.to_rfc3339());
             eprintln!(
-                "tether: {scope} token {} created for user `{}` (expires: {expires}); it is shown only once",
-                token.id, user.name
+                "tether: {scope} token {} created for user `{}` in {} (expires: {expires}); it is shown only once",
+                token.id,
+                user.name,
+                database_named(settings)
             );
             // The one time the secret is shown: not printing it is a failure.
             let mut stdout = std::io::stdout().lock();
@@ -560,9 +577,14 @@ async fn serve(settings: Settings, role: Role, demo: bool) -> Result<(), Failure
         ));
     }
     let scheme = if settings.http.tls_cert_path.is_some() { "https" } else { "http" };
-    let backend = match &settings.database.url {
-        Some(_) => "PostgreSQL".to_string(),
-        None => format!("embedded SQLite at {}", settings.database.sqlite_path.display()),
+    let backend = database_named(&settings);
+    // `token create` must open the same database: a relative SQLite path
+    // run from another directory would make (and fill) a new one.
+    let token_hint = match &settings.database.url {
+        Some(_) => "tether token create --user NAME (with this server's database.url)".to_owned(),
+        None => {
+            format!("TETHER_DATABASE__SQLITE_PATH={} tether token create --user NAME", sqlite_path(&settings).display())
+        }
     };
     let bound = tether::server::bind(settings, role).await.map_err(|e| match e {
         tether::server::ServeError::Config(e) => Failure::config(e),
@@ -593,7 +615,7 @@ async fn serve(settings: Settings, role: Role, demo: bool) -> Result<(), Failure
             }
         });
     } else {
-        print_stdout("tether: create an API token with: tether token create --user NAME\n");
+        print_stdout(&format!("tether: create an API token with: {token_hint}\n"));
     }
     let ran = bound.run().await.map_err(Failure::runtime);
     if demo {

@@ -601,12 +601,19 @@ fn token_create_prints_the_token_alone_on_stdout_sqlite() {
     let first = create_token("ann", &env);
     let second = create_token("ann", &env);
     assert_ne!(first, second, "two calls printed the same token");
+    // Stderr says which database took it (a relative path run elsewhere
+    // would be another file).
+    let out = tether_cmd(&["token", "create", "--user", "bob"], &env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("in embedded SQLite at {db_str}")), "{stderr}");
 
     // One user, two tokens, stored only as SHA-256.
     let conn = rusqlite::Connection::open(&db).expect("open the SQLite file");
     let users: i64 = conn.query_row("SELECT count(*) FROM users WHERE name = 'ann'", [], |r| r.get(0)).unwrap();
     assert_eq!(users, 1, "token create made a second user `ann`");
-    let mut stmt = conn.prepare("SELECT token_hash FROM api_tokens").unwrap();
+    let mut stmt = conn
+        .prepare("SELECT token_hash FROM api_tokens WHERE user_id = (SELECT id FROM users WHERE name = 'ann')")
+        .unwrap();
     let mut hashes: Vec<String> = stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
     hashes.sort();
     let mut expected = vec![sha256_hex(&first), sha256_hex(&second)];
@@ -621,6 +628,9 @@ async fn token_create_prints_the_token_alone_on_stdout_postgres() {
     let first = create_token("ann", &env);
     let second = create_token("ann", &env);
     assert_ne!(first, second, "two calls printed the same token");
+    let out = tether_cmd(&["token", "create", "--user", "bob"], &env);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("in PostgreSQL") && !stderr.contains(&url), "never the URL: {stderr}");
 }
 
 // ---------------------------------------------------------------------------
