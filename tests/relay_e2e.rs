@@ -143,10 +143,13 @@ async fn runs_succeed_and_fail(postgres: bool) {
 async fn a_megabyte_of_input_in_one_viewer_frame_reaches_the_terminal() {
     use sha2::{Digest, Sha256};
     let e = start(false, &[]).await;
-    let script = "stty raw -echo; head -c 1048576 | sha256sum; sleep 600";
-    let id = terminal(&e, &["sh", "-c", script]).await;
+    // Raw mode before any input: a canonical tty keeps 4 KiB of a line.
+    let raw = e.dir.path().join("raw");
+    let script = format!("stty raw -echo; touch {}; head -c 1048576 | sha256sum; sleep 600", raw.display());
+    let id = terminal(&e, &["sh", "-c", &script]).await;
     let mut other = Viewer::attach(&e, &terminal(&e, &["cat"]).await, "").await;
     let mut viewer = Viewer::attach(&e, &id, "").await;
+    file_appears(&raw).await;
     let input: Vec<u8> = (0..1024 * 1024).map(|i| b'a' + ((i * 7 + i / 1000) % 26) as u8).collect();
     let digest: String = Sha256::digest(&input).iter().map(|b| format!("{b:02x}")).collect();
     viewer.sock.send_binary(input).await;
@@ -165,16 +168,21 @@ async fn a_megabyte_of_input_in_one_viewer_frame_reaches_the_terminal() {
 #[actix_rt::test]
 async fn a_stopped_daemon_reports_its_terminals_endings() {
     let mut e = start(false, &[]).await;
-    let marker = format!("tether-stop-{}", rand::random::<u32>());
-    let exits_on_hup = terminal(&e, &["sh", "-c", "trap 'exit 9' HUP; while :; do sleep 0.1; done"]).await;
-    let ignores_hup = terminal(&e, &["sh", "-c", &format!("trap '' HUP; exec sleep 1000 # {marker}")]).await;
+    // A sleep no other process has: `pgrep -f` finds it, or its shell.
+    let marker = format!("sleep {}", 100_000 + rand::random::<u32>() % 100_000);
+    // Each shell says when its trap is set, so the hang-up finds it set.
+    let (armed, ignoring) = (e.dir.path().join("armed"), e.dir.path().join("ignoring"));
+    let script = format!("trap 'exit 9' HUP; touch {}; while :; do sleep 0.1; done", armed.display());
+    let exits_on_hup = terminal(&e, &["sh", "-c", &script]).await;
+    let script = format!("trap '' HUP; touch {}; {marker}", ignoring.display());
+    let ignores_hup = terminal(&e, &["sh", "-c", &script]).await;
     let (status, run) =
         e.api.post("/api/v1/runs", json!({"hostId": e.host, "argv": ["sh", "-c", "echo started; sleep 120"]})).await;
     assert_eq!(status, 201, "{run}");
     let run_id = run["run"]["id"].as_str().expect("run id").to_string();
     let mut viewer = Viewer::attach(&e, &exits_on_hup, "").await;
-    wait_state(&e.api, &exits_on_hup, "running").await;
-    wait_state(&e.api, &ignores_hup, "running").await;
+    file_appears(&armed).await;
+    file_appears(&ignoring).await;
     eventually_run_state(&e.api, &run_id, "running").await;
 
     let status = e.daemon.terminate(Duration::from_secs(20)).expect("the daemon exits");
@@ -190,6 +198,15 @@ async fn a_stopped_daemon_reports_its_terminals_endings() {
     assert_eq!(run["exitSignal"], 1, "{run}");
     let left = std::process::Command::new("pgrep").args(["-f", &marker]).output().expect("pgrep");
     assert!(left.stdout.is_empty(), "left running: {}", String::from_utf8_lossy(&left.stdout));
+}
+
+/// Waits until `path` exists (a terminal's script touched it).
+async fn file_appears(path: &std::path::Path) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !path.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "{} never appeared", path.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Polls `GET /runs/{id}` until the run is in `state`; returns it.
