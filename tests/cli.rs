@@ -360,6 +360,8 @@ fn help_of_every_subcommand_exits_0_and_lists_its_flags() {
         for flag in *flags {
             assert!(stdout.contains(flag), "tether {args:?} does not mention {flag}:\n{stdout}");
         }
+        // Variables are named, never shown with a value (none here).
+        assert!(!stdout.contains("=]"), "tether {args:?} shows an empty variable:\n{stdout}");
     }
 }
 

@@ -31,7 +31,7 @@ pub use output::print_stdout;
 #[derive(Debug, Clone, Args)]
 pub struct Connection {
     /// The server's HTTP base URL, e.g. https://tether.example.com [default: from `tether login`]
-    #[arg(long, value_name = "URL", env = "TETHER_SERVER")]
+    #[arg(long, value_name = "URL", env = "TETHER_SERVER", hide_env_values = true)]
     pub server: Option<String>,
     /// An API token [default: from `tether login`]
     #[arg(long, value_name = "TOKEN", env = "TETHER_TOKEN", hide_env_values = true)]
