@@ -284,6 +284,42 @@ async fn newest_daemon_wins_and_viewers_are_moved() {
     second.kill();
 }
 
+/// Two daemons of one host (a copied state dir, say a service and a
+/// forgotten shell): the newer one wins and keeps the host. The replaced
+/// one stops with a message that says why; were it to redial, the two
+/// would replace each other in turns and each hello would end the other's
+/// terminals.
+#[actix_rt::test]
+async fn a_replaced_daemon_stops_instead_of_taking_the_host_back() {
+    let mut e = start(false, &[]).await;
+    let second_state = e.dir.path().join("state2");
+    std::fs::create_dir_all(&second_state).expect("dir");
+    for name in ["host.json", "dirs.json"] {
+        let _ = std::fs::copy(e.daemon.state_dir().join(name), second_state.join(name));
+    }
+    let mut second = DaemonProcess::start(&e.server, &e.api.token, &second_state);
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = e.daemon.try_exit_status() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "the replaced daemon keeps going: {}", e.daemon.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(status.code(), Some(1), "{}", e.daemon.log());
+    let log = e.daemon.log();
+    assert!(log.contains("replaced this one (close 4000)") && log.contains(&e.host), "{log}");
+
+    // The host stays with the newer daemon: a terminal started there
+    // outlives the old one's backoff (1 s plus jitter) many times over.
+    let id = terminal(&e, &["sleep", "1000"]).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (_, body) = e.api.get(&format!("/api/v1/terminals/{id}")).await;
+    assert_eq!(body["terminal"]["state"], "running", "{body}");
+    assert_eq!(second.log().matches("tether_daemon_connected").count(), 1, "{}", second.log());
+    second.kill();
+}
+
 #[actix_rt::test]
 async fn dirs_limits_and_credentials_with_a_real_daemon() {
     let key = "MDEyMzQ1Njc4OTAxMjM0NTY3ODkwMTIzNDU2Nzg5MDE="; // 32 bytes, base64

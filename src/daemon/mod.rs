@@ -78,6 +78,11 @@ pub enum DaemonError {
     BadToken,
     #[error("the server does not know host {host_id} or it belongs to another user, even after registering again")]
     ForeignHost { host_id: String },
+    #[error(
+        "another daemon connected as host {host_id} and replaced this one (close 4000); this one stops rather \
+         than take the host back in turns: run one daemon per host"
+    )]
+    Replaced { host_id: String },
     /// The state dir or a file in it is unusable, or an `--allow-dir` seed is.
     #[error(transparent)]
     State(#[from] StateError),
@@ -88,7 +93,8 @@ pub enum DaemonError {
 
 /// Runs the daemon: registers the host if needed, then keeps a connection
 /// to the server forever. Returns only on a fatal error (bad token, a host
-/// the server refuses even after re-registering, unusable state dir).
+/// the server refuses even after re-registering, another daemon that took
+/// the host over, unusable state dir).
 ///
 /// The future is `!Send` and spawns local tasks: poll it inside a tokio
 /// `LocalSet`, e.g. an actix `System` (`actix_rt::System::new().block_on(..)`

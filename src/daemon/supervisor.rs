@@ -50,12 +50,13 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// Runs until a fatal error or a stop.
+    /// Runs until a fatal error or a stop. Either way the terminals are
+    /// ended before it returns (`Host::serve` has reported them if the
+    /// stop came while connected): a daemon that gives up does not leave
+    /// processes running where tether cannot reach them.
     pub async fn run(mut self) -> Result<(), DaemonError> {
         let result = self.run_until_stopped().await;
-        if result.is_ok() {
-            self.host.stop_unconnected().await;
-        }
+        self.host.stop_unconnected().await;
         result
     }
 
@@ -241,6 +242,10 @@ enum Decision {
 enum FatalEnd {
     BadToken,
     ForeignHost,
+    /// Another daemon holds this host now: redialing would take it back,
+    /// and the two would replace each other in turns, each hello ending
+    /// the other's terminals.
+    Replaced,
 }
 
 impl FatalEnd {
@@ -248,6 +253,7 @@ impl FatalEnd {
         match self {
             FatalEnd::BadToken => DaemonError::BadToken,
             FatalEnd::ForeignHost => DaemonError::ForeignHost { host_id: host_id.to_owned() },
+            FatalEnd::Replaced => DaemonError::Replaced { host_id: host_id.to_owned() },
         }
     }
 }
@@ -263,9 +269,11 @@ fn decide(outcome: &SessionOutcome, reregistered: bool, drain_retry_used: bool) 
         close_code::FOREIGN_HOST => Decision::Reregister,
         close_code::DRAINING if !drain_retry_used => Decision::RedialAfterDrain,
         close_code::WRONG_CELL => Decision::Reassign,
+        // Only another process can be told 4000 on this daemon's current
+        // socket: its own redial replaces a socket it has already dropped.
         close_code::REPLACED => {
             tracing::warn!("tether_daemon_replaced");
-            Decision::BackOff
+            Decision::Fatal(FatalEnd::Replaced)
         }
         _ => Decision::BackOff,
     }
@@ -287,7 +295,8 @@ mod tests {
         assert!(matches!(decide(&closed(4503, true), false, false), Decision::RedialAfterDrain));
         assert!(matches!(decide(&closed(4503, false), false, true), Decision::BackOff));
         assert!(matches!(decide(&closed(4409, false), false, false), Decision::Reassign));
-        for code in [4000, 4429, 4408, 1000, 1011] {
+        assert!(matches!(decide(&closed(4000, true), false, false), Decision::Fatal(FatalEnd::Replaced)));
+        for code in [4429, 4408, 1000, 1011] {
             assert!(matches!(decide(&closed(code, true), false, false), Decision::BackOff), "{code}");
         }
         let lost = SessionOutcome {
