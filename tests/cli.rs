@@ -929,6 +929,37 @@ fn tether_token_env_is_not_a_config_error() {
     }
 }
 
+/// A `daemon --server` that is some other web server (here one that
+/// answers every request 404 with an HTML page) is named as the likely
+/// mistake, not logged as a bare HTTP status on every retry.
+#[test]
+fn a_daemon_pointed_at_another_web_server_says_so() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut request = [0u8; 4096];
+            let _ = stream.read(&mut request);
+            let page = "<html><body>Not Found</body></html>";
+            let answer = format!(
+                "HTTP/1.1 404 Not Found\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                page.len()
+            );
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    let dir = tempdir();
+    let server = format!("http://{addr}");
+    let mut child = Tether::spawn(dir.path(), &["daemon", "--server", &server, "--token", "tth_x"], &[]);
+    let deadline = Instant::now() + QUICK;
+    while !child.stderr().contains("is --server the tether server's base URL") {
+        assert!(Instant::now() < deadline && child.exited().is_none(), "{}", child.output());
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(child.stderr().contains(&format!("HTTP 404 from {server}/api/v1/hosts")), "{}", child.output());
+}
+
 // ---------------------------------------------------------------------------
 // cell set, cell budget
 

@@ -59,7 +59,7 @@ pub async fn ask(client: &awc::Client, server: &ServerUrl, token: &str, host_id:
     if !status.is_success() {
         return Err(AssignError::Status {
             status: status.as_u16(),
-            code: super::registration::error_code(&mut response).await,
+            code: super::registration::error_code(&mut response).await.unwrap_or_else(|| "no error code".to_owned()),
         });
     }
     let answer: AssignAnswer = response.json().await.map_err(|err| AssignError::BadResponse(err.to_string()))?;

@@ -17,6 +17,13 @@ pub enum RegisterError {
     BadToken,
     #[error("the server answered HTTP {status} ({code})")]
     Status { status: u16, code: String },
+    /// An error without tether's error body: a proxy's or another
+    /// program's answer, usually a `--server` that is not tether's base URL.
+    #[error(
+        "HTTP {status} from {endpoint} without a tether error body: is --server the tether server's base URL (the \
+         address the web page is served at)?"
+    )]
+    NotTether { status: u16, endpoint: String },
     #[error("cannot reach the server: {0}")]
     Transport(String),
     #[error("unexpected registration response: {0}")]
@@ -55,14 +62,12 @@ struct RegisteredHost {
     id: String,
 }
 
-/// The error code of a refused request. The code is enough to act on; the
-/// body is not logged whole.
-pub(super) async fn error_code(response: &mut awc::ClientResponse) -> String {
+/// The error code of a refused request, None when the body is not
+/// tether's error body. The code is enough to act on; the body is not
+/// logged whole.
+pub(super) async fn error_code(response: &mut awc::ClientResponse) -> Option<String> {
     let body = response.body().await.unwrap_or_default();
-    match crate::client::ApiErrorBody::parse(&body) {
-        Some(error) => error.code,
-        None => "no error code".to_owned(),
-    }
+    crate::client::ApiErrorBody::parse(&body).map(|error| error.code)
 }
 
 /// Registers this machine and returns its host id.
@@ -72,8 +77,9 @@ pub async fn register(
     token: &str,
     host: &HostDescription,
 ) -> Result<String, RegisterError> {
+    let endpoint = server.hosts_endpoint();
     let mut response = client
-        .post(server.hosts_endpoint())
+        .post(&endpoint)
         .bearer_auth(token)
         .send_json(host)
         .await
@@ -83,7 +89,11 @@ pub async fn register(
         return Err(RegisterError::BadToken);
     }
     if !status.is_success() {
-        return Err(RegisterError::Status { status: status.as_u16(), code: error_code(&mut response).await });
+        let status = status.as_u16();
+        return Err(match error_code(&mut response).await {
+            Some(code) => RegisterError::Status { status, code },
+            None => RegisterError::NotTether { status, endpoint },
+        });
     }
     let registered: Registered = response.json().await.map_err(|err| RegisterError::BadResponse(err.to_string()))?;
     let id = registered.host.id;
