@@ -9,7 +9,7 @@ use super::errors::explain;
 use super::output::{print_list, relative_time, Table, Tone};
 use super::{CliError, Format};
 use crate::client::resolve::{self, short_id};
-use crate::client::{Client, Host, TerminalFilter};
+use crate::client::{Client, Host, Terminal, TerminalFilter};
 
 pub async fn hosts(client: &Client, format: Format) -> Result<(), CliError> {
     let hosts = client.hosts().await.map_err(|e| explain(e, client.server()))?;
@@ -65,20 +65,60 @@ pub async fn ls(client: &Client, host: Option<&str>, format: Format) -> Result<(
             (_, true) => "(shell)".to_owned(),
             (_, false) => terminal.argv.join(" "),
         };
-        let state = match (terminal.state.as_str(), terminal.exit_code, terminal.exit_signal) {
-            ("exited", Some(code), _) => format!("exited {code}"),
-            ("exited", None, Some(signal)) => format!("exited sig{signal}"),
-            (state, _, _) => state.to_owned(),
-        };
+        let state = state_label(terminal);
         table.row(vec![
             (short_id(&terminal.id), Tone::Plain),
             (names.get(&terminal.host_id).map_or_else(|| short_id(&terminal.host_id), |n| n.to_string()), Tone::Plain),
             (state, Tone::of_state(&terminal.state)),
             (format!("{}x{}", terminal.cols, terminal.rows), Tone::Plain),
             (title, Tone::Plain),
-            (relative_time(terminal.started_at.or(Some(terminal.created_at)), now), Tone::Plain),
+            // A terminal that never started shows none rather than its creation.
+            (relative_time(terminal.started_at, now), Tone::Plain),
         ]);
     }
     table.print();
     Ok(())
+}
+
+/// The STATE column: the exit code or signal of an ended terminal, and why
+/// a pending one waits.
+fn state_label(terminal: &Terminal) -> String {
+    match (terminal.state.as_str(), terminal.exit_code, terminal.exit_signal, terminal.pending_reason.as_deref()) {
+        ("exited", Some(code), _, _) => format!("exited {code}"),
+        ("exited", None, Some(signal), _) => format!("exited sig{signal}"),
+        ("pending", _, _, Some(reason)) if !reason.is_empty() => format!("pending ({})", reason.replace('_', " ")),
+        (state, ..) => state.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn terminal(fields: serde_json::Value) -> Terminal {
+        let mut base = serde_json::json!({
+            "id": "00000000-0000-4000-8000-000000000001", "hostId": "11111111-0000-4000-8000-000000000000",
+            "title": null, "dir": null, "argv": [], "state": "running", "pendingReason": null, "exitCode": null,
+            "exitSignal": null, "cols": 80, "rows": 24, "createdAt": "2026-12-01T10:00:00Z",
+            "startedAt": null, "endedAt": null
+        });
+        for (key, value) in fields.as_object().into_iter().flatten() {
+            base[key] = value.clone();
+        }
+        serde_json::from_value(base).expect("a terminal")
+    }
+
+    #[test]
+    fn the_state_column_says_how_it_ended_or_why_it_waits() {
+        let cases = [
+            (serde_json::json!({"state": "exited", "exitCode": 3}), "exited 3"),
+            (serde_json::json!({"state": "exited", "exitSignal": 9}), "exited sig9"),
+            (serde_json::json!({"state": "pending", "pendingReason": "host_offline"}), "pending (host offline)"),
+            (serde_json::json!({"state": "pending"}), "pending"),
+            (serde_json::json!({"state": "running"}), "running"),
+        ];
+        for (fields, label) in cases {
+            assert_eq!(state_label(&terminal(fields.clone())), label, "{fields}");
+        }
+    }
 }
