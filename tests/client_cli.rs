@@ -159,6 +159,35 @@ async fn open_by_host_name_gives_a_shell_that_keeps_running_after_detach() {
 /// A colleague with a share token attaches by the whole id the share
 /// printed; a detach tells them to come back the same way (a share token
 /// cannot match a short id), and a short id says why it cannot be used.
+/// `--detach-key ctrl-a`: Ctrl-] is typed into the program like any key,
+/// and Ctrl-A detaches, as the opening line says. A key that is not a
+/// control key is a usage error.
+#[actix_rt::test]
+async fn another_detach_key_lets_ctrl_close_bracket_through() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let person = logged_in(&e);
+
+    let mut open = person.pty(&["open", &host.name, "--detach-key", "ctrl-a", "--", "cat", "-v"], (100, 30));
+    open.wait_for("detach with Ctrl-A");
+    eventually("cat running", || async {
+        client.terminals(&TerminalFilter::default()).await.unwrap().iter().any(|t| t.state == "running")
+    })
+    .await;
+    // cat -v shows a control byte it read as ^X: the key reached it.
+    open.type_keys(b"x\x1dy\r");
+    open.wait_for("x^]y");
+    open.type_keys(&[0x01]); // Ctrl-A: detach
+    assert_eq!(open.wait_exit(), 0, "{}", open.screen());
+    open.wait_for("[detached]");
+    let terminals = client.terminals(&TerminalFilter::default()).await.unwrap();
+    assert_eq!(terminals[0].state, "running", "the program keeps running after the detach");
+
+    let short = short_id(&terminals[0].id);
+    person.run(&["attach", &short, "--detach-key", "alt-x"]).fails(2, &["\"alt-x\" is not a control key"]);
+}
+
 #[actix_rt::test]
 async fn a_share_token_attaches_by_the_whole_id_and_is_told_so() {
     let e = e2e::start(false, &[]).await;

@@ -11,6 +11,7 @@
 //! Exit status: 0 on success, 2 for a usage or configuration error, 1
 //! otherwise; `tether run` exits with the run's own code.
 
+mod detach_key;
 mod errors;
 mod hosts;
 mod login;
@@ -39,6 +40,14 @@ pub struct Connection {
     /// PEM CA certificates to trust for an https:// server, besides the system's roots.
     #[arg(long, value_name = "FILE")]
     pub ca_file: Option<PathBuf>,
+}
+
+/// The key that leaves the terminal running: on `open` and `attach`.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct Detach {
+    /// The key that detaches (ctrl-X, C-X or ^X), when the program inside needs Ctrl-].
+    #[arg(long = "detach-key", value_name = "KEY", default_value = "ctrl-]", value_parser = detach_key::DetachKey::parse)]
+    pub key: detach_key::DetachKey,
 }
 
 /// How to print: on every command that prints something.
@@ -110,7 +119,7 @@ pub enum ClientCommand {
         #[command(flatten)]
         format: Format,
     },
-    /// Start a terminal on a host, sized to this window, and attach to it (detach with Ctrl-]).
+    /// Start a terminal on a host, sized to this window, and attach to it (detach with Ctrl-] or --detach-key).
     ///
     /// The terminal outlives the connection: after a detach (Ctrl-]) it keeps
     /// running, and `tether attach ID` comes back to it. With --json or
@@ -133,24 +142,29 @@ pub enum ClientCommand {
         connection: Connection,
         #[command(flatten)]
         format: Format,
+        #[command(flatten)]
+        detach: Detach,
         /// The command to run instead of the login shell.
         #[arg(last = true, value_name = "ARGV")]
         argv: Vec<String>,
     },
-    /// Attach to a terminal in raw mode (detach with Ctrl-]).
+    /// Attach to a terminal in raw mode (detach with Ctrl-] or --detach-key).
     ///
     /// Shows the screen as it is, then the live output; keys go to the
     /// terminal. The window's size is offered to the terminal; another
     /// viewer in use keeps the grid until it goes idle.
     #[command(after_long_help = "Examples:
   tether attach 3fa9
-  tether attach 3fa9c1d2-0b6e-4c55-9d1f-6f0f1a2b3c4d")]
+  tether attach 3fa9c1d2-0b6e-4c55-9d1f-6f0f1a2b3c4d
+  tether attach 3fa9 --detach-key ctrl-q")]
     Attach {
         /// The terminal's id or a unique prefix of it.
         #[arg(value_name = "ID")]
         terminal_id: String,
         #[command(flatten)]
         connection: Connection,
+        #[command(flatten)]
+        detach: Detach,
     },
     /// Share a terminal read-only: print a token that can watch it and nothing else.
     ///
@@ -291,11 +305,12 @@ pub async fn run(command: ClientCommand) -> Result<(), CliError> {
         ClientCommand::Ls { host, connection, format } => {
             hosts::ls(&connect(&connection)?, host.as_deref(), format).await
         }
-        ClientCommand::Open { host, dir, title, connection, format, argv } => {
-            terminals::open(&connect(&connection)?, &connection, &host, dir, title, argv, format).await
+        ClientCommand::Open { host, dir, title, connection, format, detach, argv } => {
+            let new = terminals::Open { host, dir, title, argv };
+            terminals::open(&connect(&connection)?, &connection, new, format, detach.key).await
         }
-        ClientCommand::Attach { terminal_id, connection } => {
-            terminals::attach(&connect(&connection)?, &connection, &terminal_id).await
+        ClientCommand::Attach { terminal_id, connection, detach } => {
+            terminals::attach(&connect(&connection)?, &connection, &terminal_id, detach.key).await
         }
         ClientCommand::Share { terminal, ttl, name, connection, json } => {
             terminals::share(&connect(&connection)?, &terminal, ttl, name, json).await

@@ -2,6 +2,7 @@
 
 use uuid::Uuid;
 
+use super::detach_key::DetachKey;
 use super::errors::{explain, host_offline, start_refused};
 use super::output::{print_json, print_one, print_stdout};
 use super::{CliError, Connection, Format};
@@ -37,16 +38,22 @@ pub async fn find_terminal(client: &Client, query: &str) -> Result<Terminal, Cli
     Ok(resolve::terminal(&terminals, query)?.clone())
 }
 
+/// What `tether open` starts.
+pub struct Open {
+    pub host: String,
+    pub dir: Option<String>,
+    pub title: Option<String>,
+    pub argv: Vec<String>,
+}
+
 pub async fn open(
     client: &Client,
     connection: &Connection,
-    host: &str,
-    dir: Option<String>,
-    title: Option<String>,
-    argv: Vec<String>,
+    Open { host, dir, title, argv }: Open,
     format: Format,
+    detach_key: DetachKey,
 ) -> Result<(), CliError> {
-    let host = find_host(client, host).await?;
+    let host = find_host(client, &host).await?;
     if !host.is_online() {
         return Err(host_offline(&host));
     }
@@ -62,11 +69,16 @@ pub async fn open(
     if print_one(format, "terminal", &terminal, terminal.id) {
         return Ok(());
     }
-    eprintln!("tether: terminal {} on {}; detach with Ctrl-]", short_id(&terminal.id), host.name);
-    attach_to(client, connection, &terminal.id.to_string(), &short_id(&terminal.id)).await
+    eprintln!("tether: terminal {} on {}; detach with {detach_key}", short_id(&terminal.id), host.name);
+    attach_to(client, connection, &terminal.id.to_string(), &short_id(&terminal.id), detach_key).await
 }
 
-pub async fn attach(client: &Client, connection: &Connection, query: &str) -> Result<(), CliError> {
+pub async fn attach(
+    client: &Client,
+    connection: &Connection,
+    query: &str,
+    detach_key: DetachKey,
+) -> Result<(), CliError> {
     // A whole id goes straight to the socket, which says "terminal not found"
     // itself; a prefix needs the list.
     // The way back is named as it was given: a share token cannot match
@@ -78,14 +90,21 @@ pub async fn attach(client: &Client, connection: &Connection, query: &str) -> Re
             (id, short_id(&id))
         }
     };
-    attach_to(client, connection, &id.to_string(), &again).await
+    attach_to(client, connection, &id.to_string(), &again, detach_key).await
 }
 
 /// Attaches to `terminal_id`; a detach says `tether attach <again>` brings
 /// the user back.
-async fn attach_to(client: &Client, connection: &Connection, terminal_id: &str, again: &str) -> Result<(), CliError> {
+async fn attach_to(
+    client: &Client,
+    connection: &Connection,
+    terminal_id: &str,
+    again: &str,
+    detach_key: DetachKey,
+) -> Result<(), CliError> {
     let mut options = AttachOptions::new(client.server(), client.token(), terminal_id);
     options.ca_file = connection.ca_file.clone();
+    options.detach_key = detach_key.byte();
     match attach::run(options).await {
         Ok(AttachOutcome::Detached) => {
             eprintln!("[detached] the terminal keeps running; come back with `tether attach {again}`");
