@@ -361,6 +361,33 @@ async fn a_daemon_restarted_while_the_director_is_away_dials_its_last_cell() {
     wait_connected_on(&store, host, "cell-a", &daemon).await;
 }
 
+/// While the director is away, a cell that refuses the daemon with 4409
+/// names the cell its host is assigned to, and the daemon dials that one.
+/// It used to forget its last cell and ask only the director, so the host
+/// stayed offline for the whole outage while its cell would take it.
+#[actix_rt::test]
+async fn a_daemon_sent_to_another_cell_while_the_director_is_away_dials_it() {
+    let (url, store, director, _cell_a) = director_and_cell_a().await;
+    let state = tempfile::tempdir().expect("state dir");
+    let token = daemon_token_of_ann(&director);
+    let mut daemon = DaemonProcess::start_url(&director.url(), &token, state.path());
+    let host = registered_host(&store, &daemon).await;
+    wait_connected_on(&store, host, "cell-a", &daemon).await;
+    let cell_b = cell_process(&url, "cell-b").await;
+    register_cell(&store, "cell-b", &cell_b.url(), AdmitMode::Db, None).await;
+
+    // The host is placed on cell-b while its daemon is down, then the
+    // director goes: the daemon's last cell (cell-a) sends it on.
+    daemon.kill();
+    store.assign_host(host, "cell-b").await.expect("placed on cell-b");
+    let director_url = director.url();
+    drop(director);
+    let daemon = DaemonProcess::start_url(&director_url, &token, state.path());
+    wait_connected_on(&store, host, "cell-b", &daemon).await;
+    let log = daemon.log();
+    assert!(log.contains("tether_daemon_wrong_cell") && log.contains(&cell_b.url()), "{log}");
+}
+
 /// The whole booked path with real processes: a reserve cell that the
 /// director polls, and a real daemon pointed at the director. The director
 /// books the host on the cell, the daemon presents the booking in its

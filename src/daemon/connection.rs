@@ -54,10 +54,19 @@ pub enum DialError {
 /// What the read side produced.
 pub enum Inbound {
     Frame(ServerFrame),
-    /// The server closed the socket, with this close code if it gave one.
-    Closed(Option<u16>),
+    /// The server closed the socket, with this close code and reason if
+    /// it gave them.
+    Closed(ServerClose),
     /// The socket failed or ended without a close frame.
     Lost(String),
+}
+
+/// A close frame from the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerClose {
+    pub code: Option<u16>,
+    /// The close reason: a 4409's names the cell to dial.
+    pub reason: Option<String>,
 }
 
 /// A live connection, split into its three parts so a select can wait on
@@ -126,7 +135,10 @@ impl InboundFrames {
                     Err(err) => tracing::warn!(error = %err, "tether_daemon_bad_server_frame"),
                 },
                 Some(Ok(awc::ws::Frame::Close(reason))) => {
-                    return Inbound::Closed(reason.map(|reason| reason.code.into()));
+                    return Inbound::Closed(ServerClose {
+                        code: reason.as_ref().map(|reason| reason.code.into()),
+                        reason: reason.and_then(|reason| reason.description),
+                    });
                 }
                 Some(Ok(awc::ws::Frame::Ping(payload))) => {
                     // A full queue already proves the socket is busy; a lost

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use portable_pty::MasterPty;
 use tokio::sync::mpsc;
 
-use super::connection::{Connection, Inbound, Outbound, Outbox};
+use super::connection::{Connection, Inbound, Outbound, Outbox, ServerClose};
 use super::dirs::{DirAllowlist, DirError};
 use super::limits::HostLimits;
 use super::ping_ledger::PingLedger;
@@ -44,8 +44,8 @@ const QUEUE_STALL_LIMIT: Duration = SILENCE_LIMIT;
 /// How a connection ended.
 #[derive(Debug)]
 pub enum SessionEnd {
-    /// The server closed it, with this close code if any.
-    Closed(Option<u16>),
+    /// The server closed it, with this close code and reason if any.
+    Closed(ServerClose),
     /// The socket failed, went silent, or never acknowledged the hello.
     Lost(String),
     /// The daemon was asked to stop: its terminals were ended, and their
@@ -56,8 +56,14 @@ pub enum SessionEnd {
 impl std::fmt::Display for SessionEnd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SessionEnd::Closed(Some(code)) => write!(f, "closed by the server with code {code}"),
-            SessionEnd::Closed(None) => f.write_str("closed by the server without a code"),
+            SessionEnd::Closed(ServerClose { code: None, .. }) => f.write_str("closed by the server without a code"),
+            SessionEnd::Closed(ServerClose { code: Some(code), reason }) => {
+                write!(f, "closed by the server with code {code}")?;
+                match reason.as_deref().filter(|reason| !reason.is_empty()) {
+                    Some(reason) => write!(f, " ({reason})"),
+                    None => Ok(()),
+                }
+            }
             SessionEnd::Lost(reason) => write!(f, "connection lost: {reason}"),
             SessionEnd::Stopped => f.write_str("the daemon stopped"),
         }
@@ -261,7 +267,7 @@ impl Host {
                         }
                     }
                     Inbound::Frame(frame) => self.on_frame(frame.frame, &mut link).await,
-                    Inbound::Closed(code) => return outcome(established, SessionEnd::Closed(code)),
+                    Inbound::Closed(close) => return outcome(established, SessionEnd::Closed(close)),
                     Inbound::Lost(reason) => return outcome(established, SessionEnd::Lost(reason)),
                 },
                 Some(final_frames) = self.finished_rx.recv() => {

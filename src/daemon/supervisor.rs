@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use super::assign::{self, AssignError, Target};
 use super::backoff::Backoff;
-use super::connection::{self, DialError};
+use super::connection::{self, DialError, ServerClose};
 use super::host::{Host, SessionEnd, SessionOutcome};
 use super::registration::{self, HostDescription, RegisterError};
 use super::server_url::ServerUrl;
@@ -170,12 +170,22 @@ impl Supervisor {
                     redialed_after_drain = true;
                     tracing::info!(host_id, "tether_daemon_instance_draining");
                 }
-                Decision::Reassign | Decision::BackOff => {
-                    if matches!(decision, Decision::Reassign) {
-                        tracing::info!(host_id, "tether_daemon_wrong_cell");
+                Decision::Reassign(_) | Decision::BackOff => {
+                    if let Decision::Reassign(named) = decision {
+                        tracing::info!(
+                            host_id,
+                            named = named.as_ref().map(tracing::field::display),
+                            "tether_daemon_wrong_cell"
+                        );
                         target = None;
-                        last_cell = None;
-                        self.forget_cell();
+                        // The cell this one named replaces it as the
+                        // fallback: during a director outage it is the
+                        // only cell known to take the host.
+                        last_cell = named.filter(|url| *url != self.server).map(|url| Target { url, booking: None });
+                        match &last_cell {
+                            Some(cell) => self.remember_cell(&cell.url),
+                            None => self.forget_cell(),
+                        }
                     }
                     let delay = backoff.next_delay();
                     tracing::info!(
@@ -234,8 +244,10 @@ enum Decision {
     Fatal(FatalEnd),
     Reregister,
     RedialAfterDrain,
-    /// The cell says the host belongs elsewhere: ask the director again, after the backoff.
-    Reassign,
+    /// The cell says the host belongs elsewhere: ask the director again,
+    /// after the backoff. The cell it names, if its close reason does, is
+    /// where to dial while the director cannot be asked.
+    Reassign(Option<ServerUrl>),
     BackOff,
 }
 
@@ -260,15 +272,15 @@ impl FatalEnd {
 
 /// The close-code policy, kept pure so it can be tested on its own.
 fn decide(outcome: &SessionOutcome, reregistered: bool, drain_retry_used: bool) -> Decision {
-    let SessionEnd::Closed(Some(code)) = outcome.end else {
+    let SessionEnd::Closed(ServerClose { code: Some(code), reason }) = &outcome.end else {
         return Decision::BackOff;
     };
-    match code {
+    match *code {
         close_code::BAD_TOKEN => Decision::Fatal(FatalEnd::BadToken),
         close_code::FOREIGN_HOST if reregistered => Decision::Fatal(FatalEnd::ForeignHost),
         close_code::FOREIGN_HOST => Decision::Reregister,
         close_code::DRAINING if !drain_retry_used => Decision::RedialAfterDrain,
-        close_code::WRONG_CELL => Decision::Reassign,
+        close_code::WRONG_CELL => Decision::Reassign(named_cell(reason.as_deref())),
         // Only another process can be told 4000 on this daemon's current
         // socket: its own redial replaces a socket it has already dropped.
         close_code::REPLACED => {
@@ -279,12 +291,26 @@ fn decide(outcome: &SessionOutcome, reregistered: bool, drain_retry_used: bool) 
     }
 }
 
+/// The cell a 4409's reason names: `wrong cell: URL`, or the URL alone
+/// when it is too long for the prefix (`cell::admission::Verdict`). A
+/// reason that names only a cell id gives none.
+fn named_cell(reason: Option<&str>) -> Option<ServerUrl> {
+    let reason = reason?.trim();
+    let url = reason.strip_prefix("wrong cell:").map_or(reason, str::trim);
+    ServerUrl::parse(url).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn closed(code: u16, established: bool) -> SessionOutcome {
-        SessionOutcome { established, lived: Duration::from_secs(1), end: SessionEnd::Closed(Some(code)) }
+        closed_with(code, None, established)
+    }
+
+    fn closed_with(code: u16, reason: Option<&str>, established: bool) -> SessionOutcome {
+        let close = ServerClose { code: Some(code), reason: reason.map(str::to_owned) };
+        SessionOutcome { established, lived: Duration::from_secs(1), end: SessionEnd::Closed(close) }
     }
 
     #[test]
@@ -294,7 +320,7 @@ mod tests {
         assert!(matches!(decide(&closed(4403, false), true, false), Decision::Fatal(FatalEnd::ForeignHost)));
         assert!(matches!(decide(&closed(4503, true), false, false), Decision::RedialAfterDrain));
         assert!(matches!(decide(&closed(4503, false), false, true), Decision::BackOff));
-        assert!(matches!(decide(&closed(4409, false), false, false), Decision::Reassign));
+        assert!(matches!(decide(&closed(4409, false), false, false), Decision::Reassign(None)));
         assert!(matches!(decide(&closed(4000, true), false, false), Decision::Fatal(FatalEnd::Replaced)));
         for code in [4429, 4408, 1000, 1011] {
             assert!(matches!(decide(&closed(code, true), false, false), Decision::BackOff), "{code}");
@@ -305,5 +331,17 @@ mod tests {
             end: SessionEnd::Lost("eof".to_owned()),
         };
         assert!(matches!(decide(&lost, false, false), Decision::BackOff));
+    }
+
+    #[test]
+    fn a_wrong_cell_close_names_the_cell_to_fall_back_on() {
+        let named = |reason: &str| match decide(&closed_with(4409, Some(reason), false), false, false) {
+            Decision::Reassign(url) => url.map(|url| url.to_string()),
+            _ => panic!("4409 is a reassignment"),
+        };
+        assert_eq!(named("wrong cell: http://10.0.0.7:8080").as_deref(), Some("http://10.0.0.7:8080"));
+        assert_eq!(named("https://cell-b.example.com/tether").as_deref(), Some("https://cell-b.example.com/tether"));
+        assert_eq!(named("wrong cell: cell-b"), None, "a cell id alone is not somewhere to dial");
+        assert_eq!(named(""), None);
     }
 }
