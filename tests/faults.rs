@@ -543,6 +543,16 @@ async fn a_daemon_that_moves_while_redis_is_away_is_taken_at_once() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Viewer::attach_to(&b, &token, &shell, "?from=0").await.until("across-42").await;
+    // A's unsubscribe of the host's channel failed while Redis was away,
+    // and its Redis client subscribed the channel again on reconnecting.
+    // Only B answers: A used to answer "offline" to requests from any
+    // instance, itself included, racing B's acknowledgement for as long
+    // as A ran. A drops the stale subscription instead.
+    for n in 0..10 {
+        let (status, body) = on_a.post(&path, input(&format!("again{n}"))).await;
+        assert_eq!(status, 202, "request {n} after Redis came back: {body}\n{}", a.log());
+    }
+    Viewer::attach_to(&b, &token, &shell, "?from=0").await.until("again9-42").await;
 }
 
 /// A client that keeps typing into a viewer across instances while Redis

@@ -336,6 +336,31 @@ impl Bus {
         self.inbox.deliver(Inbound::Reset { channel: channel.to_string() });
     }
 
+    /// Whether this instance subscribed `channel` (or is subscribing it).
+    /// A message on any other channel comes from a subscription Redis
+    /// still holds for it: one whose unsubscribe failed while Redis was
+    /// away, which the client subscribes again when it reconnects.
+    pub fn is_subscribed(&self, channel: &str) -> bool {
+        self.channels().contains_key(channel)
+    }
+
+    /// Unsubscribes `channel` in Redis if this instance has no subscriber
+    /// of it ([`Bus::is_subscribed`]), under the channel's lock: a
+    /// subscribe that comes meanwhile goes out after this unsubscribe.
+    pub async fn drop_stale(&self, channel: &str) {
+        let slot = self.channels().entry(channel.to_string()).or_default().clone();
+        let count = slot.lock().await;
+        if !self.holds(channel, &slot) || *count > 0 {
+            return;
+        }
+        tracing::info!(%channel, "tether_bus_stale_subscription_dropped");
+        match &self.backend {
+            Backend::Local(local) => local.unsubscribe(channel),
+            Backend::Redis(redis) => redis.unsubscribe(channel).await,
+        }
+        self.give_up(channel, &slot);
+    }
+
     /// The subscribed channels (and those being subscribed).
     fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<tokio::sync::Mutex<usize>>>> {
         self.subscriptions.lock().unwrap_or_else(|e| e.into_inner())

@@ -511,27 +511,23 @@ async fn serve_request(relay: &RelayContext, request: bus::HostRequest) {
     };
     let reply_to = request.reply_to;
     let request_id = request.request_id;
+    // No waiting for a hello here: this loop serves every host in order.
+    // Without a ready connection this instance is not the owner, or not
+    // yet, or no longer (its subscription outlives the connection for a
+    // moment): it says nothing, since the owner, if there is one, heard
+    // the request too and answers it. A caller nobody answers times out
+    // (`ask_owner`).
+    let Ok(HostConnection::Ready(conn)) = relay.registry.send(HostConn(host_id)).await else { return };
     let ack = bus::Reply { request_id: request_id.clone(), outcome: Some(reply::Outcome::Ack(bus::Ack {})) };
     // An operation done once it is handed over (input, resize, kill) is
     // acknowledged once it is, or answered with why not instead: its caller
     // reads no answer after the acknowledgement.
-    let answered_later = op.answer_timeout().is_some();
-    if answered_later {
+    if op.answer_timeout().is_some() {
         send_reply(relay, &reply_to, ack.clone()).await;
     }
-    // No waiting for a hello here: this loop serves every host in order.
-    let conn = match relay.registry.send(HostConn(host_id)).await {
-        Ok(HostConnection::Ready(link)) => Some(link),
-        _ => None,
-    };
     let answer = |result| bus::Reply {
         request_id: request_id.clone(),
         outcome: Some(reply::Outcome::Answer(answer_to_wire(result))),
-    };
-    let Some(conn) = conn else {
-        // The subscription outlived the connection for a moment.
-        send_reply(relay, &reply_to, answer(Err(RequestError::Offline))).await;
-        return;
     };
     if let Some(join) = join {
         let joined = super::remote::accept_join(relay, &reply_to, host_id, &join);
@@ -590,6 +586,14 @@ pub async fn serve_bus(relay: RelayContext, mut inbox: mpsc::Receiver<Inbound>) 
             }
             Inbound::Message { channel, envelope } => (channel, envelope),
         };
+        // A channel this instance let go of is none of its business: an
+        // answer from here (a host request's "offline") would race the
+        // real owner's. The subscription is dropped again.
+        if !relay.bus.is_subscribed(&channel) {
+            let relay = relay.clone();
+            actix_rt::spawn(async move { relay.bus.drop_stale(&channel).await });
+            continue;
+        }
         metrics::counter!("tether_bus_received_total", "kind" => relay.bus.kind(&channel)).increment(1);
         let last = seen.entry(channel.clone()).or_default().entry(envelope.sender.clone()).or_insert(0);
         if *last != 0 && envelope.seq > *last + 1 {
