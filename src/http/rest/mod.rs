@@ -54,7 +54,7 @@ fn request_error(err: RequestError) -> ApiError {
         RequestError::Unacknowledged => ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,
             "daemon_timeout",
-            "the instance holding the host did not acknowledge the request in time",
+            "the instance holding the host did not acknowledge the request in time; it may still be carried out",
         ),
         RequestError::BusAway => ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,
