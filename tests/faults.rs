@@ -432,6 +432,12 @@ async fn redis_killed_and_restarted() {
     // join goes unacknowledged (checked below, past a few of those).
     let mut waiting = Socket::connect(&viewer_url(&b, &ann_ticking), Some(ann.token()), &["tether.v1"]).await;
     assert_eq!(waiting.until_message("status").await["host"], "offline");
+    // The same for a terminal no viewer on B watched yet, whose channel B
+    // must subscribe first: that waits for Redis, and the client used to
+    // hear nothing at all until Redis was back. It streams once it is.
+    let mut first = Socket::connect(&viewer_url(&b, &shell), Some(ann.token()), &["tether.v1"]).await;
+    let told = tokio::time::timeout(Duration::from_secs(5), first.until_message("status")).await;
+    assert_eq!(told.expect("a status while Redis is away")["host"], "offline");
     // The owners keep their hosts (PostgreSQL is up): over several renewals.
     for _ in 0..3 {
         for ticks in &mut same {
@@ -452,6 +458,7 @@ async fn redis_killed_and_restarted() {
     for api in [&ann.home, &ann.away] {
         wait_status(api, "/readyz", 200).await;
     }
+    first.until_message("live").await;
     for ticks in &mut across {
         ticks.read_past(40).await;
     }

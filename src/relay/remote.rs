@@ -44,6 +44,9 @@ const EARLY_EVENTS: usize = 256;
 /// typing or pasting would grow the queue without end; past this the
 /// viewer is closed 4503 and reattaches once the bus is back.
 const QUEUED_EVENT_BYTES: usize = 4 * MAX_FRAME_BYTES;
+/// How long a home viewer's subscription to its terminal's channel may
+/// take before the client is told the host is offline (the bus is away).
+const SUBSCRIBE_PATIENCE: Duration = Duration::from_secs(1);
 /// How often a home viewer at most reports flow credit to the owner.
 const CREDIT_REPORT: Duration = Duration::from_millis(5);
 /// What a ping frame weighs on both sides of the bus.
@@ -485,16 +488,34 @@ impl Actor for HomeViewer {
         lock(&self.relay.remotes.homes).insert(self.key, entry);
         let relay = self.relay.clone();
         let channel = relay.bus.terminal_channel(self.terminal_id);
-        async move { relay.bus.subscribe(&channel).await }
-            .into_actor(self)
-            .map(|subscribed, act, ctx| match subscribed {
-                Ok(()) => act.join_owner(ctx),
-                Err(e) => {
-                    tracing::warn!(error = %e, "tether_home_viewer_subscribe_failed");
-                    act.close_client(close::HOST_GONE, "the host moved; reattach", ctx);
+        // While Redis is away the subscription waits for it; the client
+        // is told the host is offline meanwhile rather than nothing.
+        let out = self.out.clone();
+        let state = self.state;
+        async move {
+            let subscribed = relay.bus.subscribe(&channel);
+            tokio::pin!(subscribed);
+            match tokio::time::timeout(SUBSCRIBE_PATIENCE, &mut subscribed).await {
+                Ok(subscribed) => subscribed,
+                Err(_) => {
+                    out.do_send(ViewerOut::control(ServerMessage::Status {
+                        state: state.as_str().into(),
+                        host: "offline".into(),
+                    }));
+                    out.do_send(ViewerOut::control(ServerMessage::error("host offline")));
+                    subscribed.await
                 }
-            })
-            .wait(ctx);
+            }
+        }
+        .into_actor(self)
+        .map(|subscribed, act, ctx| match subscribed {
+            Ok(()) => act.join_owner(ctx),
+            Err(e) => {
+                tracing::warn!(error = %e, "tether_home_viewer_subscribe_failed");
+                act.close_client(close::HOST_GONE, "the host moved; reattach", ctx);
+            }
+        })
+        .wait(ctx);
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
