@@ -25,7 +25,12 @@ const ALERT_COUNTERS: &[&str] = &[
     "tether_daemon_replaced_total",
     "tether_viewer_slow_closed_total",
     "tether_token_sockets_closed_total",
+    "tether_cell_trips_total",
 ];
+
+/// Labelled counters an operator alerts on, with the label value alerted
+/// on, exported at 0 like [`ALERT_COUNTERS`].
+const ALERT_LABELLED_COUNTERS: &[(&str, &str, &str)] = &[("tether_cell_slot_claims_total", "outcome", "failed")];
 
 /// A handle that renders the process's metrics.
 #[derive(Clone)]
@@ -53,6 +58,9 @@ impl Metrics {
                 }
                 for name in ALERT_COUNTERS {
                     metrics::counter!(*name).increment(0);
+                }
+                for (name, label, value) in ALERT_LABELLED_COUNTERS {
+                    metrics::counter!(*name, *label => *value).increment(0);
                 }
                 handle
             })

@@ -55,3 +55,36 @@ async fn a_clean_shutdown_logs_no_error() {
     assert!(log.contains("tether_instance_draining"), "{log}");
     assert!(!log.contains("ERROR"), "{log}");
 }
+
+/// Every counter docs/OPERATIONS.md suggests alerting on when it
+/// increases is in `/metrics` from the start, at 0, so the first increase
+/// is one a rule can see. The cell's trip counter and its failed slot
+/// claims used to appear only at their first event.
+#[actix_rt::test]
+async fn counters_alerted_on_are_exported_at_zero_from_the_start() {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/OPERATIONS.md")).expect("OPERATIONS.md");
+    let alerted: Vec<(String, Option<String>)> = doc
+        .lines()
+        .filter(|line| line.contains("| counter |") && line.rsplit('|').nth(1).is_some_and(|a| a.contains("increas")))
+        .filter_map(|line| {
+            let name = line.split('`').nth(1)?;
+            let (base, _) = name.split_once('{').unwrap_or((name, ""));
+            // An alert on one label value names it in backquotes: `failed` increasing.
+            let alert = line.rsplit('|').nth(1)?;
+            let value = alert.split('`').nth(1).map(str::to_owned);
+            Some((base.to_owned(), value))
+        })
+        .collect();
+    assert!(alerted.len() >= 4, "{alerted:?}");
+    let server = TetherServer::start(&[], &[]).await;
+    let (status, text) = Api::new(server.url(), "").get_bytes("/metrics").await;
+    assert_eq!(status, 200);
+    let text = String::from_utf8_lossy(&text);
+    for (name, value) in &alerted {
+        let exported = text.lines().any(|line| {
+            line.starts_with(name.as_str()) && value.as_ref().is_none_or(|v| line.contains(&format!("=\"{v}\"")))
+        });
+        assert!(exported, "{name} ({value:?}) is not in /metrics of a fresh server:\n{text}");
+    }
+}
