@@ -305,6 +305,38 @@ async fn postgres_stopped_for_twenty_seconds() {
     }
 }
 
+/// PostgreSQL hangs (SIGSTOP: connections open, nothing answers) while a
+/// terminal streams to a viewer on its owner A and one on B. Both keep
+/// streaming through the hang and after. B's heartbeat used to wait on its
+/// lease query for as long as the hang lasted, so it stopped reporting its
+/// viewers, A dropped B's as gone silent, and B's client got nothing, with
+/// no close, until the database was back.
+#[actix_rt::test]
+async fn postgres_hung_streams_on_across_instances() {
+    let pg = OwnPostgres::start();
+    let database = pg.database().await;
+    let (a, b) = pair(&database, &redis_url(), &[]).await;
+    let ann = Person::on(&a, &b, "ann").await;
+    let ticking = ann.terminal(&["sh", "-c", &ticks_script("0.1")]).await;
+    let mut ticks = [
+        Ticks::follow_unbroken(&a, ann.token(), &ticking).await,
+        Ticks::follow_unbroken(&b, ann.token(), &ticking).await,
+    ];
+    pg.pause();
+    // Two seconds of ticks a round: many heartbeats (one a second here,
+    // and a viewer unreported for three is dropped).
+    for _ in 0..4 {
+        for ticks in &mut ticks {
+            ticks.read_past(20).await;
+        }
+    }
+    pg.resume();
+    for ticks in &mut ticks {
+        ticks.read_past(20).await;
+    }
+    assert!(!a.log().contains("its home stopped reporting"), "{}", a.log());
+}
+
 /// A terminal and a run end while PostgreSQL is away: the daemon's
 /// connection keeps the terminal's exit and the run's capture keeps the
 /// run's end, and the instance is told to stop before the database is

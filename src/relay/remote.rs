@@ -934,7 +934,7 @@ pub async fn heartbeat(relay: RelayContext) {
     let mut grace = LapseGrace::new(Duration::from_millis(relay.settings.lease.ttl_ms));
     loop {
         tick.tick().await;
-        check_homes(&relay, &mut grace).await;
+        check_homes(&relay, &mut grace, every / 2).await;
         for remote in relay.remotes.silent(every * 3) {
             remote.do_send(LetGo("its home stopped reporting"));
         }
@@ -944,8 +944,10 @@ pub async fn heartbeat(relay: RelayContext) {
 /// While the database cannot say who holds the hosts (or for a lease TTL
 /// after it could not, see [`LapseGrace`]), viewers stay with the owners
 /// they joined through and are reported there as usual: an outage of the
-/// database is no reason to drop a stream that needs none.
-async fn check_homes(relay: &RelayContext, grace: &mut LapseGrace) {
+/// database is no reason to drop a stream that needs none. A lease read
+/// that takes longer than `patience` (a database that hangs rather than
+/// refuses) counts as failed, so the reports still go out in time.
+async fn check_homes(relay: &RelayContext, grace: &mut LapseGrace, patience: Duration) {
     let homes: Vec<(u64, Addr<HomeViewer>)> =
         lock(&relay.remotes.homes).iter().map(|(i, h)| (*i, h.addr.clone())).collect();
     let mut described = Vec::new();
@@ -960,13 +962,19 @@ async fn check_homes(relay: &RelayContext, grace: &mut LapseGrace) {
     }
     let hosts = described.iter().map(|d| d.3).chain(waiting.iter().copied());
     let keys: Vec<String> = hosts.map(host_lease_key).collect::<HashSet<_>>().into_iter().collect();
-    let owners: Option<HashMap<String, String>> = match relay.store.lease_holders(&keys).await {
-        Ok(live) => {
+    let read = tokio::time::timeout(patience, relay.store.lease_holders(&keys)).await;
+    let owners: Option<HashMap<String, String>> = match read {
+        Ok(Ok(live)) => {
             grace.answered(Instant::now());
             Some(live.into_iter().map(|(key, holder)| (key, holder.instance)).collect())
         }
-        Err(e) => {
+        Ok(Err(e)) => {
             tracing::warn!(error = %e, "tether_heartbeat_lease_read_failed");
+            grace.failed();
+            None
+        }
+        Err(_) => {
+            tracing::warn!(waited_ms = patience.as_millis(), "tether_heartbeat_lease_read_timed_out");
             grace.failed();
             None
         }

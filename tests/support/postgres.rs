@@ -294,6 +294,37 @@ impl OwnPostgres {
         self.child = Some(child);
     }
 
+    /// Freezes the server (SIGSTOP to the postmaster and its backends), as
+    /// a host that hangs does: connections stay open and nothing answers.
+    pub fn pause(&self) {
+        self.signal_all(libc::SIGSTOP);
+    }
+
+    /// Undoes [`OwnPostgres::pause`].
+    pub fn resume(&self) {
+        self.signal_all(libc::SIGCONT);
+    }
+
+    /// Sends `signal` to the postmaster and every process it started.
+    fn signal_all(&self, signal: i32) {
+        let Some(child) = &self.child else { return };
+        let postmaster = child.id() as libc::pid_t;
+        let mut pids = vec![postmaster];
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<libc::pid_t>() else { continue };
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // The parent pid is the second field after the command's closing parenthesis.
+            let parent = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok());
+            if parent == Some(postmaster) {
+                pids.push(pid);
+            }
+        }
+        for pid in pids {
+            // SAFETY: kill(2) on the test's own server processes.
+            unsafe { libc::kill(pid, signal) };
+        }
+    }
+
     /// The server's log.
     pub fn log(&self) -> String {
         process::read_log(&self.log)
@@ -302,6 +333,8 @@ impl OwnPostgres {
 
 impl Drop for OwnPostgres {
     fn drop(&mut self) {
+        // A test that failed while the server was paused.
+        self.resume();
         if let Some(mut child) = self.child.take() {
             // SIGQUIT: immediate shutdown, backends included; the data is thrown away.
             // SAFETY: kill(2) on our own unreaped child.
