@@ -307,7 +307,7 @@ async fn postgres_stopped_for_twenty_seconds() {
 
 /// PostgreSQL hangs (SIGSTOP: connections open, nothing answers) while a
 /// terminal streams to a viewer on its owner A and one on B. Both keep
-/// streaming through the hang and after. B's heartbeat used to wait on its
+/// streaming through the hang and after, and `/readyz` answers 503. B's heartbeat used to wait on its
 /// lease query for as long as the hang lasted, so it stopped reporting its
 /// viewers, A dropped B's as gone silent, and B's client got nothing, with
 /// no close, until the database was back.
@@ -330,6 +330,13 @@ async fn postgres_hung_streams_on_across_instances() {
             ticks.read_past(20).await;
         }
     }
+    // /readyz says so rather than hang with the database (it used to
+    // answer 200 once the database was back).
+    let (status, body) = tokio::time::timeout(Duration::from_secs(10), ann.away.get("/readyz"))
+        .await
+        .expect("/readyz answers while the database hangs");
+    assert_eq!(status, 503, "{body}");
+    assert!(body["checks"]["database"].as_str().is_some_and(|d| d.contains("no answer")), "{body}");
     pg.resume();
     for ticks in &mut ticks {
         ticks.read_past(20).await;

@@ -13,25 +13,40 @@ pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
+/// How long `/readyz` waits for each of its checks: a database or Redis
+/// that hangs (rather than refuses) makes the instance unready, not the
+/// probe hang.
+const CHECK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `check`, or an error once it has taken [`CHECK_PATIENCE`].
+async fn within<T>(check: impl std::future::Future<Output = Result<T, String>>) -> Result<T, String> {
+    tokio::time::timeout(CHECK_PATIENCE, check)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {} s", CHECK_PATIENCE.as_secs())))
+}
+
 pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    let database = match state.store.ping().await {
-        Ok(()) => Ok(()),
-        Err(e) => Err(e.to_string()),
-    };
-    let expected = crate::store::known_schema_version(state.store.as_ref());
-    let migrations = match state.store.schema_version().await {
-        Ok(v) if v == expected => Ok(v),
-        Ok(v) => Err(format!("schema version {v}, expected {expected}")),
-        Err(e) => Err(e.to_string()),
+    let store = async {
+        state.store.ping().await.map_err(|e| e.to_string())?;
+        state.store.schema_version().await.map_err(|e| e.to_string())
     };
     let subscribed = state.bus_ready.load(std::sync::atomic::Ordering::Relaxed);
-    let bus = match state.relay.bus.redis() {
-        None => Ok("not_configured".to_string()),
-        Some(redis) => match redis.ping().await {
-            Ok(()) if subscribed => Ok("ok".to_string()),
-            Ok(()) => Err("not subscribed yet".to_string()),
-            Err(e) => Err(e),
-        },
+    let bus = async {
+        match state.relay.bus.redis() {
+            None => Ok("not_configured".to_string()),
+            Some(redis) => match redis.ping().await {
+                Ok(()) if subscribed => Ok("ok".to_string()),
+                Ok(()) => Err("not subscribed yet".to_string()),
+                Err(e) => Err(e),
+            },
+        }
+    };
+    let (store, bus) = futures_util::future::join(within(store), within(bus)).await;
+    let expected = crate::store::known_schema_version(state.store.as_ref());
+    let (database, migrations) = match store {
+        Ok(v) if v == expected => (Ok(()), Ok(v)),
+        Ok(v) => (Ok(()), Err(format!("schema version {v}, expected {expected}"))),
+        Err(e) => (Err(e.clone()), Err(e)),
     };
     let draining = state.draining.load(std::sync::atomic::Ordering::Relaxed);
     let ready = database.is_ok() && migrations.is_ok() && bus.is_ok() && !draining;
