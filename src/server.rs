@@ -72,6 +72,10 @@ impl Bound {
         actix_rt::spawn(async move {
             wait_for_stop_signal().await;
             let grace = ms(state.settings.shutdown.grace_ms);
+            // The whole drain, the server's own stop included, fits in the
+            // grace counted from the signal: the drain and the sockets'
+            // closes get all of it but the stop's share.
+            let deadline = tokio::time::Instant::now() + grace.saturating_sub(stop_share(grace));
             tracing::info!(grace_ms = state.settings.shutdown.grace_ms, "tether_instance_draining");
             state.draining.store(true, std::sync::atomic::Ordering::Relaxed);
             handle.pause().await;
@@ -80,7 +84,6 @@ impl Bound {
             // that fails (EINVAL), logged as two ERROR lines.
             tokio::time::sleep(PAUSE_SETTLE).await;
             stop_listening(&listening);
-            let deadline = tokio::time::Instant::now() + grace;
             if tokio::time::timeout_at(deadline, drain(&state)).await.is_err() {
                 tracing::warn!(
                     releases_left = state.relay.releases.unsettled(),
@@ -249,7 +252,9 @@ pub async fn bind(settings: Settings, role: Role) -> Result<Bound, ServeError> {
     let handshake = ms(settings.http.handshake_timeout_ms);
     let builder = actix_server::Server::build()
         .disable_signals()
-        .shutdown_timeout(ms(settings.shutdown.grace_ms).as_secs().max(1));
+        // The HTTP requests still in flight after the drain get the
+        // stop's share of the grace (`stop_share`), whole seconds.
+        .shutdown_timeout(stop_share(ms(settings.shutdown.grace_ms)).as_secs().max(1));
     let shutdown = builder.graceful_shutdown_signal();
     let secure = tls.is_some();
     let upgraded: Arc<Owed> = Arc::default();
@@ -334,6 +339,14 @@ fn tcp_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
 /// is margin; meanwhile dials still land in the backlog and are reset with
 /// it.
 const PAUSE_SETTLE: Duration = Duration::from_millis(100);
+
+/// The part of `shutdown.grace_ms` kept for the server's graceful stop
+/// after the drain, in which HTTP requests still in flight may finish
+/// (with a database that hangs, a request can wait on it): a second (the
+/// server counts whole seconds), or half a grace shorter than two.
+fn stop_share(grace: Duration) -> Duration {
+    Duration::from_secs(1).min(grace / 2)
+}
 
 /// Stops the listening socket taking connections: actix-server's pause
 /// only stops accepting them, and the kernel would go on completing
