@@ -155,6 +155,9 @@ pub struct Bus {
     subscriptions: Mutex<HashMap<String, Arc<tokio::sync::Mutex<usize>>>>,
     /// Next sequence number per channel this instance publishes on.
     seqs: Mutex<HashMap<String, u64>>,
+    /// Stale channels whose unsubscribe is under way ([`Bus::drop_stale`]):
+    /// the messages still in flight on one start no second unsubscribe.
+    dropping: Mutex<HashSet<String>>,
     inbox: Inbox,
 }
 
@@ -175,6 +178,7 @@ impl Bus {
             prefix: settings.bus.prefix.clone(),
             subscriptions: Mutex::new(HashMap::new()),
             seqs: Mutex::new(HashMap::new()),
+            dropping: Mutex::new(HashSet::new()),
             inbox,
         };
         Ok((bus, rx))
@@ -327,10 +331,7 @@ impl Bus {
         }
         // Still holding the channel's lock, so a subscribe that comes now
         // goes out after this unsubscribe.
-        match &self.backend {
-            Backend::Local(local) => local.unsubscribe(channel),
-            Backend::Redis(redis) => redis.unsubscribe(channel).await,
-        }
+        self.backend_unsubscribe(channel).await;
         self.give_up(channel, &slot);
         metrics::gauge!("tether_bus_subscriptions").set(self.channels().len() as f64);
         self.inbox.deliver(Inbound::Reset { channel: channel.to_string() });
@@ -344,21 +345,33 @@ impl Bus {
         self.channels().contains_key(channel)
     }
 
+    /// Whether to drop the stale subscription of `channel` now: true for
+    /// the first message on it since the last drop ended, false while one
+    /// is under way.
+    pub fn starts_dropping(&self, channel: &str) -> bool {
+        self.dropping.lock().unwrap_or_else(|e| e.into_inner()).insert(channel.to_string())
+    }
+
     /// Unsubscribes `channel` in Redis if this instance has no subscriber
     /// of it ([`Bus::is_subscribed`]), under the channel's lock: a
     /// subscribe that comes meanwhile goes out after this unsubscribe.
+    /// Called once [`Bus::starts_dropping`] said so.
     pub async fn drop_stale(&self, channel: &str) {
         let slot = self.channels().entry(channel.to_string()).or_default().clone();
         let count = slot.lock().await;
-        if !self.holds(channel, &slot) || *count > 0 {
-            return;
+        if self.holds(channel, &slot) && *count == 0 {
+            tracing::info!(%channel, "tether_bus_stale_subscription_dropped");
+            self.backend_unsubscribe(channel).await;
+            self.give_up(channel, &slot);
         }
-        tracing::info!(%channel, "tether_bus_stale_subscription_dropped");
+        self.dropping.lock().unwrap_or_else(|e| e.into_inner()).remove(channel);
+    }
+
+    async fn backend_unsubscribe(&self, channel: &str) {
         match &self.backend {
             Backend::Local(local) => local.unsubscribe(channel),
             Backend::Redis(redis) => redis.unsubscribe(channel).await,
         }
-        self.give_up(channel, &slot);
     }
 
     /// The subscribed channels (and those being subscribed).

@@ -459,9 +459,7 @@ impl HomeViewer {
             self.retry_in = OWNER_RETRY;
             self.relay.remotes.set_waiting(self.key, Some(&self.owner));
             self.early.clear();
-            let status = ServerMessage::Status { state: self.state.as_str().into(), host: "offline".into() };
-            self.out.do_send(ViewerOut::control(status));
-            self.out.do_send(ViewerOut::control(ServerMessage::error("host offline")));
+            tell_host_offline(&self.out, self.state);
         }
         let wait = self.retry_in;
         self.retry_in = (wait * 2).min(OWNER_RETRY_MAX);
@@ -476,6 +474,13 @@ impl HomeViewer {
         self.out.do_send(ViewerOut::Close { code, reason: reason.to_string() });
         ctx.stop();
     }
+}
+
+/// Tells a waiting client its terminal's host cannot be reached: a
+/// `status` with host offline, and the error "host offline".
+fn tell_host_offline(out: &Recipient<ViewerOut>, state: crate::store::TerminalState) {
+    out.do_send(ViewerOut::control(ServerMessage::Status { state: state.as_str().into(), host: "offline".into() }));
+    out.do_send(ViewerOut::control(ServerMessage::error("host offline")));
 }
 
 impl Actor for HomeViewer {
@@ -498,11 +503,7 @@ impl Actor for HomeViewer {
             match tokio::time::timeout(SUBSCRIBE_PATIENCE, &mut subscribed).await {
                 Ok(subscribed) => subscribed,
                 Err(_) => {
-                    out.do_send(ViewerOut::control(ServerMessage::Status {
-                        state: state.as_str().into(),
-                        host: "offline".into(),
-                    }));
-                    out.do_send(ViewerOut::control(ServerMessage::error("host offline")));
+                    tell_host_offline(&out, state);
                     subscribed.await
                 }
             }

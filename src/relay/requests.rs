@@ -590,8 +590,10 @@ pub async fn serve_bus(relay: RelayContext, mut inbox: mpsc::Receiver<Inbound>) 
         // answer from here (a host request's "offline") would race the
         // real owner's. The subscription is dropped again.
         if !relay.bus.is_subscribed(&channel) {
-            let relay = relay.clone();
-            actix_rt::spawn(async move { relay.bus.drop_stale(&channel).await });
+            if relay.bus.starts_dropping(&channel) {
+                let relay = relay.clone();
+                actix_rt::spawn(async move { relay.bus.drop_stale(&channel).await });
+            }
             continue;
         }
         metrics::counter!("tether_bus_received_total", "kind" => relay.bus.kind(&channel)).increment(1);
