@@ -114,6 +114,15 @@ pub enum RequestError {
     Internal,
 }
 
+impl RequestError {
+    /// Whether the request may still have reached the daemon and taken
+    /// effect: it was handed on and its answer never came (or the failure
+    /// is not known). Every other error says it was not carried out.
+    pub fn may_have_run(&self) -> bool {
+        matches!(self, Self::Timeout | Self::Unacknowledged | Self::Internal)
+    }
+}
+
 /// Where a daemon request's answer goes.
 pub type DaemonAnswerSender = tokio::sync::oneshot::Sender<Result<DaemonAnswer, RequestError>>;
 

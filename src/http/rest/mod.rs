@@ -87,6 +87,22 @@ async fn on_host(state: &AppState, host_id: Uuid, op: HostOp) -> Result<OpAnswer
     deliver(&state.relay, host_id, op).await.map_err(request_error)
 }
 
+/// [`on_host`] for an operation the audit log records: `record` runs once
+/// the operation was carried out or may have been (docs/REST.md, "Audit"),
+/// so a request refused before it reached the daemon leaves no event.
+async fn on_host_audited(
+    state: &AppState,
+    host_id: Uuid,
+    op: HostOp,
+    record: impl FnOnce(),
+) -> Result<OpAnswer, ApiError> {
+    let answer = deliver(&state.relay, host_id, op).await;
+    if answer.as_ref().map_or_else(RequestError::may_have_run, |_| true) {
+        record();
+    }
+    answer.map_err(request_error)
+}
+
 /// Checks a short free-text field.
 fn check_text(field: &str, value: &str, max: usize, required: bool) -> Result<(), ApiError> {
     if required && value.trim().is_empty() {

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::page::{PageQuery, Position};
-use super::{check_argv, check_dir, check_text, field_id, on_host, path_id};
+use super::{check_argv, check_dir, check_text, field_id, on_host_audited, path_id};
 use crate::audit::Subject;
 use crate::http::body::{Json, OptionalJson};
 use crate::http::error::ApiError;
@@ -204,8 +204,11 @@ pub async fn input(
     body.check()?;
     let terminal = running_terminal(&state, &user, &id).await?;
     let data = body.into_inner().data.into_bytes().into();
-    state.relay.audit.rest_input(user.id(), user.0.token_id, terminal.host_id, terminal.id);
-    on_host(&state, terminal.host_id, HostOp::Input { terminal_id: terminal.id, data }).await?;
+    let op = HostOp::Input { terminal_id: terminal.id, data };
+    on_host_audited(&state, terminal.host_id, op, || {
+        state.relay.audit.rest_input(user.id(), user.0.token_id, terminal.host_id, terminal.id)
+    })
+    .await?;
     Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))
 }
 
@@ -232,8 +235,9 @@ pub async fn resize(
     let terminal = running_terminal(&state, &user, &id).await?;
     let subject =
         Subject::terminal(terminal.host_id, terminal.id).with_detail(format!("{cols}x{rows}")).by(user.0.token_id);
-    state.relay.audit.record(user.id(), AuditAction::Resize, subject);
-    on_host(&state, terminal.host_id, HostOp::Resize { terminal_id: terminal.id, cols, rows }).await?;
+    let op = HostOp::Resize { terminal_id: terminal.id, cols, rows };
+    on_host_audited(&state, terminal.host_id, op, || state.relay.audit.record(user.id(), AuditAction::Resize, subject))
+        .await?;
     Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))
 }
 
@@ -292,7 +296,25 @@ pub async fn kill(
     let terminal = running_terminal(&state, &user, &id).await?;
     let subject =
         Subject::terminal(terminal.host_id, terminal.id).with_detail(format!("signal {signal}")).by(user.0.token_id);
-    state.relay.audit.record(user.id(), AuditAction::Kill, subject);
-    on_host(&state, terminal.host_id, HostOp::Kill { terminal_id: terminal.id, signal }).await?;
+    let op = HostOp::Kill { terminal_id: terminal.id, signal };
+    on_host_audited(&state, terminal.host_id, op, || state.relay.audit.record(user.id(), AuditAction::Kill, subject))
+        .await?;
     Ok(HttpResponse::Accepted().json(json!({ "terminal": terminal })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kill_without_a_signal_hangs_up() {
+        assert_eq!(KillBody::signal(None).ok(), Some(1));
+        let body = |signal: serde_json::Value| KillBody { signal: Some(signal) };
+        assert_eq!(KillBody::signal(Some(&body(serde_json::Value::Null))).ok(), Some(1));
+        assert_eq!(KillBody::signal(Some(&body(serde_json::json!(9)))).ok(), Some(9));
+        assert_eq!(KillBody::signal(Some(&body(serde_json::json!("sigterm")))).ok(), Some(15));
+        for bad in [serde_json::json!(0), serde_json::json!(65), serde_json::json!("NOPE"), serde_json::json!([])] {
+            assert!(KillBody::signal(Some(&body(bad))).is_err());
+        }
+    }
 }
