@@ -131,11 +131,14 @@ pub struct DatabaseSettings {
     pub sqlite_path: PathBuf,
     /// PostgreSQL connection pool size.
     pub pool_size: usize,
+    /// How long one PostgreSQL call may wait for the database, taking a
+    /// pooled connection included, before it fails as unavailable.
+    pub call_timeout_ms: u64,
 }
 
 impl Default for DatabaseSettings {
     fn default() -> Self {
-        Self { url: None, sqlite_path: PathBuf::from("./tether.db"), pool_size: 16 }
+        Self { url: None, sqlite_path: PathBuf::from("./tether.db"), pool_size: 16, call_timeout_ms: 10_000 }
     }
 }
 
@@ -521,6 +524,9 @@ impl Settings {
         }
         if self.database.pool_size == 0 {
             return Err(invalid("database.pool_size", "must be positive"));
+        }
+        if self.database.call_timeout_ms == 0 {
+            return Err(invalid("database.call_timeout_ms", "must be positive"));
         }
         if let Some(reserve) = self.cell.reserve_pool_size {
             if reserve == 0 || reserve > self.database.pool_size {

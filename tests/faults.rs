@@ -373,6 +373,49 @@ async fn a_drain_with_a_hung_database_ends_within_the_grace() {
     assert!(took < grace + exit, "exited {took:?} after SIGTERM, grace {grace:?}:\n{}", server.log());
 }
 
+/// API calls while PostgreSQL hangs (SIGSTOP: connections open, nothing
+/// answers) answer `503 database_unavailable` once `database.call_timeout_ms`
+/// has passed, while the database still hangs: reads and writes, and more
+/// of them at once than the pool has connections, so some wait for a
+/// connection rather than on a statement. They used to wait for as long as
+/// the hang lasted. Once it ends, the same calls answer again.
+#[actix_rt::test]
+async fn api_calls_answer_503_while_postgres_hangs() {
+    let pg = OwnPostgres::start();
+    let database = pg.database().await;
+    let env = [
+        ("TETHER_DATABASE__URL", database.as_str()),
+        ("TETHER_DATABASE__POOL_SIZE", "2"),
+        ("TETHER_DATABASE__CALL_TIMEOUT_MS", "1000"),
+    ];
+    let server = TetherServer::start(&env, &[]).await;
+    let api = Api::new(server.url(), create_token(&server, "ann"));
+    let (status, body) = api.post("/api/v1/hosts", json!({"hostname": "box"})).await;
+    assert_eq!(status, 201, "{body}");
+    let host = body["host"]["id"].as_str().expect("host id").to_string();
+    pg.pause();
+    let (api, host) = (&api, &host);
+    let calls = (0..6).map(|i| async move {
+        if i % 2 == 0 {
+            api.get("/api/v1/hosts").await
+        } else {
+            api.post("/api/v1/terminals", json!({"hostId": host})).await
+        }
+    });
+    let answers = tokio::time::timeout(Duration::from_secs(8), futures_util::future::join_all(calls))
+        .await
+        .expect("every call answers while the database still hangs");
+    pg.resume();
+    for (status, body) in answers {
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("did not answer within 1000 ms"), "{body}");
+    }
+    let (status, body) = api.get("/api/v1/hosts").await;
+    assert_eq!(status, 200, "the same calls answer once the database does: {body}");
+}
+
 /// A terminal and a run end while PostgreSQL is away: the daemon's
 /// connection keeps the terminal's exit and the run's capture keeps the
 /// run's end, and the instance is told to stop before the database is

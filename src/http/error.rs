@@ -80,6 +80,17 @@ impl From<StoreError> for ApiError {
             );
         }
         tracing::error!(error = %err, "tether_store_error");
+        if let Some(waited) = err.unanswered() {
+            return Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database_unavailable",
+                format!(
+                    "the database did not answer within {} ms; retry later (a change this request asked for \
+                     may still be made when the database answers again)",
+                    waited.as_millis()
+                ),
+            );
+        }
         if err.is_transient() {
             return Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,

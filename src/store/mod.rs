@@ -37,6 +37,9 @@ pub enum StoreError {
     Postgres(#[from] tokio_postgres::Error),
     #[error("postgres pool: {0}")]
     Pool(String),
+    /// The database did not answer a call within `database.call_timeout_ms`.
+    #[error("the database did not answer within {} ms", .0.as_millis())]
+    Unanswered(Duration),
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("migrations: {0}")]
@@ -78,7 +81,7 @@ impl StoreError {
     /// "Faults"); any other error would fail again.
     pub fn is_transient(&self) -> bool {
         match self {
-            StoreError::Pool(_) => true,
+            StoreError::Pool(_) | StoreError::Unanswered(_) => true,
             StoreError::Shared(e) => e.is_transient(),
             StoreError::Postgres(e) => postgres_transient(e),
             StoreError::Sqlite(e) => {
@@ -91,6 +94,16 @@ impl StoreError {
             StoreError::Migration(_) | StoreError::Corrupt(_) | StoreError::Invalid(_) | StoreError::CapReached(_) => {
                 false
             }
+        }
+    }
+
+    /// How long the call waited when the database did not answer it
+    /// within `database.call_timeout_ms`.
+    pub fn unanswered(&self) -> Option<Duration> {
+        match self {
+            StoreError::Unanswered(waited) => Some(*waited),
+            StoreError::Shared(e) => e.unanswered(),
+            _ => None,
         }
     }
 
@@ -460,7 +473,7 @@ pub fn logged<T>(result: StoreResult<T>, what: &'static str) -> Option<T> {
 /// Opens the store the settings select, applying migrations.
 pub async fn open(settings: &Settings) -> StoreResult<Arc<dyn Store>> {
     let store: Arc<dyn Store> = match &settings.database.url {
-        Some(url) => Arc::new(postgres::PgStore::connect(url, settings.database.pool_size).await?),
+        Some(url) => Arc::new(postgres_store(url, settings).await?),
         None => Arc::new(sqlite::SqliteStore::open(&settings.database.sqlite_path)?),
     };
     store.migrate().await?;
@@ -497,7 +510,13 @@ pub async fn open_current(settings: &Settings) -> StoreResult<Arc<dyn Store>> {
 /// Opens the store without migrating (for `tether migrate` reporting).
 pub async fn open_unmigrated(settings: &Settings) -> StoreResult<Arc<dyn Store>> {
     Ok(match &settings.database.url {
-        Some(url) => Arc::new(postgres::PgStore::connect(url, settings.database.pool_size).await?),
+        Some(url) => Arc::new(postgres_store(url, settings).await?),
         None => Arc::new(sqlite::SqliteStore::open(&settings.database.sqlite_path)?),
     })
+}
+
+/// The PostgreSQL store of `settings.database`.
+async fn postgres_store(url: &str, settings: &Settings) -> StoreResult<postgres::PgStore> {
+    let call_timeout = Duration::from_millis(settings.database.call_timeout_ms);
+    Ok(postgres::PgStore::connect(url, settings.database.pool_size).await?.with_call_timeout(call_timeout))
 }

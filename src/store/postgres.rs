@@ -32,6 +32,11 @@ pub struct PgStore {
     /// connection's release, so two of them at once can deadlock
     /// (docs/BENCHMARKS.md, "a mass disconnect").
     lease_writes: tokio::sync::Mutex<()>,
+    /// How long one call may wait for the database, its connection
+    /// included (`database.call_timeout_ms`): a server that hangs, rather
+    /// than refuses, would otherwise hold every caller for as long as it
+    /// hangs (docs/OPERATIONS.md, "Faults").
+    call_timeout: Duration,
 }
 
 fn pool_err(e: impl std::fmt::Display) -> StoreError {
@@ -223,9 +228,26 @@ impl PgStore {
         let config: tokio_postgres::Config = url.parse()?;
         let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(manager).max_size(pool_size).build().map_err(pool_err)?;
-        let store = Self { pool, queries: QueryCounter::default(), lease_writes: tokio::sync::Mutex::new(()) };
+        let store = Self {
+            pool,
+            queries: QueryCounter::default(),
+            lease_writes: tokio::sync::Mutex::new(()),
+            call_timeout: Duration::from_millis(crate::config::DatabaseSettings::default().call_timeout_ms),
+        };
         store.ping().await?;
         Ok(store)
+    }
+
+    /// The store with another bound on each call (`database.call_timeout_ms`).
+    pub fn with_call_timeout(self, call_timeout: Duration) -> Self {
+        Self { call_timeout, ..self }
+    }
+
+    /// Runs one call of this backend within [`Self::call_timeout`]. A call
+    /// given up on answers [`StoreError::Unanswered`]; a statement it had
+    /// already sent may still run when the server answers again.
+    async fn within<T>(&self, call: impl std::future::Future<Output = StoreResult<T>>) -> StoreResult<T> {
+        tokio::time::timeout(self.call_timeout, call).await.unwrap_or(Err(StoreError::Unanswered(self.call_timeout)))
     }
 
     /// A pooled connection; every call of this backend takes one, so this
@@ -236,15 +258,21 @@ impl PgStore {
     }
 
     async fn execute(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> StoreResult<u64> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(sql).await?;
-        Ok(client.execute(&stmt, params).await?)
+        self.within(async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(sql).await?;
+            Ok(client.execute(&stmt, params).await?)
+        })
+        .await
     }
 
     async fn query(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> StoreResult<Vec<Row>> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(sql).await?;
-        Ok(client.query(&stmt, params).await?)
+        self.within(async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(sql).await?;
+            Ok(client.query(&stmt, params).await?)
+        })
+        .await
     }
 
     /// [`Self::query`] for a statement that writes many rows another one
@@ -288,16 +316,19 @@ impl PgStore {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> StoreResult<Row> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        if let Some(caps) = caps {
-            tx.execute("SELECT 1 FROM users WHERE id = $1 FOR NO KEY UPDATE", &[&user_id]).await?;
-            let row = tx.query_one(super::caps::LIVE_TERMINALS_SQL, &[&host_id, &user_id]).await?;
-            caps.admit(row.get(0), row.get(1))?;
-        }
-        let row = tx.query_one(sql, params).await?;
-        tx.commit().await?;
-        Ok(row)
+        self.within(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            if let Some(caps) = caps {
+                tx.execute("SELECT 1 FROM users WHERE id = $1 FOR NO KEY UPDATE", &[&user_id]).await?;
+                let row = tx.query_one(super::caps::LIVE_TERMINALS_SQL, &[&host_id, &user_id]).await?;
+                caps.admit(row.get(0), row.get(1))?;
+            }
+            let row = tx.query_one(sql, params).await?;
+            tx.commit().await?;
+            Ok(row)
+        })
+        .await
     }
 
     async fn query_opt(
@@ -305,9 +336,12 @@ impl PgStore {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> StoreResult<Option<Row>> {
-        let client = self.client().await?;
-        let stmt = client.prepare_cached(sql).await?;
-        Ok(client.query_opt(&stmt, params).await?)
+        self.within(async {
+            let client = self.client().await?;
+            let stmt = client.prepare_cached(sql).await?;
+            Ok(client.query_opt(&stmt, params).await?)
+        })
+        .await
     }
 }
 
@@ -318,9 +352,12 @@ impl Store for PgStore {
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        let client = self.client().await?;
-        client.simple_query("SELECT 1").await?;
-        Ok(())
+        self.within(async {
+            let client = self.client().await?;
+            client.simple_query("SELECT 1").await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn migrate(&self) -> StoreResult<usize> {
@@ -503,24 +540,27 @@ impl Store for PgStore {
     }
 
     async fn bind_token_host(&self, id: Uuid, host_id: Uuid) -> StoreResult<Option<Uuid>> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        // Two tokens binding to one host take turns on its row, so the
-        // second one's check (a statement of its own, so a fresh snapshot)
-        // sees the first one's binding.
-        tx.execute("SELECT 1 FROM hosts WHERE id = $1 FOR NO KEY UPDATE", &[&host_id]).await?;
-        let row = tx
-            .query_opt(
-                "WITH bound AS (UPDATE api_tokens SET host_id = $2 WHERE id = $1 AND host_id IS NULL \
-                   AND NOT EXISTS (SELECT 1 FROM api_tokens o WHERE o.host_id = $2 AND o.id <> $1 \
-                     AND o.revoked_at IS NULL AND (o.expires_at IS NULL OR o.expires_at > now())) \
-                   RETURNING host_id) \
-                 SELECT host_id FROM bound UNION ALL SELECT host_id FROM api_tokens WHERE id = $1 LIMIT 1",
-                &[&id, &host_id],
-            )
-            .await?;
-        tx.commit().await?;
-        Ok(row.and_then(|r| r.get::<_, Option<Uuid>>(0)))
+        self.within(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            // Two tokens binding to one host take turns on its row, so the
+            // second one's check (a statement of its own, so a fresh snapshot)
+            // sees the first one's binding.
+            tx.execute("SELECT 1 FROM hosts WHERE id = $1 FOR NO KEY UPDATE", &[&host_id]).await?;
+            let row = tx
+                .query_opt(
+                    "WITH bound AS (UPDATE api_tokens SET host_id = $2 WHERE id = $1 AND host_id IS NULL \
+                       AND NOT EXISTS (SELECT 1 FROM api_tokens o WHERE o.host_id = $2 AND o.id <> $1 \
+                         AND o.revoked_at IS NULL AND (o.expires_at IS NULL OR o.expires_at > now())) \
+                       RETURNING host_id) \
+                     SELECT host_id FROM bound UNION ALL SELECT host_id FROM api_tokens WHERE id = $1 LIMIT 1",
+                    &[&id, &host_id],
+                )
+                .await?;
+            tx.commit().await?;
+            Ok(row.and_then(|r| r.get::<_, Option<Uuid>>(0)))
+        })
+        .await
     }
 
     async fn ended_tokens(&self, since: Option<DateTime<Utc>>, fresh: &[Uuid]) -> StoreResult<EndedTokens> {
@@ -608,20 +648,23 @@ impl Store for PgStore {
     }
 
     async fn delete_host(&self, user_id: Uuid, host_id: Uuid) -> StoreResult<bool> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        let exists = tx
-            .query_opt("SELECT 1 FROM hosts WHERE id = $1 AND user_id = $2 FOR UPDATE", &[&host_id, &user_id])
-            .await?
-            .is_some();
-        if exists {
-            tx.execute("DELETE FROM terminals WHERE host_id = $1", &[&host_id]).await?;
-            tx.execute("DELETE FROM runs WHERE host_id = $1", &[&host_id]).await?;
-            tx.execute("DELETE FROM relay_assignments WHERE host_id = $1", &[&host_id]).await?;
-            tx.execute("DELETE FROM hosts WHERE id = $1", &[&host_id]).await?;
-        }
-        tx.commit().await?;
-        Ok(exists)
+        self.within(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            let exists = tx
+                .query_opt("SELECT 1 FROM hosts WHERE id = $1 AND user_id = $2 FOR UPDATE", &[&host_id, &user_id])
+                .await?
+                .is_some();
+            if exists {
+                tx.execute("DELETE FROM terminals WHERE host_id = $1", &[&host_id]).await?;
+                tx.execute("DELETE FROM runs WHERE host_id = $1", &[&host_id]).await?;
+                tx.execute("DELETE FROM relay_assignments WHERE host_id = $1", &[&host_id]).await?;
+                tx.execute("DELETE FROM hosts WHERE id = $1", &[&host_id]).await?;
+            }
+            tx.commit().await?;
+            Ok(exists)
+        })
+        .await
     }
 
     async fn set_host_dirs(&self, host_id: Uuid, dirs: &[String]) -> StoreResult<()> {
@@ -1102,21 +1145,24 @@ impl Store for PgStore {
     }
 
     async fn seize_lease(&self, key: &str, holder: &LeaseHolder, ttl: Duration) -> StoreResult<Option<LeaseHolder>> {
-        let holder = holder.encode();
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        let previous: Option<String> = tx
-            .query_opt("SELECT holder FROM leases WHERE key = $1 AND expires_at > now() FOR UPDATE", &[&key])
-            .await?
-            .map(|r| r.get(0));
-        tx.execute(
-            "INSERT INTO leases (key, holder, expires_at) VALUES ($1, $2, now() + make_interval(secs => $3::float8)) \
-             ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at",
-            &[&key, &holder, &secs(ttl)],
-        )
-        .await?;
-        tx.commit().await?;
-        previous.as_deref().map(LeaseHolder::decode).transpose()
+        self.within(async {
+            let holder = holder.encode();
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            let previous: Option<String> = tx
+                .query_opt("SELECT holder FROM leases WHERE key = $1 AND expires_at > now() FOR UPDATE", &[&key])
+                .await?
+                .map(|r| r.get(0));
+            tx.execute(
+                "INSERT INTO leases (key, holder, expires_at) VALUES ($1, $2, now() + make_interval(secs => $3::float8)) \
+                 ON CONFLICT (key) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at",
+                &[&key, &holder, &secs(ttl)],
+            )
+            .await?;
+            tx.commit().await?;
+            previous.as_deref().map(LeaseHolder::decode).transpose()
+        })
+        .await
     }
 
     async fn renew_leases(&self, leases: &[(String, LeaseHolder)], ttl: Duration) -> StoreResult<Vec<String>> {
@@ -1293,34 +1339,38 @@ impl Store for PgStore {
         slots: u8,
         fresh: Duration,
     ) -> StoreResult<SlotClaim> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await?;
-        // Without waiting: a claim that finds another in progress answers
-        // Busy and asks again later, so no cell blocks a pooled connection
-        // on another's claim. The lock ends with the transaction.
-        let locked: bool = tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&TRIP_SLOT_LOCK_KEY]).await?.get(0);
-        if !locked {
-            tx.rollback().await?;
-            return Ok(SlotClaim::Busy);
-        }
-        // Read committed: this statement's snapshot is taken after the lock,
-        // so it sees the row of every claim that won before.
-        let holders: i64 = tx
-            .query_one(
-                "SELECT count(*) FROM relay_cell_admit_effective e \
-                 JOIN relay_cell_admit_modes m ON m.cell_id = e.cell_id \
-                 WHERE e.cell_id <> $1 AND e.mode = 'db' AND m.admit_mode = 'reserve' \
-                   AND e.updated_at > now() - make_interval(secs => $2::float8)",
-                &[&cell_id, &secs(fresh)],
-            )
-            .await?
-            .get(0);
-        let claim = cells::slot_claim(slots, holders);
-        if claim == SlotClaim::Won {
-            tx.execute(WRITE_EFFECTIVE_SQL, &[&cell_id, &AdmitMode::Db.as_str(), &incarnation]).await?;
-        }
-        tx.commit().await?;
-        Ok(claim)
+        self.within(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            // Without waiting: a claim that finds another in progress answers
+            // Busy and asks again later, so no cell blocks a pooled connection
+            // on another's claim. The lock ends with the transaction.
+            let locked: bool =
+                tx.query_one("SELECT pg_try_advisory_xact_lock($1)", &[&TRIP_SLOT_LOCK_KEY]).await?.get(0);
+            if !locked {
+                tx.rollback().await?;
+                return Ok(SlotClaim::Busy);
+            }
+            // Read committed: this statement's snapshot is taken after the lock,
+            // so it sees the row of every claim that won before.
+            let holders: i64 = tx
+                .query_one(
+                    "SELECT count(*) FROM relay_cell_admit_effective e \
+                     JOIN relay_cell_admit_modes m ON m.cell_id = e.cell_id \
+                     WHERE e.cell_id <> $1 AND e.mode = 'db' AND m.admit_mode = 'reserve' \
+                       AND e.updated_at > now() - make_interval(secs => $2::float8)",
+                    &[&cell_id, &secs(fresh)],
+                )
+                .await?
+                .get(0);
+            let claim = cells::slot_claim(slots, holders);
+            if claim == SlotClaim::Won {
+                tx.execute(WRITE_EFFECTIVE_SQL, &[&cell_id, &AdmitMode::Db.as_str(), &incarnation]).await?;
+            }
+            tx.commit().await?;
+            Ok(claim)
+        })
+        .await
     }
 
     async fn assign_host(&self, host_id: Uuid, cell_id: &str) -> StoreResult<i64> {
