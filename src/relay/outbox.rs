@@ -20,7 +20,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 
@@ -111,6 +111,10 @@ struct Shared {
     /// Bytes queued, by `Frame::weight`, including frames reserved by a
     /// sender and not pushed yet.
     queued: Arc<AtomicUsize>,
+    /// A push was refused for the bound: every later one is refused too,
+    /// so the peer never gets a frame that came after one it lost (a
+    /// stream with a hole no offset shows). The owner closes the socket.
+    overflowed: AtomicBool,
 }
 
 /// Where a socket's outbound side stands.
@@ -171,6 +175,7 @@ impl Shared {
                 task: None,
             }),
             queued: Arc::new(AtomicUsize::new(0)),
+            overflowed: AtomicBool::new(false),
         }
     }
 
@@ -286,7 +291,8 @@ impl Outbox {
     }
 
     fn enqueue(&self, frame: Frame, weight: usize, queued: usize) -> Result<(), Overflow> {
-        if queued > self.limit {
+        if queued > self.limit || self.shared.overflowed.load(Ordering::Relaxed) {
+            self.shared.overflowed.store(true, Ordering::Relaxed);
             self.shared.queued.fetch_sub(weight, Ordering::Relaxed);
             return Err(Overflow);
         }
@@ -623,6 +629,20 @@ mod tests {
         assert_eq!(counter.load(Ordering::Relaxed), 76, "the refused frame is not counted");
         written(&mut body).await;
         assert_eq!(counter.load(Ordering::Relaxed), 0, "a written frame leaves the count");
+    }
+
+    /// A sender that pushes chunk after chunk (a terminal's arbiter) must
+    /// not get a later chunk through once an earlier one was refused, even
+    /// when the queue has drained below the bound meanwhile: the viewer
+    /// would get a stream with a hole in it before its close.
+    #[actix_rt::test]
+    async fn once_a_push_is_refused_every_later_one_is() {
+        let (outbox, mut body) = outbox(100);
+        outbox.push(Frame::Binary(Bytes::from(vec![1; 60]))).expect("under the bound");
+        assert_eq!(outbox.push(Frame::Binary(Bytes::from(vec![2; 60]))), Err(Overflow));
+        written(&mut body).await;
+        assert_eq!(outbox.push(binary(3)), Err(Overflow), "the queue is empty, but a frame was lost before this one");
+        assert_eq!(outbox.queued_counter().load(Ordering::Relaxed), 0, "refused frames are not counted");
     }
 
     #[actix_rt::test]
