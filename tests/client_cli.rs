@@ -574,6 +574,69 @@ async fn a_late_follower_past_the_log_limit_says_what_is_missing() {
     assert!(stored.stderr.contains(&format!("{dropped} bytes of output were not kept")), "{stored:#?}");
 }
 
+/// `tether run` whose stdout is read too slowly: the server closes its
+/// stream (1008, too slow a reader), the rest comes from the run's log,
+/// and what the log did not keep is named on stderr. The command used to
+/// end with the log's part, saying nothing of the rest.
+#[actix_rt::test]
+async fn a_run_read_too_slowly_says_what_is_missing() {
+    let settings = [
+        ("TETHER_RUNS__LOG_MAX_BYTES", "100000"),
+        ("TETHER_VIEWER__QUEUE_BYTES", "262144"),
+        ("TETHER_DAEMON__WINDOW_BYTES", "65536"),
+        ("TETHER_VIEWER__SLOW_MS", "500"),
+    ];
+    let e = e2e::start(false, &settings).await;
+    let host = the_host(&client(&e)).await;
+    let person = logged_in(&e);
+    // 7.9 MB with CR LF: more than the pipes and sockets on the way hold.
+    let last = 1_000_000;
+    let ran = person.run_read_late(&["run", &host.name, "--", "seq", "1", &last.to_string()], Duration::from_secs(6));
+    let expected: String = (1..=last).map(|n| format!("{n}\r\n")).collect();
+    let out = ran.ok();
+    // Each hole the command skipped is named, in order, with its size.
+    let holes: Vec<usize> = ran
+        .stderr
+        .lines()
+        .filter_map(|line| {
+            line.trim()
+                .strip_prefix("tether: ")?
+                .strip_suffix(" bytes of output were not kept (past runs.log_max_bytes) and are missing here")
+        })
+        .map(|n| n.parse().expect("a byte count"))
+        .collect();
+    assert!(!holes.is_empty(), "the reader was never too slow: all {} bytes came; {}", out.len(), ran.stderr);
+    assert_eq!(holes.iter().sum::<usize>(), expected.len() - out.len(), "every missing byte is named: {}", ran.stderr);
+    assert_eq!(&out[..100_000], &expected[..100_000], "the log's part");
+    assert_eq!(without_holes(&expected, out, &holes), Ok(()), "the rest in order, nothing twice");
+}
+
+/// Whether `out` is `expected` with a stretch of each size in `holes` left
+/// out, in order. A stretch starts where the two first differ, or a few
+/// bytes before, where bytes after the hole happen to repeat the ones it
+/// took out.
+fn without_holes(expected: &str, out: &str, holes: &[usize]) -> Result<(), String> {
+    let (expected, out) = (expected.as_bytes(), out.as_bytes());
+    let (mut i, mut j) = (0, 0);
+    for &hole in holes {
+        while i < out.len() && j < expected.len() && out[i] == expected[j] {
+            (i, j) = (i + 1, j + 1);
+        }
+        let fits = |back: usize| {
+            let after = &expected[(j - back + hole).min(expected.len())..];
+            let rest = &out[i - back..];
+            after.starts_with(&rest[..rest.len().min(64)])
+        };
+        let back = (0..=i.min(j).min(32)).find(|&back| fits(back)).ok_or(format!("no hole of {hole} at {j}"))?;
+        (i, j) = (i - back, j - back + hole);
+    }
+    if out[i..] == expected[j..] {
+        Ok(())
+    } else {
+        Err(format!("after the holes, out[{i}..] is not expected[{j}..]"))
+    }
+}
+
 /// Lists come in pages (`limit`, `after`, `nextCursor`) and hosts filter
 /// by state; the client follows the pages.
 #[actix_rt::test]

@@ -233,8 +233,19 @@ async fn finish(
     // which goes to stderr with the exit status, not to stdout as output.
     if !failed_to_start(client, &run).await {
         from_log(client, run.id, out, None, notes).await?;
+        // The stream broke off past what the log keeps: the rest is gone.
+        let missing = streamed_bytes(&run).saturating_sub(out.written);
+        if missing > 0 {
+            notes.missing(missing);
+        }
     }
     Ok(run)
+}
+
+/// How many bytes a final run's stream held in all (its usage counts every
+/// byte; 0 while it is not final).
+fn streamed_bytes(run: &Run) -> u64 {
+    run.usage.as_ref().filter(|_| run.is_final()).map_or(0, |u| u64::try_from(u.output_bytes).unwrap_or(0))
 }
 
 /// Whether `run` failed before its command started: its terminal ended in
@@ -405,9 +416,7 @@ pub async fn logs(client: &Client, query: &str, follow: bool, format: Format) ->
     out.write(&log)?;
     // A final run's usage counts every byte of its stream: what the log
     // and its gaps do not account for was dropped past the log's cap.
-    let streamed =
-        run.usage.as_ref().filter(|_| run.is_final()).map_or(0, |u| u64::try_from(u.output_bytes).unwrap_or(0));
-    let missing = streamed.saturating_sub(log.len() as u64 + run.log_gap_bytes());
+    let missing = streamed_bytes(&run).saturating_sub(log.len() as u64 + run.log_gap_bytes());
     if missing > 0 {
         notes.missing(missing);
     }

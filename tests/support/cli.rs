@@ -97,6 +97,22 @@ impl Person {
         running.wait(CLI_WAIT)
     }
 
+    /// Runs `tether args...` to the end with a reader that starts reading
+    /// its stdout only after `late` (stderr is read as it comes).
+    pub fn run_read_late(&self, args: &[&str], late: Duration) -> Finished {
+        let mut command = tether_command(&self.env);
+        command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = process::spawn_tied(command, None).unwrap_or_else(|e| panic!("spawn tether {args:?}: {e}"));
+        let stderr = collect(child.stderr.take().expect("stderr"));
+        std::thread::sleep(late);
+        let mut stdout = Vec::new();
+        child.stdout.take().expect("stdout").read_to_end(&mut stdout).expect("read stdout");
+        let status = child.wait().expect("wait");
+        std::thread::sleep(Duration::from_millis(50));
+        let stderr = String::from_utf8_lossy(&stderr.lock().unwrap()).into_owned();
+        Finished { code: status.code(), stdout: String::from_utf8_lossy(&stdout).into_owned(), stderr }
+    }
+
     /// Starts `tether args...` with piped stdio, stdout and stderr collected
     /// as they come.
     pub fn spawn(&self, args: &[&str]) -> Running {
