@@ -526,6 +526,14 @@ async fn requests_to_an_offline_host_are_409_and_a_silent_daemon_is_504() {
     let (api, host) = user_with_host(&server, "ann").await;
     let (status, body) = api.post(&format!("/api/v1/hosts/{host}/dirs"), json!({"path": "/tmp"})).await;
     assert_eq!((status, body["error"]["code"].as_str()), (409, Some("host_offline")));
+    // A `..` component is refused before anything is asked, as in a
+    // terminal's dir: the daemon would resolve it and allow the parent.
+    for path in ["/tmp/..", "/tmp/../etc", "/srv/a/../../etc"] {
+        let (status, body) = api.post(&format!("/api/v1/hosts/{host}/dirs"), json!({ "path": path })).await;
+        assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_dir")), "{path}: {body}");
+        let (status, body) = api.delete(&format!("/api/v1/hosts/{host}/dirs?path={path}")).await;
+        assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_dir")), "{path}: {body}");
+    }
     let (status, _) = api.post(&format!("/api/v1/hosts/{host}/limits/refresh"), json!({})).await;
     assert_eq!(status, 409);
     let mut daemon = connected_daemon(&server, &api, &host).await;

@@ -141,13 +141,14 @@ pub struct DirQuery {
 }
 
 impl DirBody {
-    /// The dir must be an absolute path.
+    /// The dir must be an absolute path without `..`.
     pub fn check(&self) -> Result<(), ApiError> {
         check_path(&self.path)
     }
 }
 
-/// An absolute path without NUL, at most as long as a daemon takes
+/// An absolute path without a `..` component or NUL (as a terminal's
+/// `dir`), at most as long as a daemon takes
 /// (docs/PROTOCOL.md, "DirsResult").
 fn check_path(path: &str) -> Result<(), ApiError> {
     if path.len() > MAX_DIR_PATH_BYTES {
@@ -156,8 +157,8 @@ fn check_path(path: &str) -> Result<(), ApiError> {
             format!("`path` has {} bytes, more than {MAX_DIR_PATH_BYTES}", path.len()),
         ));
     }
-    if !path.starts_with('/') || path.contains('\0') {
-        return Err(ApiError::bad_request("invalid_dir", "`path` must be an absolute path without NUL"));
+    if !path.starts_with('/') || path.contains('\0') || path.split('/').any(|part| part == "..") {
+        return Err(ApiError::bad_request("invalid_dir", "`path` must be an absolute path without `..` or NUL"));
     }
     Ok(())
 }
