@@ -166,6 +166,13 @@ async fn read_viewers_watch_and_revoked_tokens_are_closed_on_every_instance() {
     share_client.terminal(terminal.parse().expect("terminal id")).await.expect("the share token reads its terminal");
     assert_eq!(hosts_refused(&share_client).await, (403, "insufficient_scope".into()));
 
+    // A read token reads hosts but not the audit log, which names tokens
+    // and what was done with them, as the token list does.
+    let reading = Api::new(a.url(), read.clone());
+    assert_eq!(reading.get("/api/v1/hosts").await.0, 200);
+    let (status, body) = reading.get("/api/v1/audit").await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("insufficient_scope")), "{body}");
+
     // Revoked on A, the reader on B is closed 4401 and refused at once.
     let revoked_at = Instant::now();
     client.revoke_token(read_id).await.expect("revoke");

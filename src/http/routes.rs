@@ -119,7 +119,7 @@ pub const ROUTES: &[RouteSpec] = &[
     route!("GET", "/api/v1/runs", Read, rest::runs::list),
     route!("GET", "/api/v1/runs/{id}", Read, rest::runs::get),
     route!("GET", "/api/v1/runs/{id}/log", Read, rest::runs::log),
-    route!("GET", "/api/v1/audit", Read, rest::audit::list),
+    route!("GET", "/api/v1/audit", Control, rest::audit::list),
     route!("GET", "/api/v1/tokens", Control, rest::tokens::list),
     route!("POST", "/api/v1/tokens", Control, rest::tokens::create),
     route!("DELETE", "/api/v1/tokens/{id}", Control, rest::tokens::revoke),
