@@ -34,8 +34,8 @@ use tether::relay::grid::GridTimings;
 use tether::relay::owed::Owed;
 use tether::relay::{
     ArbiterId, ArbiterIdle, ArbiterLink, AttachArbiter, CaptureRun, CloseDaemon, DaemonHandle, DaemonLink,
-    DaemonRequest, DetachArbiter, Heard, HostOnline, Join, LifecycleEvent, NotJoined, Retire, SpawnTerminal, ToDaemon,
-    ViewerOut, ViewerSink,
+    DaemonRequest, DetachArbiter, Heard, HostOnline, InputBacklog, Join, LifecycleEvent, NotJoined, Retire,
+    SpawnTerminal, ToDaemon, ViewerOut, ViewerSink,
 };
 use tether::store::{sqlite::SqliteStore, ExitStatus, NewRun, NewTerminal, RunState, Store, TerminalSnapshot};
 
@@ -160,7 +160,7 @@ async fn an_arbiter_started_after_the_exit_says_so_and_goes_away() {
     let viewer = ViewerStandIn(seen).start();
     let link = DaemonLink {
         daemon: DaemonHandle::of(&daemon, Heard::now()),
-        queue: Arc::new(AtomicUsize::new(0)),
+        queue: InputBacklog::default(),
         flow_control: true,
     };
     let id = ArbiterId::next();
@@ -222,7 +222,7 @@ async fn a_captured_runs_end_is_owed_until_the_store_takes_it() {
     let registry = RegistryStandIn(seen).start();
     let link = DaemonLink {
         daemon: DaemonHandle::of(&daemon, Heard::now()),
-        queue: Arc::new(AtomicUsize::new(0)),
+        queue: InputBacklog::default(),
         flow_control: true,
     };
     let owed = Arc::new(Owed::default());

@@ -579,3 +579,41 @@ async fn demo_instructions(server: &TetherServer) -> (String, String) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A paste far larger than the daemon's input queue (1 MiB), sent while
+/// the program has not started reading: from a viewer in 64 KiB frames,
+/// then over REST in 64 KiB requests. Every byte reaches the program, in
+/// order. The daemon used to drop what came past its queue while the
+/// server went on sending, so only 1 MiB arrived and every request had
+/// still been answered 202.
+#[actix_rt::test]
+async fn a_paste_larger_than_the_daemons_input_queue_arrives_whole() {
+    let e = start(false, &[]).await;
+    let each = 1_200_000;
+    let script = format!(
+        "stty raw -echo; sleep 3; n=$(head -c {} | tr -d x | wc -c); echo \"other bytes: $n\"; \
+         echo done",
+        2 * each
+    );
+    let terminal = terminal(&e, &["sh", "-c", &script]).await;
+    let mut viewer = Viewer::attach(&e, &terminal, "").await;
+    let chunk = vec![b'x'; 64 * 1024];
+    let mut sent = 0;
+    while sent < each {
+        let len = chunk.len().min(each - sent);
+        viewer.sock.send_binary(chunk[..len].to_vec()).await;
+        sent += len;
+    }
+    let text = String::from_utf8(chunk).expect("ascii");
+    let mut sent = 0;
+    while sent < each {
+        let len = text.len().min(each - sent);
+        let (status, body) =
+            e.api.post(&format!("/api/v1/terminals/{terminal}/input"), json!({"data": &text[..len]})).await;
+        assert_eq!(status, 202, "{body}");
+        sent += len;
+    }
+    // `head` ends only once it has every byte; none of them is other than x.
+    viewer.until("done").await;
+    assert!(viewer.text().contains("other bytes: 0"), "{:?}", viewer.text());
+}

@@ -391,8 +391,14 @@ async fn hosts_upsert_and_scope(store: &Arc<dyn Store>) {
     assert_ne!(bobs.id, h1.id, "the same hostname under another user is another host");
     assert!(store.get_host(bob.id, h1.id).await.expect("get").is_none(), "another user's host is invisible");
     assert_eq!(store.list_hosts(ann.id).await.expect("list").len(), 1);
-    let caps =
-        Capabilities { manage_dirs: true, refresh_limits: true, credentials: false, usage: true, flow_control: true };
+    let caps = Capabilities {
+        manage_dirs: true,
+        refresh_limits: true,
+        credentials: false,
+        usage: true,
+        flow_control: true,
+        input_flow_control: true,
+    };
     hello(store, h1.id, &h("a", 1), &caps, &["/home/ann".into()], &[]).await;
     let h = store.host_by_id(h1.id).await.expect("get").expect("exists");
     assert_eq!(h.capabilities, caps);

@@ -27,7 +27,8 @@ use super::stop::{self, Stop};
 use super::terminal::{self, ChildStreams, FinalFrames, TerminalCommand, TerminalHandle};
 use crate::proto::v1::{
     daemon_frame::Frame, server_frame::Frame as In, Attach, AttachError, Booking, Capabilities, CredentialsResult,
-    Dirs, DirsOp, DirsResult, Hello, LimitsResult, Ping, ServerFrame, Spawn, SpawnError, Started, TerminalReport,
+    Dirs, DirsOp, DirsResult, Hello, InputTaken, LimitsResult, Ping, ServerFrame, Spawn, SpawnError, Started,
+    TerminalReport,
 };
 
 /// How often the daemon pings (docs/PROTOCOL.md, "Connection lifecycle").
@@ -114,6 +115,9 @@ pub struct Host {
     terminals: HashMap<String, TerminalEntry>,
     finished_tx: mpsc::UnboundedSender<FinalFrames>,
     finished_rx: mpsc::UnboundedReceiver<FinalFrames>,
+    /// Terminals whose input queue has taken input to report (`InputTaken`).
+    input_taken_tx: mpsc::UnboundedSender<String>,
+    input_taken_rx: mpsc::UnboundedReceiver<String>,
     stop: Stop,
 }
 
@@ -164,7 +168,18 @@ impl Link {
 impl Host {
     pub fn new(state: StateDir, dirs: DirAllowlist, dirs_locked: bool, stop: Stop) -> Self {
         let (finished_tx, finished_rx) = mpsc::unbounded_channel();
-        Self { state, dirs, dirs_locked, terminals: HashMap::new(), finished_tx, finished_rx, stop }
+        let (input_taken_tx, input_taken_rx) = mpsc::unbounded_channel();
+        Self {
+            state,
+            dirs,
+            dirs_locked,
+            terminals: HashMap::new(),
+            finished_tx,
+            finished_rx,
+            input_taken_tx,
+            input_taken_rx,
+            stop,
+        }
     }
 
     /// Waits out a reconnect delay while still noting terminals that end;
@@ -227,6 +242,12 @@ impl Host {
         while let Ok(final_frames) = self.finished_rx.try_recv() {
             self.on_finished(final_frames, None).await;
         }
+        // This server counts only the input it sends (docs/PROTOCOL.md,
+        // "Input flow control").
+        while self.input_taken_rx.try_recv().is_ok() {}
+        for entry in self.terminals.values() {
+            entry.input.begin_connection();
+        }
         let mut link = Link { out, ledger: PingLedger::default(), stalled: false };
         if !link.send(Frame::Hello(self.hello(host_id, booking))).await {
             return outcome(false, SessionEnd::Lost("writer stopped before hello".to_owned()));
@@ -273,6 +294,12 @@ impl Host {
                 Some(final_frames) = self.finished_rx.recv() => {
                     self.on_finished(final_frames, established.then_some(&mut link)).await;
                 }
+                Some(terminal_id) = self.input_taken_rx.recv() => {
+                    let bytes = self.terminals.get(&terminal_id).map_or(0, |entry| entry.input.take_unreported());
+                    if bytes > 0 && established {
+                        link.send(Frame::InputTaken(InputTaken { terminal_id, bytes })).await;
+                    }
+                }
                 _ = ping.tick() => {
                     if inbound.silent_for() > SILENCE_LIMIT {
                         return outcome(established, SessionEnd::Lost("no answer to pings".to_owned()));
@@ -318,6 +345,7 @@ impl Host {
                 credentials: true,
                 usage: true,
                 flow_control: true,
+                input_flow_control: true,
             }),
             dirs: self.dirs.to_strings(),
             terminals: self
@@ -461,6 +489,7 @@ impl Host {
             exit: process.exit,
             started_at: process.started_at,
         };
+        process.input.report_to(pty::InputReport { terminal_id: terminal_id.clone(), tx: self.input_taken_tx.clone() });
         let handle = terminal::start(terminal_id.clone(), screen, child, self.finished_tx.clone());
         self.terminals.insert(
             terminal_id.clone(),

@@ -30,7 +30,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -164,9 +164,9 @@ pub fn spawn(dir: &Path, argv: &[String], size: GridSize) -> Result<PtyProcess, 
     };
     let (output_tx, output) = mpsc::channel(OUTPUT_CHANNEL_CHUNKS);
     let (tx, input_rx) = mpsc::unbounded_channel();
-    let input = InputQueue { tx, queued: Arc::new(AtomicUsize::new(0)) };
+    let input = InputQueue { tx, queued: Arc::new(AtomicUsize::new(0)), taken: Arc::default() };
     tokio::spawn(read_loop(reader, output_tx));
-    tokio::spawn(write_loop(writer, input_rx, input.queued.clone()));
+    tokio::spawn(write_loop(writer, input_rx, input.queued.clone(), input.taken.clone()));
     Ok(PtyProcess { pid, master, output, input, exit, started_at })
 }
 
@@ -374,10 +374,41 @@ fn wait_readable(pty: &std::fs::File, timeout_ms: libc::c_int) -> io::Result<boo
     }
 }
 
+/// Input written to the PTY is reported to the server once this much of a
+/// connection's input is unreported (docs/PROTOCOL.md, "Input flow
+/// control"): a keystroke costs no frame, a paste one per 64 KiB.
+pub const INPUT_REPORT_BYTES: u64 = 64 * 1024;
+
 /// The input bytes on their way to a PTY, bounded by bytes queued.
 pub struct InputQueue {
-    tx: mpsc::UnboundedSender<Bytes>,
+    /// Each chunk with the connection it came on (`Taken::connection`).
+    tx: mpsc::UnboundedSender<(u64, Bytes)>,
     queued: Arc<AtomicUsize>,
+    taken: Arc<Mutex<Taken>>,
+}
+
+/// What the writer took off the queue that the server has not been told of.
+#[derive(Default)]
+struct Taken {
+    /// The connection pushes now come on (counted by this queue).
+    connection: u64,
+    /// Bytes of that connection's input written and not reported.
+    unreported: u64,
+    /// `report` was told and has not collected since.
+    told: bool,
+    report: Option<InputReport>,
+}
+
+/// Where a queue says it has input to report: its terminal's id, on the
+/// host's channel.
+pub struct InputReport {
+    pub terminal_id: String,
+    pub tx: mpsc::UnboundedSender<String>,
+}
+
+fn lock(taken: &Mutex<Taken>) -> std::sync::MutexGuard<'_, Taken> {
+    // Nothing panics while holding it; a poisoned count is still whole.
+    taken.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl InputQueue {
@@ -389,20 +420,58 @@ impl InputQueue {
             self.queued.fetch_sub(len, Ordering::Relaxed);
             return Err(data);
         }
-        self.tx.send(data).map_err(|e| {
+        let connection = lock(&self.taken).connection;
+        self.tx.send((connection, data)).map_err(|e| {
             self.queued.fetch_sub(len, Ordering::Relaxed);
-            e.0
+            e.0 .1
         })
+    }
+
+    /// Input taken from here on is reported on `report`.
+    pub fn report_to(&self, report: InputReport) {
+        lock(&self.taken).report = Some(report);
+    }
+
+    /// Later input comes on a new connection: what the writer takes of
+    /// the old one's is not reported (that server forgot it).
+    pub fn begin_connection(&self) {
+        let mut taken = lock(&self.taken);
+        taken.connection += 1;
+        taken.unreported = 0;
+        taken.told = false;
+    }
+
+    /// The bytes to report now; the count starts over.
+    pub fn take_unreported(&self) -> u64 {
+        let mut taken = lock(&self.taken);
+        taken.told = false;
+        std::mem::take(&mut taken.unreported)
     }
 }
 
-async fn write_loop(pty: std::fs::File, mut input: mpsc::UnboundedReceiver<Bytes>, queued: Arc<AtomicUsize>) {
-    while let Some(data) = input.recv().await {
+async fn write_loop(
+    pty: std::fs::File,
+    mut input: mpsc::UnboundedReceiver<(u64, Bytes)>,
+    queued: Arc<AtomicUsize>,
+    taken: Arc<Mutex<Taken>>,
+) {
+    while let Some((connection, data)) = input.recv().await {
         let written = write_all(&pty, &data).await;
         queued.fetch_sub(data.len(), Ordering::Relaxed);
         if let Err(err) = written {
             tracing::debug!(error = %err, "tether_daemon_pty_write_failed");
             return;
+        }
+        let mut taken = lock(&taken);
+        if taken.connection != connection {
+            continue;
+        }
+        taken.unreported += data.len() as u64;
+        if taken.unreported >= INPUT_REPORT_BYTES && !taken.told {
+            if let Some(report) = &taken.report {
+                let _ = report.tx.send(report.terminal_id.clone());
+                taken.told = true;
+            }
         }
     }
 }
@@ -620,6 +689,39 @@ mod tests {
         assert_eq!(&echo.expect("an echo within 10 s").expect("the pty is open")[..], b"x");
         assert_eq!(flood_readers(), 0);
         send_signal(pty.pid, libc::SIGKILL).expect("kill cat");
+    }
+
+    /// The writer counts the input it took of the current connection and
+    /// says so once 64 KiB are unreported; input that came on an earlier
+    /// connection is written but not counted (that server forgot it).
+    #[tokio::test(flavor = "current_thread")]
+    async fn input_taken_is_reported_per_64_kib_of_the_current_connection() {
+        let script = "stty raw -echo; echo raw; exec cat > /dev/null".to_owned();
+        let mut pty =
+            spawn(&std::env::temp_dir(), &["sh".to_owned(), "-c".to_owned(), script], GridSize::clamped(80, 24))
+                .expect("spawn sh");
+        let said = tokio::time::timeout(Duration::from_secs(10), pty.output.recv()).await;
+        assert_eq!(&said.expect("output within 10 s").expect("the pty is open")[..], b"raw\n");
+        let (tx, mut told) = mpsc::unbounded_channel();
+        pty.input.report_to(InputReport { terminal_id: "t".into(), tx });
+        let taken_all = |pty: &PtyProcess| pty.input.queued.load(Ordering::Relaxed) == 0;
+        pty.input.push(Bytes::from(vec![b'k'; 60 * 1024])).expect("queued");
+        wait_until("the first chunk is taken", &pty, taken_all).await;
+        assert!(told.try_recv().is_err(), "under 64 KiB: nothing to say yet");
+        pty.input.push(Bytes::from(vec![b'k'; 8 * 1024])).expect("queued");
+        let terminal = tokio::time::timeout(Duration::from_secs(10), told.recv()).await;
+        assert_eq!(terminal.expect("told within 10 s").as_deref(), Some("t"));
+        assert_eq!(pty.input.take_unreported(), 68 * 1024);
+        assert_eq!(pty.input.take_unreported(), 0, "taken once");
+        // Queued before a new connection began, written after: not counted.
+        for _ in 0..2 {
+            pty.input.push(Bytes::from(vec![b'k'; 64 * 1024])).expect("queued");
+        }
+        pty.input.begin_connection();
+        wait_until("the old connection's input is taken", &pty, taken_all).await;
+        assert!(told.try_recv().is_err());
+        assert_eq!(pty.input.take_unreported(), 0);
+        send_signal(pty.pid, libc::SIGKILL).expect("kill sh");
     }
 
     /// Input the program does not read yet fills the PTY's buffer; the

@@ -415,10 +415,33 @@ pub struct Retire;
 pub struct DaemonLink {
     pub daemon: DaemonHandle,
     /// Bytes queued towards the daemon (input is refused past a limit).
-    pub queue: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    pub queue: InputBacklog,
     /// The daemon's hello claimed flow control: Attach carries a window
     /// and Credit frames move it.
     pub flow_control: bool,
+}
+
+/// What is queued towards a daemon: its socket's outbound queue and the
+/// Input waiting for the daemon's window (`daemon_conn::input_flow`).
+#[derive(Clone, Default)]
+pub struct InputBacklog {
+    outbound: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl InputBacklog {
+    pub fn new(
+        outbound: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+        held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) -> Self {
+        Self { outbound, held }
+    }
+
+    /// Bytes queued in all.
+    pub fn bytes(&self) -> usize {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.outbound.load(Relaxed) + self.held.load(Relaxed)
+    }
 }
 
 /// The host's daemon connection is (again) available on this instance.

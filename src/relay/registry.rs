@@ -15,7 +15,6 @@
 //! The registry never awaits another actor, so nothing can deadlock on it.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +25,7 @@ use super::arbiter::{ArbiterConfig, TerminalArbiter};
 use super::waiting_watch::WaitingWatch;
 use super::{
     close, ArbiterId, ArbiterIdle, ArbiterLink, DaemonHandle, DaemonLink, HostElsewhere, HostOffline, HostOnline,
-    LifecycleEvent, Retire,
+    InputBacklog, LifecycleEvent, Retire,
 };
 use crate::bus::Bus;
 use crate::store::{host_lease_key, LeaseHolder, Store};
@@ -244,7 +243,7 @@ impl HostRegistry {
 pub struct Ready {
     pub host_id: Uuid,
     pub conn_no: u64,
-    pub daemon_queue: Arc<AtomicUsize>,
+    pub daemon_queue: InputBacklog,
     pub flow_control: bool,
 }
 

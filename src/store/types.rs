@@ -74,6 +74,8 @@ pub struct Capabilities {
     pub usage: bool,
     /// Per-terminal flow control (docs/PROTOCOL.md, "Flow control").
     pub flow_control: bool,
+    /// It reports the Input it took (docs/PROTOCOL.md, "Input flow control").
+    pub input_flow_control: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

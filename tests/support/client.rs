@@ -312,8 +312,10 @@ pub fn hello(host_id: &str) -> daemon_frame::Frame {
             refresh_limits: true,
             credentials: true,
             usage: true,
-            // Scripted daemons send what the test says; no Credit frames.
+            // Scripted daemons send what the test says; no Credit or
+            // InputTaken frames.
             flow_control: false,
+            input_flow_control: false,
         }),
         dirs: vec!["/tmp".into()],
         terminals: vec![],

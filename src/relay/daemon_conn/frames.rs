@@ -127,6 +127,12 @@ impl Handler<Inbound> for DaemonConn {
                 self.send(server_frame::Frame::Pong(crate::proto::v1::Pong {}), ctx);
                 done()
             }
+            daemon_frame::Frame::InputTaken(t) => {
+                for input in self.input_flow.taken(&t.terminal_id, t.bytes) {
+                    self.send(server_frame::Frame::Input(input), ctx);
+                }
+                done()
+            }
             daemon_frame::Frame::Hello(_) => {
                 self.close(close::POLICY, "a second hello on one connection", ctx);
                 done()
@@ -193,6 +199,7 @@ impl Handler<Inbound> for DaemonConn {
             }
             daemon_frame::Frame::Exit(e) => {
                 let Some(id) = owned_id(&e.terminal_id, &self.owned) else { return done() };
+                self.input_flow.forget(&e.terminal_id);
                 let snapshot = self.owned.get_mut(&id).and_then(|o| o.final_snapshot.take());
                 // A run's terminal is forgotten when its Usage arrives; others now.
                 match self.owned.get_mut(&id) {

@@ -108,6 +108,7 @@ async fn take_host(
         credentials: caps.credentials,
         usage: caps.usage,
         flow_control: caps.flow_control,
+        input_flow_control: caps.input_flow_control,
     };
     let reported: Vec<(Uuid, bool)> =
         hello.terminals.iter().filter_map(|t| Some((Uuid::parse_str(&t.terminal_id).ok()?, t.running))).collect();
@@ -231,7 +232,7 @@ impl Handler<Hello> for DaemonConn {
         let principal = self.principal.clone();
         let bound_host = self.bound_host.take();
         let conn = DaemonHandle::of(&ctx.address(), self.heard.clone());
-        let queue = self.outbox.queued_counter();
+        let queue = InputBacklog::new(self.outbox.queued_counter(), self.input_flow.held_counter());
         let host_id = Uuid::parse_str(&hello.host_id).ok();
         let fut = async move {
             let host_id = host_id.ok_or(Refused(close::FORBIDDEN, "unknown host".into(), None))?;

@@ -4,7 +4,8 @@
 //! Split by job: [`reader`] feeds frames in order, [`hello`] admits and
 //! claims the host, [`frames`] applies what the daemon sends after that,
 //! [`requests`] pairs requests with the daemon's answers, [`writes`] keeps
-//! what the database could not take yet and retries it in order.
+//! what the database could not take yet and retries it in order,
+//! [`input_flow`] keeps each terminal's Input within the daemon's window.
 //!
 //! A reader task decodes frames and hands them to the actor one at a time,
 //! waiting for each to be handled, so frames of one connection are applied
@@ -33,6 +34,7 @@ use uuid::Uuid;
 
 pub mod frames;
 mod hello;
+mod input_flow;
 pub mod reader;
 mod requests;
 mod writes;
@@ -46,6 +48,7 @@ use crate::auth::Principal;
 use crate::cell::admission::Prefetched;
 use crate::proto::v1::{daemon_frame, server_frame, DaemonFrame, ServerFrame};
 use crate::store::{Capabilities, ExitStatus, LeaseHolder, RunState, RunUsage, StoreError, TerminalState};
+use input_flow::InputFlow;
 use reader::read_loop;
 use writes::{Outcome, Write, WriteQueue};
 
@@ -117,6 +120,9 @@ pub struct DaemonConn {
     writes: WriteQueue,
     /// The next retry of `writes`, while one is waiting.
     write_retry: Option<SpawnHandle>,
+    /// Input waiting for the daemon to report what it took, per terminal
+    /// (a daemon with `input_flow_control` only).
+    input_flow: InputFlow,
     _guard: AddressGuard,
 }
 
@@ -147,6 +153,7 @@ impl DaemonConn {
             seated: false,
             writes: WriteQueue::default(),
             write_retry: None,
+            input_flow: InputFlow::default(),
             _guard: guard,
         }
     }
@@ -443,8 +450,14 @@ impl Handler<TokenRevoked> for DaemonConn {
 impl Handler<ToDaemon> for DaemonConn {
     type Result = ();
     fn handle(&mut self, msg: ToDaemon, ctx: &mut Context<Self>) {
-        if self.host_id().is_some() {
-            self.send(msg.0, ctx);
+        let Some(host) = self.host.as_ref().filter(|h| h.ready) else { return };
+        match msg.0 {
+            server_frame::Frame::Input(input) if host.capabilities.input_flow_control => {
+                if let Some(input) = self.input_flow.offer(input) {
+                    self.send(server_frame::Frame::Input(input), ctx);
+                }
+            }
+            frame => self.send(frame, ctx),
         }
     }
 }
