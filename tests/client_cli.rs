@@ -188,6 +188,44 @@ async fn another_detach_key_lets_ctrl_close_bracket_through() {
     person.run(&["attach", &short, "--detach-key", "alt-x"]).fails(2, &["\"alt-x\" is not a control key"]);
 }
 
+/// `tether attach` while the terminal's host is offline: it says so and
+/// waits on the open socket, however long the daemon takes to come back,
+/// rather than exit ("[host offline]" at once for a pending terminal, or
+/// after five reattach attempts for one whose daemon went away).
+#[actix_rt::test]
+async fn attach_waits_for_an_offline_host_to_come_back() {
+    let mut e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let person = logged_in(&e);
+    e.daemon.kill();
+    eventually("the host offline", || async { !client.host(host.id).await.expect("host").is_online() }).await;
+    let new = NewTerminal { host_id: host.id, argv: vec!["sh".into()], ..Default::default() };
+    let pending = client.create_terminal(&new).await.expect("a pending terminal");
+    assert_eq!(pending.state, "pending");
+
+    let mut attach = person.pty(&["attach", &short_id(&pending.id)], (100, 30));
+    attach.wait_for("[host offline; waiting for it to come back]");
+    let state_dir = e.dir.path().join("state");
+    e.daemon = support::daemon::DaemonProcess::start(&e.server, &e.api.token, &state_dir);
+    wait_terminal_state(&client, pending.id, "running").await;
+    attach.type_keys(b"echo back-$((40+2))\r");
+    attach.wait_for("back-42");
+
+    // The daemon goes away under a live attach: the socket closes 4503,
+    // the reattach finds the host offline, and attach waits past the five
+    // attempts' back-off it used to give up after (about 8 s).
+    e.daemon.kill();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!attach.exited(), "attach gave up while the host was away:\n{}", attach.screen());
+    e.daemon = support::daemon::DaemonProcess::start(&e.server, &e.api.token, &state_dir);
+    // The shell ended with its daemon: the new one says so, and attach ends
+    // with the terminal rather than giving up.
+    assert_eq!(attach.wait_exit(), 1, "{}", attach.screen());
+    assert!(!attach.screen().contains("gave up"), "{}", attach.screen());
+    wait_terminal_state(&client, pending.id, "exited").await;
+}
+
 #[actix_rt::test]
 async fn a_share_token_attaches_by_the_whole_id_and_is_told_so() {
     let e = e2e::start(false, &[]).await;

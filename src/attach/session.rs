@@ -60,6 +60,11 @@ pub const READ_ONLY_BANNER: &str = "[read-only: you can watch this terminal but 
 /// back (terminals without the save ignore both).
 const READ_ONLY_TITLE: &[u8] = b"\x1b[22;2t\x1b]2;tether: read-only\x07";
 const RESTORE_TITLE: &[u8] = b"\x1b[23;2t";
+/// The server's `error` while the terminal's daemon is not connected.
+const HOST_OFFLINE: &str = "host offline";
+/// Shown while waiting for the host, on a line of its own (the stream's
+/// repaint covers it once the host is back).
+const WAITING_FOR_HOST: &str = "\r\n[host offline; waiting for it to come back]\r\n";
 
 /// How a connection ended.
 enum Ended {
@@ -90,6 +95,9 @@ pub(super) struct Session<I, R, W> {
     read_only: bool,
     /// The read-only title is set (restored when the session ends).
     titled: bool,
+    /// The user was told the host is offline and we wait for it (said
+    /// again only after the stream went on).
+    waiting_for_host: bool,
 }
 
 impl<I, R, W> Session<I, R, W>
@@ -111,6 +119,7 @@ where
             access_known: false,
             read_only: false,
             titled: false,
+            waiting_for_host: false,
         }
     }
 
@@ -303,8 +312,12 @@ where
                 tracing::debug!(cols, rows, offset, "tether_attach_replay");
                 self.position.on_replay();
             }
-            ServerMessage::Live { offset } => self.position.on_live(offset),
+            ServerMessage::Live { offset } => {
+                self.waiting_for_host = false;
+                self.position.on_live(offset);
+            }
             ServerMessage::Resume { offset } => {
+                self.waiting_for_host = false;
                 if let Some(expected) = self.position.on_resume(offset) {
                     tracing::warn!(expected, offset, "tether_attach_resume_offset_mismatch");
                 }
@@ -321,16 +334,19 @@ where
             ServerMessage::Error { message } if message.starts_with("read-only:") => {
                 tracing::debug!(%message, "tether_attach_read_only_refusal");
             }
+            // The socket stays open and the stream starts when the daemon
+            // is back (docs/PROTOCOL.md, "Server -> client"); if it comes
+            // back to another instance, a 4503 sends us there. Not a
+            // failed attempt: a daemon's redial may take its whole back-off.
+            ServerMessage::Error { message } if message == HOST_OFFLINE => {
+                if !self.waiting_for_host {
+                    self.waiting_for_host = true;
+                    self.notify(WAITING_FOR_HOST.as_bytes());
+                }
+            }
             ServerMessage::Error { message } => {
                 close_gracefully(socket).await;
-                let outcome = AttachOutcome::Closed { code: CLOSE_NORMAL, reason: message };
-                // While reattaching, "host offline" is expected for a moment:
-                // the daemon redials another instance as we do. Count it as a
-                // failed attempt rather than the end.
-                if reattaching && !self.position.is_live() {
-                    return Some(Ended::Lost { went_live: false, if_giving_up: Ok(outcome) });
-                }
-                return Some(Ended::Finished(outcome));
+                return Some(Ended::Finished(AttachOutcome::Closed { code: CLOSE_NORMAL, reason: message }));
             }
             ServerMessage::Unknown => {
                 tracing::debug!("tether_attach_unknown_control_message");

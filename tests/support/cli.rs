@@ -257,6 +257,11 @@ impl Pty {
         assert!(found, "the terminal never showed {needle:?}; it shows:\n{}", self.screen());
     }
 
+    /// Whether the command has ended.
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_some()
+    }
+
     /// Waits for the command's exit status.
     pub fn wait_exit(&mut self) -> u32 {
         let mut status = None;
