@@ -118,6 +118,17 @@ impl Principal {
         self.user.id
     }
 
+    /// Whose WebSocket caps this principal's sockets count against
+    /// (`crate::relay::limiter`): its user's, but a `read` token's (a share
+    /// token's too) count against the token alone, so whoever was given a
+    /// read-only link cannot use up the sockets of the user who gave it.
+    pub fn cap_holder(&self) -> Uuid {
+        match self.scope {
+            TokenScope::Read => self.token_id,
+            TokenScope::Full | TokenScope::Daemon => self.user.id,
+        }
+    }
+
     /// True for a viewer that may only watch.
     pub fn read_only(&self) -> bool {
         self.scope != TokenScope::Full

@@ -240,6 +240,30 @@ async fn trusted_proxies_name_the_client_and_the_user_cap_spans_addresses() {
     assert_eq!(third.expect_close().await, Some(4429), "two sockets per user in all");
 }
 
+/// A read-only token given away (a share link) uses caps of its own: its
+/// sockets at the cap do not lock its user's viewers and daemons out.
+#[actix_rt::test]
+async fn a_read_tokens_sockets_leave_its_users_slots_alone() {
+    let server = TetherServer::start(&[("TETHER_HTTP__WS_PER_USER", "2")], &[]).await;
+    let (ann, terminal) = user_with_terminal(&server, "ann").await;
+    let (status, body) = ann.post("/api/v1/tokens", json!({"terminalId": terminal})).await;
+    assert_eq!(status, 201, "{body}");
+    let share = body["secret"].as_str().expect("secret").to_string();
+    let url = viewer_url(&server, &terminal);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut sock = Socket::connect(&url, Some(&share), VIEWER).await;
+        assert!(still_open(&mut sock).await, "a share viewer under its cap was closed");
+        held.push(sock);
+    }
+    let mut over = Socket::connect(&url, Some(&share), VIEWER).await;
+    assert_eq!(over.expect_close().await, Some(4429), "the share token has a cap of its own");
+    let mut viewer = Socket::connect(&url, Some(&ann.token), VIEWER).await;
+    assert!(still_open(&mut viewer).await, "the owner's viewer was locked out by the share token");
+    let mut daemon = Socket::connect(&daemon_url(&server), Some(&ann.token), DAEMON).await;
+    assert!(still_open(&mut daemon).await, "the owner's daemon was locked out by the share token");
+}
+
 /// A WebSocket handshake that never finishes (a slow-loris client: the
 /// upgrade's head sent in part, then nothing) holds no socket slot, and is
 /// cut with 408 at `http.handshake_timeout_ms`.

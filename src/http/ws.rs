@@ -140,7 +140,7 @@ async fn admit(
     // before it (seconds in a reconnect storm) does not age the row.
     let read_at = Instant::now();
     let bound_host = principal.bound_host.zip(bound_host).map(|(host_id, host)| Prefetched { host_id, host, read_at });
-    match state.limiter.acquire(principal.user_id(), client, caps) {
+    match state.limiter.acquire(principal.cap_holder(), client, caps) {
         Ok(guard) => Some(Admitted { principal, bound_host, guard, outbox, stream }),
         Err(cap) => {
             refuse(outbox, stream, close::TOO_MANY, cap.reason());

@@ -3,7 +3,8 @@
 //! `ws_per_address` sockets from one client address and `ws_per_user` in
 //! all; past either the socket is closed 4429 (retry later). Counting by
 //! user keeps one user's sockets from exhausting another's behind a shared
-//! NAT or proxy.
+//! NAT or proxy. A `read` token is counted as a user of its own
+//! (`Principal::cap_holder`).
 
 use std::collections::HashMap;
 use std::hash::Hash;
