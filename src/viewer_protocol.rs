@@ -10,6 +10,11 @@ use serde::{Deserialize, Serialize};
 /// The subprotocol of every viewer socket.
 pub const SUBPROTOCOL: &str = "tether.v1";
 
+/// The close reason (with 1008) of a viewer that did not read its output
+/// fast enough (docs/PROTOCOL.md, "Slow viewers"): the one 1008 a client
+/// may reattach after.
+pub const TOO_SLOW_A_READER: &str = "too slow a reader";
+
 /// Grids are clamped to `GRID_MIN..=GRID_MAX` in both dimensions.
 pub const GRID_MIN: u16 = 1;
 pub const GRID_MAX: u16 = 1000;

@@ -363,7 +363,7 @@ where
         let description = reason.as_ref().and_then(|r| r.description.clone());
         // RFC 6455 §5.5.1: answer a Close with a Close (echoing the code).
         send(socket, Message::Close(reason)).await;
-        if should_reattach(code) {
+        if should_reattach(code, description.as_deref()) {
             return self.lost(code, description.as_deref());
         }
         Ended::Finished(AttachOutcome::Closed { code, reason: describe_close(code, description.as_deref()) })

@@ -480,7 +480,10 @@ impl TerminalArbiter {
         }
         for id in lagging {
             tracing::info!(terminal_id = %self.terminal_id, "tether_viewer_too_slow");
-            self.send_to(id, ViewerOut::Evict { code: close::POLICY, reason: "too slow a reader".into() });
+            self.send_to(
+                id,
+                ViewerOut::Evict { code: close::POLICY, reason: crate::viewer_protocol::TOO_SLOW_A_READER.into() },
+            );
             self.remove_member(id, ctx);
         }
         self.unpause();

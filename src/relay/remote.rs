@@ -718,7 +718,7 @@ impl RemoteViewer {
         };
         if now > self.relay.settings.viewer.queue_bytes {
             self.queued.fetch_sub(weight, Ordering::Relaxed);
-            self.leave(close::POLICY, "too slow a reader", ctx);
+            self.leave(close::POLICY, crate::viewer_protocol::TOO_SLOW_A_READER, ctx);
             return;
         }
         if self.frames.send((frame, weight)).is_err() {

@@ -126,7 +126,7 @@ impl Viewer {
     fn too_slow(&mut self, ctx: &mut Context<Self>) {
         tracing::info!(terminal_id = %self.terminal.id, "tether_viewer_too_slow");
         metrics::counter!("tether_viewer_slow_closed_total").increment(1);
-        self.outbox.abort(close::POLICY, "too slow a reader");
+        self.outbox.abort(close::POLICY, crate::viewer_protocol::TOO_SLOW_A_READER);
         ctx.stop();
     }
 

@@ -154,7 +154,7 @@ impl OutputFollower {
     /// The socket is gone: reopen it when the close invites that.
     fn lost(&mut self, code: u16, description: Option<&str>) -> Option<Followed> {
         self.socket = None;
-        if should_reattach(code) && self.reconnects < MAX_RECONNECTS {
+        if should_reattach(code, description) && self.reconnects < MAX_RECONNECTS {
             self.reconnects += 1;
             return None;
         }

@@ -7,7 +7,7 @@
 //! Kept free of I/O so every rule here is unit-tested on its own.
 
 use crate::client::ClientError;
-pub use crate::viewer_protocol::{ClientMessage, ServerMessage, SUBPROTOCOL};
+pub use crate::viewer_protocol::{ClientMessage, ServerMessage, SUBPROTOCOL, TOO_SLOW_A_READER};
 
 /// Normal closure: what we send on detach and after `exit`.
 pub const CLOSE_NORMAL: u16 = 1000;
@@ -41,12 +41,16 @@ pub fn close_reason(code: u16) -> &'static str {
     }
 }
 
-/// Whether a close with this code is worth reattaching after. 4503 is the
-/// protocol's explicit "come back"; 1001/1012 (server going away or
-/// restarting) and 1006 (socket dropped without a close) are what a drained
-/// or crashed instance looks like from here, and another instance can serve us.
-pub fn should_reattach(code: u16) -> bool {
+/// Whether a close is worth reattaching after. 4503 is the protocol's
+/// explicit "come back"; 1001/1012 (server going away or restarting) and
+/// 1006 (socket dropped without a close) are what a drained or crashed
+/// instance looks like from here, and another instance can serve us. A
+/// 1008 for a reader too slow is ours to mend: we read again, and reattach
+/// from where we are (what the server no longer holds comes as a repaint).
+/// Every other 1008 (input overflow, a bad message) would come again.
+pub fn should_reattach(code: u16, description: Option<&str>) -> bool {
     matches!(code, CLOSE_HOST_MOVED | 1001 | 1012 | CLOSE_ABNORMAL)
+        || (code == 1008 && description.map(str::trim) == Some(TOO_SLOW_A_READER))
 }
 
 /// The reason shown for a close: our words for the code, plus the server's
@@ -127,12 +131,15 @@ mod tests {
     }
 
     #[test]
-    fn only_moves_and_drops_are_reattached() {
+    fn only_moves_drops_and_a_slow_read_are_reattached() {
         for code in [4503, 1001, 1006, 1012] {
-            assert!(should_reattach(code), "{code}");
+            assert!(should_reattach(code, None), "{code}");
         }
+        assert!(should_reattach(1008, Some("too slow a reader")));
         for code in [1000, 1005, 1008, 1011, 4401, 4403, 4404, 4413, 4429] {
-            assert!(!should_reattach(code), "{code}");
+            assert!(!should_reattach(code, None), "{code}");
         }
+        assert!(!should_reattach(1008, Some("input overflow")));
+        assert!(!should_reattach(1008, Some("bad message: expected value")));
     }
 }
