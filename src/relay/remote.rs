@@ -442,7 +442,7 @@ impl HomeViewer {
             }
             other => {
                 tracing::info!(terminal_id = %self.terminal_id, answer = ?other, "tether_home_viewer_join_failed");
-                self.close_client(close::HOST_GONE, "the host moved; reattach", ctx);
+                self.close_client(close::HOST_GONE, "the host's instance did not take the join; reattach", ctx);
             }
         }
     }
@@ -513,7 +513,7 @@ impl Actor for HomeViewer {
             Ok(()) => act.join_owner(ctx),
             Err(e) => {
                 tracing::warn!(error = %e, "tether_home_viewer_subscribe_failed");
-                act.close_client(close::HOST_GONE, "the host moved; reattach", ctx);
+                act.close_client(close::HOST_GONE, "the bus did not subscribe; reattach", ctx);
             }
         })
         .wait(ctx);
@@ -995,12 +995,12 @@ async fn check_homes(relay: &RelayContext, grace: &mut LapseGrace, patience: Dur
     let mut reports: HashMap<String, Vec<bus::ReportedViewer>> = HashMap::new();
     for (id, home, terminal_id, host_id, owner) in described {
         let moved = match owners.as_ref().map(|o| o.get(&host_lease_key(host_id))) {
-            None => false,
-            Some(Some(holder)) => *holder != owner,
-            Some(None) => believe_lapses,
+            None => None,
+            Some(Some(holder)) => (*holder != owner).then_some("the host moved; reattach"),
+            Some(None) => believe_lapses.then_some("the host's lease lapsed; reattach"),
         };
-        if moved {
-            home.do_send(Reattach("the host moved; reattach"));
+        if let Some(why) = moved {
+            home.do_send(Reattach(why));
             continue;
         }
         reports
