@@ -617,3 +617,33 @@ async fn a_paste_larger_than_the_daemons_input_queue_arrives_whole() {
     viewer.until("done").await;
     assert!(viewer.text().contains("other bytes: 0"), "{:?}", viewer.text());
 }
+
+/// A viewer holds the grid of a terminal that has not started (its host is
+/// offline): once the daemon is back and the terminal starts, the PTY takes
+/// the holder's grid. It used to keep its creation size: the arbiter took
+/// the resize it could not send as asked for, and the holder's later views
+/// matched it, so nothing asked again.
+#[actix_rt::test]
+async fn a_terminal_that_starts_late_takes_its_holders_grid() {
+    let mut e = start(false, &[]).await;
+    e.daemon.kill();
+    e.api.wait_for(&format!("/api/v1/hosts/{}", e.host), "the host offline", |b| b["host"]["state"] == "offline").await;
+    let (status, body) =
+        e.api.post("/api/v1/terminals", json!({"hostId": e.host, "argv": ["sh"], "cols": 80, "rows": 24})).await;
+    assert_eq!(status, 201, "{body}");
+    let terminal = body["terminal"]["id"].as_str().expect("terminal id").to_string();
+    let mut holder = Socket::connect(&viewer_url(&e.server, &terminal), Some(&e.api.token), &["tether.v1"]).await;
+    holder.send_message(&ClientMessage::view(120, 40, true, 0, true)).await;
+    loop {
+        match holder.next().await {
+            Event::Text(t) if t.contains("\"yours\":true") => break,
+            Event::Close(code) => panic!("the holder was closed {code:?}"),
+            _ => {}
+        }
+    }
+    e.daemon = DaemonProcess::start(&e.server, &e.api.token, &e.dir.path().join("state"));
+    wait_state(&e.api, &terminal, "running").await;
+    let mut watcher = Viewer::attach(&e, &terminal, "").await;
+    watcher.type_line("stty size").await;
+    watcher.until("40 120").await;
+}

@@ -359,15 +359,7 @@ impl TerminalArbiter {
     fn apply(&mut self, actions: Vec<GridAction>, ctx: &mut Context<Self>) {
         for action in actions {
             match action {
-                GridAction::Resize { cols, rows } => {
-                    if let Some(stream) = &self.stream {
-                        stream.link.daemon.frame(server_frame::Frame::Resize(crate::proto::v1::Resize {
-                            terminal_id: self.terminal_id.to_string(),
-                            cols: u32::from(cols),
-                            rows: u32::from(rows),
-                        }));
-                    }
-                }
+                GridAction::Resize { cols, rows } => self.resize_pty(cols, rows),
                 GridAction::HolderChanged => self.broadcast_sizes(),
                 GridAction::PingHolder { holder, arrival } => {
                     self.send_to(holder, ViewerOut::Ping);
@@ -579,6 +571,25 @@ impl TerminalArbiter {
                     }
                 }
             }
+        }
+        // The stream runs now: the PTY takes the holder's grid if it has
+        // another (a terminal that started, or a daemon that came back,
+        // after the holder's last view).
+        if let Some(GridAction::Resize { cols, rows }) = self.grid.refit() {
+            self.resize_pty(cols, rows);
+        }
+    }
+
+    /// Sends the daemon a Resize; with no daemon connected the grid asks
+    /// again once one is.
+    fn resize_pty(&mut self, cols: u16, rows: u16) {
+        match &self.stream {
+            Some(stream) => stream.link.daemon.frame(server_frame::Frame::Resize(crate::proto::v1::Resize {
+                terminal_id: self.terminal_id.to_string(),
+                cols: u32::from(cols),
+                rows: u32::from(rows),
+            })),
+            None => self.grid.resize_not_sent(),
         }
     }
 

@@ -87,6 +87,21 @@ impl Grid {
         }
     }
 
+    /// A resize asked for could not be sent (no daemon is connected): it is
+    /// no longer in flight, so the holder's grid is asked for again later.
+    pub fn resize_not_sent(&mut self) {
+        self.requested = None;
+    }
+
+    /// The PTY's size as the daemon reports it when a stream starts: the
+    /// holder's grid, if it differs and was not asked for already. A
+    /// terminal that started (or whose daemon came back) after its holder
+    /// last reported a view would otherwise keep a grid nobody shows.
+    pub fn refit(&mut self) -> Option<GridAction> {
+        let holder = self.holder?;
+        self.fit_to(holder)
+    }
+
     pub fn join(&mut self, viewer: u64, now: Instant) {
         self.viewers.insert(
             viewer,
