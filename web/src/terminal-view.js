@@ -54,6 +54,7 @@ export class TerminalView {
     this.hostState = null;
     this.heldInput = { bytes: 0, dropped: 0 }; // typed while no stream was live
     this.readOnly = false; // the server's `access` says so; nothing is sent then
+    this.accessKnown = false; // this connection's `access` came: until then nothing is sent
     this.stateLog = []; // the last states shown, for debugState
 
     this.term = new Terminal({
@@ -227,7 +228,7 @@ export class TerminalView {
     if (this.holder === true) {
       this.fitNow();
       const { cols, rows } = this.naturalGrid();
-      this.socket.send({ type: "resize", cols, rows });
+      if (this.accessKnown) this.socket.send({ type: "resize", cols, rows });
       return;
     }
     if (this.holder === null) this.fitNow();
@@ -235,14 +236,16 @@ export class TerminalView {
   }
 
   claimGrid() {
-    if (this.readOnly) return;
+    if (this.readOnly || !this.accessKnown) return;
     const { cols, rows } = this.naturalGrid();
     this.socket.send({ type: "resize", cols, rows });
     this.term.focus();
   }
 
   sendView(extra = {}) {
-    if (this.readOnly) return;
+    // A read-only connection sends nothing; nor does one whose `access`
+    // has not come yet (it may be read-only).
+    if (this.readOnly || !this.accessKnown) return;
     const { cols, rows } = this.naturalGrid();
     this.socket.send({
       type: "view",
@@ -277,6 +280,10 @@ export class TerminalView {
     switch (msg.type) {
       case "access":
         this.setReadOnly(msg.readOnly === true);
+        this.accessKnown = true;
+        // The first word of a full viewer: its grid, so it may take the
+        // PTY's (a terminal not started yet included).
+        this.sendView();
         break;
       case "status":
         this.termState = msg.state;
@@ -381,6 +388,7 @@ export class TerminalView {
       // A new connection tells the terminal's and the host's state afresh.
       this.termState = null;
       this.hostState = null;
+      this.accessKnown = false;
       this.attempt = detail.attempt;
     }
     if (name === "ended") {

@@ -356,6 +356,10 @@ export async function share_token_watches_read_only(browser) {
   await openTerminal(owner, env.terminalId);
 
   const guest = await newPage(browser, { viewport: { width: 900, height: 560 } });
+  // Every control message the guest's page sends: none may be a `view` or
+  // a `resize` (one sent before `access` came used to be refused).
+  const guestSent = [];
+  guest.on("websocket", (ws) => ws.on("framesent", (f) => typeof f.payload === "string" && guestSent.push(f.payload)));
   await guest.goto(`${env.url}/#/t/${env.terminalId}`);
   await guest.fill("#token", env.shareToken);
   await guest.click("form.signin button[type=submit]");
@@ -381,6 +385,8 @@ export async function share_token_watches_read_only(browser) {
   check(after.holder === false, `the guest never holds the grid (${after.holder})`);
   check(await guest.locator(".held-bar").isHidden(), "no take-over bar for a read-only viewer");
   check(await guest.locator(".notice").isHidden(), "no refusal notices: the page sent nothing to refuse");
+  const controls = guestSent.filter((m) => /"type":"(view|resize)"/.test(m));
+  check(controls.length === 0, `a read-only page sent ${controls.join(", ")}`);
   noProblems(owner);
   noProblems(guest);
   report({ guestGrid: `${after.cols}x${after.rows}` });
