@@ -543,7 +543,15 @@ impl Settings {
             url.parse::<tokio_postgres::Config>().map_err(|e| invalid("database.url", e.to_string()))?;
         }
         if let Some(url) = &self.redis.url {
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+            if url.starts_with("rediss://") {
+                // The Redis client is built without TLS: it would connect in
+                // the clear while the operator believes otherwise.
+                return Err(invalid(
+                    "redis.url",
+                    "rediss:// (TLS) is not supported by this build; use redis:// on a private network",
+                ));
+            }
+            if !url.starts_with("redis://") {
                 return Err(invalid("redis.url", "must be a redis:// URL"));
             }
         }
@@ -789,6 +797,13 @@ mod tests {
         let s = Settings::load_from(Some(&path), &env(&[("TETHER_LEASE__TTL_MS", "50000")])).unwrap();
         assert_eq!(s.http.listen, "127.0.0.1:9000");
         assert_eq!(s.lease.ttl_ms, 50_000);
+    }
+
+    #[test]
+    fn a_tls_redis_url_is_refused_rather_than_used_in_the_clear() {
+        let err = Settings::load_from(None, &env(&[("TETHER_REDIS__URL", "rediss://10.0.0.5:6380")])).unwrap_err();
+        assert!(err.to_string().contains("redis.url") && err.to_string().contains("TLS"), "{err}");
+        assert!(Settings::load_from(None, &env(&[("TETHER_REDIS__URL", "redis://10.0.0.5:6379")])).is_ok());
     }
 
     #[test]
