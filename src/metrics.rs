@@ -32,6 +32,22 @@ const ALERT_COUNTERS: &[&str] = &[
 /// on, exported at 0 like [`ALERT_COUNTERS`].
 const ALERT_LABELLED_COUNTERS: &[(&str, &str, &str)] = &[("tether_cell_slot_claims_total", "outcome", "failed")];
 
+/// The unlabelled gauges of docs/OPERATIONS.md, exported at 0 from the
+/// start: an alert that compares two of them (`tether_leases_held` against
+/// `tether_daemon_connections`) or sums one over pods must not find it
+/// missing on a pod that has not used it yet.
+const GAUGES: &[&str] = &[
+    "tether_daemon_connections",
+    "tether_viewer_connections",
+    "tether_leases_held",
+    "tether_terminal_arbiters",
+    "tether_viewer_queue_high_water_bytes",
+    "tether_home_viewers",
+    "tether_remote_viewers",
+    "tether_cell_tripped",
+    "tether_cell_held",
+];
+
 /// A handle that renders the process's metrics.
 #[derive(Clone)]
 pub struct Metrics {
@@ -61,6 +77,9 @@ impl Metrics {
                 }
                 for (name, label, value) in ALERT_LABELLED_COUNTERS {
                     metrics::counter!(*name, *label => *value).increment(0);
+                }
+                for name in GAUGES {
+                    metrics::gauge!(*name).increment(0.0);
                 }
                 handle
             })

@@ -87,4 +87,44 @@ async fn counters_alerted_on_are_exported_at_zero_from_the_start() {
         });
         assert!(exported, "{name} ({value:?}) is not in /metrics of a fresh server:\n{text}");
     }
+    // Gauges too (the unlabelled ones; the labelled are set when rendered):
+    // an alert comparing two of them must not find one missing.
+    let gauges: Vec<&str> = doc
+        .lines()
+        .filter(|line| line.contains("| gauge |"))
+        .filter_map(|line| line.split('`').nth(1))
+        .filter(|name| !name.contains('{'))
+        .collect();
+    assert!(gauges.contains(&"tether_leases_held"), "{gauges:?}");
+    for name in gauges {
+        assert!(
+            text.lines().any(|line| line.split_whitespace().next() == Some(name)),
+            "{name} is not in /metrics of a fresh server:\n{text}"
+        );
+    }
+}
+
+/// `tether_leases_held` follows the hosts this instance holds down to 0:
+/// it used to keep its last value once the last daemon left (nothing was
+/// left to renew), and OPERATIONS.md's alert comparing it with
+/// `tether_daemon_connections` fired on an idle pod.
+#[actix_rt::test]
+async fn the_leases_held_gauge_falls_to_zero_when_the_last_host_leaves() {
+    let mut e =
+        support::e2e::start(false, &[("TETHER_LEASE__RENEW_MS", "300"), ("TETHER_LEASE__TTL_MS", "3000")]).await;
+    let gauge = |e: &support::e2e::E2e| {
+        let api = Api::new(e.server.url(), "");
+        async move { support::e2e::metric(&api, "tether_leases_held").await }
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while gauge(&e).await != Some(1.0) {
+        assert!(std::time::Instant::now() < deadline, "never 1 with one host: {:?}", gauge(&e).await);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    e.daemon.kill();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while gauge(&e).await != Some(0.0) {
+        assert!(std::time::Instant::now() < deadline, "still {:?} with no host", gauge(&e).await);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }

@@ -145,6 +145,8 @@ impl HostRegistry {
             .map(|(h, e)| (host_lease_key(*h), Self::holder(&self.instance_id, e.conn_no), *h, e.conn_no))
             .collect();
         if leases.is_empty() {
+            // None to renew: none held (the last host's lease was released).
+            metrics::gauge!("tether_leases_held").set(0.0);
             return;
         }
         self.renewing = true;
