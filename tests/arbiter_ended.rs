@@ -159,7 +159,7 @@ async fn an_arbiter_started_after_the_exit_says_so_and_goes_away() {
     let registry = RegistryStandIn(seen.clone()).start();
     let viewer = ViewerStandIn(seen).start();
     let link = DaemonLink {
-        daemon: DaemonHandle::of(&daemon, Heard::now()),
+        daemon: DaemonHandle::of(&daemon, Heard::now(), None),
         queue: InputBacklog::default(),
         flow_control: true,
     };
@@ -221,7 +221,7 @@ async fn a_captured_runs_end_is_owed_until_the_store_takes_it() {
     let daemon = DaemonStandIn(seen.clone()).start();
     let registry = RegistryStandIn(seen).start();
     let link = DaemonLink {
-        daemon: DaemonHandle::of(&daemon, Heard::now()),
+        daemon: DaemonHandle::of(&daemon, Heard::now(), None),
         queue: InputBacklog::default(),
         flow_control: true,
     };

@@ -373,6 +373,44 @@ async fn a_drain_with_a_hung_database_ends_within_the_grace() {
     assert!(took < grace + exit, "exited {took:?} after SIGTERM, grace {grace:?}:\n{}", server.log());
 }
 
+/// SIGTERM while PostgreSQL hangs and a daemon's connection waits on it
+/// (its terminal's exit being written): the daemon still gets its 4503
+/// and redials at once. The close used to wait behind the write in the
+/// connection's mailbox, so the socket was cut when the grace ran out and
+/// the daemon, seeing no close frame, backed off for seconds.
+#[actix_rt::test]
+async fn a_drain_with_a_hung_database_still_closes_daemons_4503() {
+    let pg = OwnPostgres::start();
+    let database = pg.database().await;
+    let env = [("TETHER_DATABASE__URL", database.as_str()), ("TETHER_SHUTDOWN__GRACE_MS", "6000")];
+    let mut server = TetherServer::start(&env, &[]).await;
+    let token = create_token(&server, "ann");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let daemon = DaemonProcess::start(&server, &token, &dir.path().join("state"));
+    let api = Api::new(server.url(), token);
+    let host = wait_online(&api).await;
+    let flag = dir.path().join("exit-now");
+    let script = format!("while [ ! -e {} ]; do sleep 0.05; done; exit 7", flag.display());
+    let (status, body) =
+        api.post("/api/v1/terminals", json!({"hostId": host, "argv": ["sh", "-c", script], "dir": "/tmp"})).await;
+    assert_eq!(status, 201, "{body}");
+    let terminal = body["terminal"]["id"].as_str().expect("terminal id").to_string();
+    wait_state(&api, &terminal, "running").await;
+    pg.pause();
+    std::fs::write(&flag, b"").expect("write the flag");
+    // The Exit frame reaches the connection, whose write of it now waits.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let exit = server.terminate_async(Duration::from_secs(30)).await;
+    pg.resume();
+    assert!(exit.is_some(), "the instance did not exit:\n{}", server.log());
+    assert!(
+        daemon.log().contains("tether_daemon_instance_draining"),
+        "the daemon was not closed 4503:\n{}\n--- server ---\n{}",
+        daemon.log(),
+        server.log()
+    );
+}
+
 /// API calls while PostgreSQL hangs (SIGSTOP: connections open, nothing
 /// answers) answer `503 database_unavailable` once `database.call_timeout_ms`
 /// has passed, while the database still hangs: reads and writes, and more

@@ -214,12 +214,16 @@ struct DaemonRecipients {
     detach: Recipient<DetachArbiter>,
     request: Recipient<DaemonRequest>,
     close: Recipient<CloseDaemon>,
+    /// The socket's outbox (a handle that does not keep it open), for
+    /// [`DaemonHandle::close`].
+    outbox: Option<crate::relay::outbox::Outbox>,
 }
 
 impl DaemonHandle {
     /// The handle of a connection actor, made on the connection's thread;
-    /// the connection stamps `heard` with every frame.
-    pub fn of<A>(conn: &Addr<A>, heard: Heard) -> Self
+    /// the connection stamps `heard` with every frame. `outbox` is its
+    /// socket's, for closes that must not wait for the actor.
+    pub fn of<A>(conn: &Addr<A>, heard: Heard, outbox: Option<crate::relay::outbox::Outbox>) -> Self
     where
         A: Actor
             + Handler<ToDaemon>
@@ -242,6 +246,7 @@ impl DaemonHandle {
             detach: conn.clone().recipient(),
             request: conn.clone().recipient(),
             close: conn.clone().recipient(),
+            outbox,
         };
         Self { to: std::sync::Arc::new(to), thread: Arbiter::current(), heard }
     }
@@ -299,7 +304,14 @@ impl DaemonHandle {
         self.to.request.do_send(DaemonRequest { kind, answer });
     }
 
+    /// Closes the connection: the close frame goes on its socket at once,
+    /// behind what is queued there, even while the actor waits on the
+    /// database (a drain with a hung one: the daemon still gets its 4503
+    /// and redials at once); the actor stops when it next runs.
     pub fn close(&self, code: u16, reason: &'static str) {
+        if let Some(outbox) = &self.to.outbox {
+            outbox.close(code, reason);
+        }
         self.to.close.do_send(CloseDaemon { code, reason });
     }
 }
