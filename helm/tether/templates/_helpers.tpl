@@ -81,6 +81,9 @@ variables from secretKeyRef (see the Deployment).
 {{- $database := get $config "database" | default dict }}
 {{- $_ := set $database "sqlite_path" "/var/lib/tether/tether.db" }}
 {{- $_ := set $config "database" $database }}
+{{- if gt (int64 (.Values.api.metricsPort | default 0)) 0 }}
+{{- $_ := set $config "metrics" (dict "listen" (printf "0.0.0.0:%d" (int64 .Values.api.metricsPort))) }}
+{{- end }}
 # Settings of tether serve, rendered by the Helm chart from `config` in
 # values.yaml. Environment variables (TETHER_<SECTION>__<KEY>) override them.
 {{- range $section := keys $config | sortAlpha }}
@@ -104,6 +107,16 @@ Refuses value combinations that would deploy something broken.
 {{- end }}
 {{- if and (not .Values.database.existingSecret) (or .Values.api.autoscaling.enabled (gt (int64 .Values.api.replicas) 1)) }}
 {{- fail "more than one pod (api.replicas > 1 or api.autoscaling.enabled) needs PostgreSQL: set database.existingSecret; the embedded SQLite file cannot be shared between pods" }}
+{{- end }}
+{{- if and (gt (int64 (.Values.api.metricsPort | default 0)) 0) (eq (int64 .Values.api.metricsPort) (int64 .Values.api.port)) }}
+{{- fail "api.metricsPort must differ from api.port" }}
+{{- end }}
+{{- $viewer := .Values.config.viewer | default dict }}
+{{- $daemon := .Values.config.daemon | default dict }}
+{{- $queue := $viewer.queue_bytes | default 4194304 }}
+{{- $window := $daemon.window_bytes | default 262144 }}
+{{- if gt (mul 2 (int64 $window)) (int64 $queue) }}
+{{- fail (printf "config.viewer.queue_bytes (%v) must be at least twice config.daemon.window_bytes (%v): tether refuses to start otherwise" $queue $window) }}
 {{- end }}
 {{- if and .Values.redis.urlKey .Values.redis.clusterNodesKey }}
 {{- fail "set redis.urlKey or redis.clusterNodesKey, not both" }}
