@@ -373,17 +373,21 @@ async fn a_drain_with_a_hung_database_ends_within_the_grace() {
     assert!(took < grace + exit, "exited {took:?} after SIGTERM, grace {grace:?}:\n{}", server.log());
 }
 
-/// SIGTERM while PostgreSQL hangs and a daemon's connection waits on it
-/// (its terminal's exit being written): the daemon still gets its 4503
-/// and redials at once. The close used to wait behind the write in the
-/// connection's mailbox, so the socket was cut when the grace ran out and
-/// the daemon, seeing no close frame, backed off for seconds.
-#[actix_rt::test]
-async fn a_drain_with_a_hung_database_still_closes_daemons_4503() {
-    let pg = OwnPostgres::start();
-    let database = pg.database().await;
-    let env = [("TETHER_DATABASE__URL", database.as_str()), ("TETHER_SHUTDOWN__GRACE_MS", "6000")];
-    let mut server = TetherServer::start(&env, &[]).await;
+/// A server on `env`, a daemon of ann's, and a running terminal of the
+/// script that exits 7 once the file `flag` exists.
+struct FlaggedExit {
+    server: TetherServer,
+    daemon: DaemonProcess,
+    api: Api,
+    host: String,
+    terminal: String,
+    flag: PathBuf,
+    script: String,
+    _dir: tempfile::TempDir,
+}
+
+async fn flagged_exit(env: &[(&str, &str)]) -> FlaggedExit {
+    let server = TetherServer::start(env, &[]).await;
     let token = create_token(&server, "ann");
     let dir = tempfile::tempdir().expect("temp dir");
     let daemon = DaemonProcess::start(&server, &token, &dir.path().join("state"));
@@ -396,6 +400,21 @@ async fn a_drain_with_a_hung_database_still_closes_daemons_4503() {
     assert_eq!(status, 201, "{body}");
     let terminal = body["terminal"]["id"].as_str().expect("terminal id").to_string();
     wait_state(&api, &terminal, "running").await;
+    FlaggedExit { server, daemon, api, host, terminal, flag, script, _dir: dir }
+}
+
+/// SIGTERM while PostgreSQL hangs and a daemon's connection waits on it
+/// (its terminal's exit being written): the daemon still gets its 4503
+/// and redials at once. The close used to wait behind the write in the
+/// connection's mailbox, so the socket was cut when the grace ran out and
+/// the daemon, seeing no close frame, backed off for seconds.
+#[actix_rt::test]
+async fn a_drain_with_a_hung_database_still_closes_daemons_4503() {
+    let pg = OwnPostgres::start();
+    let database = pg.database().await;
+    let env = [("TETHER_DATABASE__URL", database.as_str()), ("TETHER_SHUTDOWN__GRACE_MS", "6000")];
+    // Every part kept: what is left out would be dropped (the daemon killed) here.
+    let FlaggedExit { mut server, daemon, flag, _dir, .. } = flagged_exit(&env).await;
     pg.pause();
     std::fs::write(&flag, b"").expect("write the flag");
     // The Exit frame reaches the connection, whose write of it now waits.
@@ -475,19 +494,7 @@ async fn a_write_kept_through_an_outage_is_stored_before_a_sigterm_exit() {
         ("TETHER_SHUTDOWN__GRACE_MS", "30000"),
         ("RUST_LOG", "info,tether::relay::daemon_conn=debug"),
     ];
-    let mut server = TetherServer::start(&env, &[]).await;
-    let token = create_token(&server, "ann");
-    let dir = tempfile::tempdir().expect("temp dir");
-    let _daemon = DaemonProcess::start(&server, &token, &dir.path().join("state"));
-    let api = Api::new(server.url(), token);
-    let host = wait_online(&api).await;
-    let flag = dir.path().join("exit-now");
-    let script = format!("while [ ! -e {} ]; do sleep 0.05; done; exit 7", flag.display());
-    let (status, body) =
-        api.post("/api/v1/terminals", json!({"hostId": host, "argv": ["sh", "-c", script], "dir": "/tmp"})).await;
-    assert_eq!(status, 201, "{body}");
-    let terminal = body["terminal"]["id"].as_str().expect("terminal id").to_string();
-    wait_state(&api, &terminal, "running").await;
+    let FlaggedExit { mut server, daemon: _daemon, api, host, terminal, flag, script, _dir } = flagged_exit(&env).await;
     let run_script = format!("echo run-started; {script}");
     let (status, body) =
         api.post("/api/v1/runs", json!({"hostId": host, "argv": ["sh", "-c", run_script], "dir": "/tmp"})).await;
