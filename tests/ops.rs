@@ -40,6 +40,12 @@ async fn readyz_is_503_while_redis_does_not_answer() {
     assert_eq!(body["ready"], false);
     let (status, _) = Api::new(server.url(), "").get("/healthz").await;
     assert_eq!(status, 200, "the process is up even when not ready");
+    // The log says why, not only /readyz (it used to say nothing of Redis).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !server.log().contains("tether_bus_connection_error") {
+        assert!(std::time::Instant::now() < deadline, "nothing logged of Redis:\n{}", server.log());
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// A clean drain (SIGTERM, nothing connected) logs no error. The drain

@@ -90,6 +90,7 @@ impl RedisBus {
             .build_subscriber_client()
             .map_err(invalid)?;
         let messages = subscriber.message_rx();
+        tokio::spawn(log_connection_errors(client.error_rx()));
         let _connection = client.connect();
         // Before connecting, so that the first connection's announcement is heard.
         tokio::spawn(resubscribe(subscriber.clone(), clustered));
@@ -101,7 +102,37 @@ impl RedisBus {
     pub fn link(&self) -> &RedisLink {
         &self.link
     }
+}
 
+/// How often at most a connection error of the bus is logged.
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// Logs the publishing client's connection errors (Redis refused, reset,
+/// unreachable), at most one line per [`ERROR_LOG_EVERY`] with how many
+/// came since the last: an instance whose Redis is away says why in its
+/// log, not only in `/readyz`. The subscriber's connection fails the same
+/// way and is not logged twice.
+async fn log_connection_errors(mut errors: broadcast::Receiver<(Error, Option<Server>)>) {
+    let mut logged: Option<std::time::Instant> = None;
+    let mut unlogged = 0u64;
+    loop {
+        match errors.recv().await {
+            Ok((error, server)) => {
+                unlogged += 1;
+                if logged.is_none_or(|at| at.elapsed() >= ERROR_LOG_EVERY) {
+                    let server = server.map(|s| s.to_string());
+                    tracing::warn!(%error, ?server, errors = unlogged, "tether_bus_connection_error");
+                    logged = Some(std::time::Instant::now());
+                    unlogged = 0;
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(missed)) => unlogged += missed,
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+impl RedisBus {
     /// Hands a PUBLISH of `payload` to the connection's command queue now
     /// and returns what waits for Redis's answer. fred queues a command
     /// when its future is first polled, so one poll here (with a waker that
