@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::client::{viewer_url, Api, Event, Socket, WAIT};
+use support::client::{input_until_refused, viewer_url, Api, Event, Socket, WAIT};
 use support::daemon::DaemonProcess;
 use support::e2e::{metric, start, terminal, wait_online, wait_state, E2e, Viewer};
 use support::TetherServer;
@@ -646,4 +646,21 @@ async fn a_terminal_that_starts_late_takes_its_holders_grid() {
     let mut watcher = Viewer::attach(&e, &terminal, "").await;
     watcher.type_line("stty size").await;
     watcher.until("40 120").await;
+}
+
+/// A program that does not read its input holds back its own terminal's
+/// input only: once more than 4 MiB waits for it, its input is refused
+/// (REST 429), while another terminal of the same host takes input as
+/// ever. The input waiting on the server used to count for the whole host.
+#[actix_rt::test]
+async fn a_terminal_that_does_not_read_holds_back_its_own_input_only() {
+    let e = start(false, &[]).await;
+    let stuck = terminal(&e, &["sh", "-c", "stty raw -echo; sleep 120"]).await;
+    let other = terminal(&e, &["sh"]).await;
+    let mut viewer = Viewer::attach(&e, &other, "").await;
+    input_until_refused(&e.api, &stuck).await;
+    let (status, body) =
+        e.api.post(&format!("/api/v1/terminals/{other}/input"), json!({"data": "echo ok-$((4*5))\n"})).await;
+    assert_eq!(status, 202, "{body}");
+    viewer.until("ok-20").await;
 }

@@ -862,7 +862,7 @@ impl Handler<FromViewer> for TerminalArbiter {
                     self.send_to(viewer, ViewerOut::control(ServerMessage::error("host offline")));
                     return;
                 };
-                if stream.link.queue.bytes() > self.config.input_queue_limit {
+                if stream.link.queue.bytes_for(self.terminal_id) > self.config.input_queue_limit {
                     self.send_to(viewer, ViewerOut::Close { code: close::POLICY, reason: "input overflow".into() });
                     self.remove_member(viewer, ctx);
                     self.maybe_idle(ctx);

@@ -433,26 +433,29 @@ pub struct DaemonLink {
     pub flow_control: bool,
 }
 
-/// What is queued towards a daemon: its socket's outbound queue and the
-/// Input waiting for the daemon's window (`daemon_conn::input_flow`).
+/// Input bytes held on the server for each terminal of a daemon
+/// connection, waiting for the daemon's window (`daemon_conn::input_flow`).
+pub type HeldInput = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<Uuid, usize>>>;
+
+/// What is queued towards a daemon for one of its terminals: the socket's
+/// outbound queue (every terminal's) and that terminal's Input waiting for
+/// the daemon's window. A terminal whose program does not read holds back
+/// its own input only, never another terminal's of the same host.
 #[derive(Clone, Default)]
 pub struct InputBacklog {
     outbound: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    held: HeldInput,
 }
 
 impl InputBacklog {
-    pub fn new(
-        outbound: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-        held: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    ) -> Self {
+    pub fn new(outbound: std::sync::Arc<std::sync::atomic::AtomicUsize>, held: HeldInput) -> Self {
         Self { outbound, held }
     }
 
-    /// Bytes queued in all.
-    pub fn bytes(&self) -> usize {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.outbound.load(Relaxed) + self.held.load(Relaxed)
+    /// Bytes queued ahead of new input for `terminal_id`.
+    pub fn bytes_for(&self, terminal_id: Uuid) -> usize {
+        let held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&terminal_id).copied();
+        self.outbound.load(std::sync::atomic::Ordering::Relaxed) + held.unwrap_or(0)
     }
 }
 

@@ -201,7 +201,7 @@ fn dispatch(relay: &RelayContext, link: &DaemonLink, op: HostOp) -> Result<Dispa
             // Refused rather than queued behind input the daemon has not
             // read: past `OUTBOUND_LIMIT` the daemon is closed and what is
             // queued is lost.
-            if link.queue.bytes() > super::INPUT_QUEUE_LIMIT {
+            if link.queue.bytes_for(terminal_id) > super::INPUT_QUEUE_LIMIT {
                 return Err(RequestError::InputBacklog);
             }
             daemon.input(terminal_id, data);

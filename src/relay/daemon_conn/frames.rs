@@ -199,7 +199,7 @@ impl Handler<Inbound> for DaemonConn {
             }
             daemon_frame::Frame::Exit(e) => {
                 let Some(id) = owned_id(&e.terminal_id, &self.owned) else { return done() };
-                self.input_flow.forget(&e.terminal_id);
+                self.input_flow.forget(id);
                 let snapshot = self.owned.get_mut(&id).and_then(|o| o.final_snapshot.take());
                 // A run's terminal is forgotten when its Usage arrives; others now.
                 match self.owned.get_mut(&id) {

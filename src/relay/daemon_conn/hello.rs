@@ -232,7 +232,7 @@ impl Handler<Hello> for DaemonConn {
         let principal = self.principal.clone();
         let bound_host = self.bound_host.take();
         let conn = DaemonHandle::of(&ctx.address(), self.heard.clone(), Some(self.outbox.sender()));
-        let queue = InputBacklog::new(self.outbox.queued_counter(), self.input_flow.held_counter());
+        let queue = InputBacklog::new(self.outbox.queued_counter(), self.input_flow.held());
         let host_id = Uuid::parse_str(&hello.host_id).ok();
         let fut = async move {
             let host_id = host_id.ok_or(Refused(close::FORBIDDEN, "unknown host".into(), None))?;
