@@ -10,6 +10,11 @@ use serde::{Deserialize, Serialize};
 /// The subprotocol of every viewer socket.
 pub const SUBPROTOCOL: &str = "tether.v1";
 
+/// The `error` message of a terminal whose daemon is not connected
+/// (docs/PROTOCOL.md): the socket stays open and the stream starts when the
+/// daemon is back, so a client waits rather than ends.
+pub const HOST_OFFLINE: &str = "host offline";
+
 /// The close reason (with 1008) of a viewer that did not read its output
 /// fast enough (docs/PROTOCOL.md, "Slow viewers"): the one 1008 a client
 /// may reattach after.

@@ -60,8 +60,6 @@ pub const READ_ONLY_BANNER: &str = "[read-only: you can watch this terminal but 
 /// back (terminals without the save ignore both).
 const READ_ONLY_TITLE: &[u8] = b"\x1b[22;2t\x1b]2;tether: read-only\x07";
 const RESTORE_TITLE: &[u8] = b"\x1b[23;2t";
-/// The server's `error` while the terminal's daemon is not connected.
-const HOST_OFFLINE: &str = "host offline";
 /// Shown while waiting for the host, on a line of its own (the stream's
 /// repaint covers it once the host is back).
 const WAITING_FOR_HOST: &str = "\r\n[host offline; waiting for it to come back]\r\n";
@@ -338,7 +336,7 @@ where
             // is back (docs/PROTOCOL.md, "Server -> client"); if it comes
             // back to another instance, a 4503 sends us there. Not a
             // failed attempt: a daemon's redial may take its whole back-off.
-            ServerMessage::Error { message } if message == HOST_OFFLINE => {
+            ServerMessage::Error { message } if message == crate::viewer_protocol::HOST_OFFLINE => {
                 if !self.waiting_for_host {
                     self.waiting_for_host = true;
                     self.notify(WAITING_FOR_HOST.as_bytes());

@@ -812,7 +812,7 @@ impl Handler<Join> for TerminalArbiter {
         );
         out.do_send(self.size_for(viewer));
         if self.stream.is_none() {
-            out.do_send(ViewerOut::control(ServerMessage::error("host offline")));
+            out.do_send(ViewerOut::control(ServerMessage::error(crate::viewer_protocol::HOST_OFFLINE)));
         }
         self.attach_waiting(ctx);
         Ok(viewer)
@@ -859,7 +859,10 @@ impl Handler<FromViewer> for TerminalArbiter {
                 self.grid.used(viewer, now);
                 self.stamp_interaction(ctx);
                 let Some(stream) = &self.stream else {
-                    self.send_to(viewer, ViewerOut::control(ServerMessage::error("host offline")));
+                    self.send_to(
+                        viewer,
+                        ViewerOut::control(ServerMessage::error(crate::viewer_protocol::HOST_OFFLINE)),
+                    );
                     return;
                 };
                 if stream.link.queue.bytes_for(self.terminal_id) > self.config.input_queue_limit {

@@ -480,7 +480,7 @@ impl HomeViewer {
 /// `status` with host offline, and the error "host offline".
 fn tell_host_offline(out: &Recipient<ViewerOut>, state: crate::store::TerminalState) {
     out.do_send(ViewerOut::control(ServerMessage::Status { state: state.as_str().into(), host: "offline".into() }));
-    out.do_send(ViewerOut::control(ServerMessage::error("host offline")));
+    out.do_send(ViewerOut::control(ServerMessage::error(crate::viewer_protocol::HOST_OFFLINE)));
 }
 
 impl Actor for HomeViewer {
@@ -543,7 +543,7 @@ impl Handler<FromViewer> for HomeViewer {
             // refused, the rest waits for the client's next view.
             match msg {
                 FromViewer::Input { .. } => {
-                    self.out.do_send(ViewerOut::control(ServerMessage::error("host offline")));
+                    self.out.do_send(ViewerOut::control(ServerMessage::error(crate::viewer_protocol::HOST_OFFLINE)));
                 }
                 FromViewer::Leave { .. } => {
                     self.closed = true;
