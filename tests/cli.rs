@@ -694,7 +694,31 @@ async fn migrate_twice_on_postgres() {
     let second = Tether::spawn(dir.path(), &["migrate"], &env).wait(QUICK);
     assert_eq!(second.code(), Some(0), "second migrate\n{}", second.describe());
     assert_eq!(migrations_applied(&second.stderr), Some(0), "{}", second.describe());
+    // What is there already is skipped without a word (PostgreSQL's NOTICE
+    // for it is not logged on every start).
+    assert!(!second.stderr.contains("NOTICE"), "a second migrate logged a notice\n{}", second.describe());
     assert!(!dir.path().join("tether.db").exists(), "migrate against PostgreSQL created ./tether.db");
+}
+
+/// A migration that fails names the migration and PostgreSQL's reason, not
+/// only "db error", and records nothing.
+#[actix_rt::test]
+async fn a_failed_migration_says_why() {
+    let url = support::pg_database().await;
+    let client = support::pg_connect(&url).await;
+    // The first migration creates `users`; one that is there already makes it fail.
+    client.batch_execute("CREATE TABLE users (x int)").await.unwrap();
+    let dir = tempdir();
+    let finished = Tether::spawn(dir.path(), &["migrate"], &[("TETHER_DATABASE__URL", url.as_str())]).wait(QUICK);
+    assert_eq!(finished.code(), Some(1), "{}", finished.describe());
+    assert!(finished.stderr.contains("0001_foundation"), "{}", finished.describe());
+    assert!(finished.stderr.contains("relation \"users\" already exists"), "{}", finished.describe());
+    let recorded = client
+        .query_one("SELECT count(*) FROM pg_tables WHERE tablename = 'schema_migrations'", &[])
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(recorded, 0, "a failed migration left schema_migrations behind");
 }
 
 /// A database that refuses the connection says why, not only "db error".

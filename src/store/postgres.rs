@@ -365,6 +365,9 @@ impl Store for PgStore {
         let tx = client.transaction().await?;
         // Instances starting together take turns; the lock ends with the transaction.
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY]).await?;
+        // `CREATE ... IF NOT EXISTS` of what is there already is a NOTICE,
+        // which the driver would log on every start; warnings still show.
+        tx.batch_execute("SET LOCAL client_min_messages = warning").await?;
         tx.batch_execute(
             "CREATE TABLE IF NOT EXISTS schema_migrations (
                 version bigint PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
@@ -379,7 +382,7 @@ impl Store for PgStore {
         for m in MIGRATIONS_POSTGRES.iter().filter(|m| m.version > current) {
             tx.batch_execute(m.sql)
                 .await
-                .map_err(|e| StoreError::Migration(format!("{:04}_{}: {e}", m.version, m.name)))?;
+                .map_err(|e| StoreError::Migration(format!("{:04}_{}: {}", m.version, m.name, with_causes(&e))))?;
             tx.execute("INSERT INTO schema_migrations (version, name) VALUES ($1, $2)", &[&m.version, &m.name]).await?;
             applied += 1;
         }
