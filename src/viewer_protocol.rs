@@ -58,6 +58,8 @@ pub enum ServerMessage {
     },
     /// Something the client should show (e.g. "host offline").
     Error { message: String },
+    /// The answer to a client's `ping` (docs/PROTOCOL.md, "Liveness").
+    Pong,
     /// A type this build does not know: newer servers may add some, and an
     /// older client keeps working. Never sent.
     #[serde(other, skip_serializing)]
@@ -115,6 +117,10 @@ pub enum ClientMessage {
         #[serde(default = "yes")]
         open: bool,
     },
+    /// Asks for a `pong`: how a client that cannot see WebSocket pings (a
+    /// browser) learns that the server still answers (docs/PROTOCOL.md,
+    /// "Liveness"). Any viewer may send it, read-only ones included.
+    Ping,
 }
 
 fn yes() -> bool {
@@ -162,6 +168,7 @@ mod tests {
             (r#"{"type":"exit","exitCode":null}"#, ServerMessage::Exit { exit_code: None }),
             (r#"{"type":"exit"}"#, ServerMessage::Exit { exit_code: None }),
             (r#"{"type":"error","message":"host offline"}"#, ServerMessage::Error { message: "host offline".into() }),
+            (r#"{"type":"pong"}"#, ServerMessage::Pong),
             (r#"{"type":"somethingNew","x":1}"#, ServerMessage::Unknown),
         ];
         for (json, expected) in cases {
@@ -192,6 +199,9 @@ mod tests {
         );
         let resize: serde_json::Value = serde_json::from_str(&ClientMessage::resize(0, 5000).to_json()).unwrap();
         assert_eq!(resize, serde_json::json!({"type":"resize","cols":1,"rows":1000}));
+        assert_eq!(ClientMessage::Ping.to_json(), r#"{"type":"ping"}"#);
+        assert_eq!(serde_json::from_str::<ClientMessage>(r#"{"type":"ping"}"#).unwrap(), ClientMessage::Ping);
+        assert_eq!(ServerMessage::Pong.to_json(), r#"{"type":"pong"}"#);
     }
 
     #[test]

@@ -13,9 +13,11 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::balancer::Balancer;
 use support::cli::{Person, CLI_WAIT};
 use support::e2e::{self, E2e};
 use tether::client::resolve::short_id;
+use tether::client::viewer::{liveness, Followed, OutputFollower};
 use tether::client::{AuditEvent, AuditFilter, Client, ClientError, Host, NewTerminal, NewToken, TerminalFilter};
 use uuid::Uuid;
 
@@ -224,6 +226,75 @@ async fn attach_waits_for_an_offline_host_to_come_back() {
     assert_eq!(attach.wait_exit(), 1, "{}", attach.screen());
     assert!(!attach.screen().contains("gave up"), "{}", attach.screen());
     wait_terminal_state(&client, pending.id, "exited").await;
+}
+
+/// A connection that silently stops (a balancer freezes it: open, nothing
+/// forwarded) is given up once a ping goes unanswered, and attach goes on
+/// in the same shell on a new connection, with nothing shown twice.
+#[actix_rt::test]
+async fn attach_gives_up_a_frozen_connection_and_goes_on() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let balancer = Balancer::start_on_own_thread(e.server.listen_addr());
+    let person = Person::new();
+    person.run(&["login", "--server", &balancer.url(), "--token", &e.api.token]).ok();
+
+    let mut open = person.pty(&["open", &host.name], (100, 30));
+    open.type_keys(b"echo before-$((2*3))\r");
+    open.wait_for("before-6");
+    assert_eq!(e2e::metric(&e.api, "tether_viewer_connections").await, Some(1.0));
+    balancer.stall();
+    // The frozen connection stays open on the server; the new one joins it.
+    let deadline = Instant::now() + liveness::QUIET + liveness::ANSWER + CLI_WAIT;
+    while e2e::metric(&e.api, "tether_viewer_connections").await < Some(2.0) {
+        assert!(Instant::now() < deadline, "attach did not reconnect:\n{}", open.screen());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    open.type_keys(b"echo after-$((40+2))\r");
+    open.wait_for("after-42");
+    let screen = open.screen();
+    assert_eq!(screen.matches("before-6").count(), 1, "shown twice after the reattach:\n{screen}");
+    assert!(!open.exited(), "{screen}");
+}
+
+/// The output follower (what `tether run` and `tether logs --follow` read
+/// with) gives up a frozen connection the same way and goes on from the
+/// next byte: every line once, in order.
+#[actix_rt::test]
+async fn a_follower_gives_up_a_frozen_connection_and_goes_on() {
+    let e = e2e::start(false, &[]).await;
+    let direct = client(&e);
+    let host = the_host(&direct).await;
+    let script = e2e::ticks_script("0.1");
+    let new = NewTerminal { host_id: host.id, argv: vec!["sh".into(), "-c".into(), script], ..Default::default() };
+    let terminal = direct.create_terminal(&new).await.expect("a terminal");
+    wait_terminal_state(&direct, terminal.id, "running").await;
+    let balancer = Balancer::start(e.server.listen_addr()).await;
+    let through = Client::new(&balancer.url(), &e.api.token, None).expect("client");
+    let mut follower = OutputFollower::new(through, terminal.id.to_string(), 0);
+    let mut text = String::new();
+    read_until(&mut follower, &mut text, "tick-3\r\n").await;
+    balancer.stall();
+    // 25 s of ticks: past the watchdog's 20 s.
+    read_until(&mut follower, &mut text, "tick-250\r\n").await;
+    let ticks: Vec<&str> = text.lines().map(str::trim_end).filter(|l| l.starts_with("tick-")).collect();
+    let expected: Vec<String> = (1..=ticks.len()).map(|n| format!("tick-{n}")).collect();
+    assert_eq!(ticks, expected, "every tick once, in order");
+}
+
+/// Reads `follower`'s output into `text` until it holds `line`, within the
+/// watchdog's time and the usual wait.
+async fn read_until(follower: &mut OutputFollower, text: &mut String, line: &str) {
+    let deadline = Instant::now() + liveness::QUIET + liveness::ANSWER + CLI_WAIT;
+    while !text.contains(line) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, follower.next()).await {
+            Ok(Ok(Some(Followed::Output { data, .. }))) => text.push_str(&String::from_utf8_lossy(&data)),
+            Ok(other) => panic!("the stream ended with {other:?} before {line:?}:\n{text}"),
+            Err(_) => panic!("no {line:?} in time:\n{text}"),
+        }
+    }
 }
 
 #[actix_rt::test]

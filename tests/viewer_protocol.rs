@@ -212,6 +212,26 @@ async fn replay_then_live_without_gap_or_duplicate() {
     quiet(&mut v1).await;
 }
 
+/// `ping` is answered with `pong` for any viewer, a read-only one included,
+/// and the socket stays open (docs/PROTOCOL.md, "Liveness").
+#[actix_rt::test]
+async fn a_ping_is_answered_with_a_pong() {
+    let mut s = setup(&[]).await;
+    let (status, made) = s.api.post("/api/v1/tokens", json!({"scope": "read"})).await;
+    assert_eq!(status, 201, "{made}");
+    let read = made["secret"].as_str().expect("secret");
+    let mut watcher = Socket::connect(&viewer_url(&s.server, &s.terminal), Some(read), &["tether.v1"]).await;
+    assert_eq!(until(&mut watcher, "access").await["readOnly"], true);
+    s.answer_attach(b"SNAP", 0).await;
+    until(&mut watcher, "live").await;
+    for _ in 0..2 {
+        watcher.send_json(json!({"type": "ping"})).await;
+        assert_eq!(until(&mut watcher, "pong").await, json!({"type": "pong"}));
+    }
+    s.output(0, b"still here").await;
+    assert_eq!(bytes(&mut watcher, 10).await, b"still here");
+}
+
 #[actix_rt::test]
 async fn resume_from_an_offset_the_owner_still_holds() {
     let mut s = setup(&[]).await;

@@ -127,7 +127,7 @@ pub fn viewer_message(data: &[u8]) {
         ClientMessage::Resize { cols, rows } | ClientMessage::View { cols, rows, .. } => {
             assert!((GRID_MIN..=GRID_MAX).contains(&cols.0) && (GRID_MIN..=GRID_MAX).contains(&rows.0));
         }
-        ClientMessage::Input { .. } => {}
+        ClientMessage::Input { .. } | ClientMessage::Ping => {}
     }
     let again: ClientMessage = serde_json::from_str(&message.to_json()).expect("round trip");
     assert_eq!(again, message);

@@ -5,7 +5,9 @@
 //! another connection can continue (4503, a dropped socket); then the session
 //! reattaches with `?from=<offset>` after a short backoff, and gives up after
 //! [`MAX_REATTACH_ATTEMPTS`] consecutive connections that never went live.
-//! The detach key works at every moment, including while reconnecting.
+//! The detach key works at every moment, including while reconnecting. A
+//! connection whose server stops answering is given up and reattached too
+//! (`client::viewer::liveness`).
 //!
 //! A connection starts with the server's `access` message. A full viewer
 //! then sends its `view` (and, on a fresh attach, its `resize` claim) and
@@ -27,6 +29,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use super::position::StreamPosition;
 use super::{AttachError, AttachOptions, AttachOutcome, LocalIo};
 use crate::client::viewer::fragments::{Complete, Fragments};
+use crate::client::viewer::liveness::{ping, Due, Liveness, NO_ANSWER};
 use crate::client::viewer::protocol::{
     describe_close, should_reattach, ClientMessage, ServerMessage, CLOSE_ABNORMAL, CLOSE_NORMAL, CLOSE_NO_STATUS,
 };
@@ -214,9 +217,11 @@ where
         let mut heartbeat = tokio::time::interval_at(Instant::now() + HEARTBEAT, HEARTBEAT);
         heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut fragments = Fragments::new(MAX_FRAME);
+        let mut liveness = Liveness::new(Instant::now());
         loop {
             tokio::select! {
                 frame = socket.next() => {
+                    liveness.heard(Instant::now());
                     let frame = match frame {
                         Some(Ok(frame)) => frame,
                         None => return Ok(self.lost(CLOSE_ABNORMAL, None)),
@@ -282,6 +287,16 @@ where
                     }
                 },
                 _ = heartbeat.tick(), if self.may_control() => self.send_control(socket, &self.view()).await,
+                () = tokio::time::sleep_until(liveness.deadline()) => {
+                    let answered = match liveness.check(Instant::now()) {
+                        Due::Nothing => true,
+                        Due::Ask => ping(socket).await,
+                        Due::GiveUp => false,
+                    };
+                    if !answered {
+                        return Ok(self.lost(CLOSE_ABNORMAL, Some(NO_ANSWER)));
+                    }
+                }
             }
         }
     }
@@ -346,6 +361,8 @@ where
                 close_gracefully(socket).await;
                 return Some(Ended::Finished(AttachOutcome::Closed { code: CLOSE_NORMAL, reason: message }));
             }
+            // Only an answer to `ping`, which attach does not send.
+            ServerMessage::Pong => {}
             ServerMessage::Unknown => {
                 tracing::debug!("tether_attach_unknown_control_message");
             }

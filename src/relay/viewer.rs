@@ -247,6 +247,10 @@ impl Viewer {
                 let view = ViewReport { cols: cols.0, rows: rows.0, visible, idle_ms, open };
                 self.to_arbiter(|viewer| FromViewer::View { viewer, view });
             }
+            Ok(ClientMessage::Ping) => {
+                self.push(Frame::Text(ServerMessage::Pong.to_json()), ctx);
+                self.to_arbiter(|viewer| FromViewer::Pong { viewer });
+            }
             Err(e) => {
                 let message = format!("bad message: {e}");
                 self.push(Frame::Text(ServerMessage::error(message).to_json()), ctx);

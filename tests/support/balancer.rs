@@ -5,7 +5,9 @@
 //! takes the backend away for a while; `route` sends only new connections
 //! elsewhere; `switch_keeping_backends` cuts only the clients' side, so the
 //! old backend still holds its end of each connection (a half-open
-//! connection, as after a network split) and what it sends there is kept.
+//! connection, as after a network split) and what it sends there is kept;
+//! `stall` freezes the connections it carries (open, nothing forwarded
+//! either way, as on a path that silently stopped) while new ones go through.
 
 use std::sync::{Arc, Mutex};
 
@@ -19,6 +21,9 @@ pub struct Balancer {
     cut: watch::Sender<u64>,
     /// Where a cut puts the backends' ends it keeps open, if it keeps them.
     keep: Arc<Mutex<Option<Orphans>>>,
+    stall: watch::Sender<u64>,
+    /// Stalled connections, both ends, held open for the balancer's life.
+    stalled: Arc<Mutex<Vec<(TcpStream, TcpStream)>>>,
 }
 
 /// The backends' ends of connections whose clients' ends were cut, and
@@ -96,7 +101,10 @@ impl Balancer {
         let backend = Arc::new(Mutex::new(backend.to_string()));
         let (cut, _) = watch::channel(0u64);
         let keep: Arc<Mutex<Option<Orphans>>> = Arc::default();
+        let (stall, _) = watch::channel(0u64);
+        let stalled: Arc<Mutex<Vec<(TcpStream, TcpStream)>>> = Arc::default();
         let (target, cuts, kept) = (backend.clone(), cut.clone(), keep.clone());
+        let (stalls, held) = (stall.clone(), stalled.clone());
         actix_rt::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let to = target.lock().expect("backend").clone();
@@ -104,12 +112,17 @@ impl Balancer {
                     continue; // down: the connection is dropped at once
                 }
                 let mut cut = cuts.subscribe();
-                let kept = kept.clone();
+                let mut stall = stalls.subscribe();
+                let (kept, held) = (kept.clone(), held.clone());
                 actix_rt::spawn(async move {
                     let Ok(server) = TcpStream::connect(&to).await else { return };
                     let (mut client, mut server) = (client, server);
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut client, &mut server) => return,
+                        _ = stall.changed() => {
+                            held.lock().expect("stalled").push((client, server));
+                            return;
+                        }
                         _ = cut.changed() => {}
                     }
                     drop(client);
@@ -120,7 +133,22 @@ impl Balancer {
                 });
             }
         });
-        Balancer { addr, backend, cut, keep }
+        Balancer { addr, backend, cut, keep, stall, stalled }
+    }
+
+    /// [`start`](Self::start) on a thread of its own, for a test whose own
+    /// thread blocks (one that drives the CLI through a PTY): it forwards
+    /// while the test waits.
+    pub fn start_on_own_thread(backend: &str) -> Balancer {
+        let backend = backend.to_string();
+        let (started, balancer) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            actix_rt::System::new().block_on(async move {
+                started.send(Balancer::start(&backend).await).expect("the test waits for its balancer");
+                std::future::pending::<()>().await;
+            });
+        });
+        balancer.recv().expect("the balancer's thread started it")
     }
 
     /// The URL clients dial.
@@ -149,6 +177,12 @@ impl Balancer {
         self.route(backend);
         self.cut.send_modify(|n| *n += 1);
         orphans
+    }
+
+    /// Freezes every current connection: both ends stay open and nothing
+    /// more is forwarded either way. New connections go through.
+    pub fn stall(&self) {
+        self.stall.send_modify(|n| *n += 1);
     }
 
     /// Cuts every connection and refuses new ones for `outage`, then

@@ -15,8 +15,10 @@ use awc::error::WsProtocolError;
 use awc::ws::{CloseCode, CloseReason, Frame, Message};
 use bytes::Bytes;
 use futures_util::{SinkExt as _, StreamExt as _};
+use tokio::time::Instant;
 
 use super::fragments::{Complete, Fragments};
+use super::liveness::{ping, Due, Liveness, NO_ANSWER};
 use super::protocol::{describe_close, should_reattach, ServerMessage, CLOSE_ABNORMAL, CLOSE_NO_STATUS};
 use super::{ViewerSocket, MAX_FRAME};
 use crate::client::{Client, ClientError};
@@ -53,6 +55,7 @@ pub struct OutputFollower {
     went_live: bool,
     reconnects: u32,
     fragments: Fragments,
+    liveness: Liveness,
     done: bool,
 }
 
@@ -69,6 +72,7 @@ impl OutputFollower {
             went_live: false,
             reconnects: 0,
             fragments: Fragments::new(MAX_FRAME),
+            liveness: Liveness::new(Instant::now()),
             done: false,
         }
     }
@@ -94,7 +98,24 @@ impl OutputFollower {
                 self.connect().await?;
                 continue;
             };
-            let frame = match socket.next().await {
+            let frame = tokio::select! {
+                frame = socket.next() => frame,
+                () = tokio::time::sleep_until(self.liveness.deadline()) => {
+                    let answered = match self.liveness.check(Instant::now()) {
+                        Due::Nothing => true,
+                        Due::Ask => ping(socket).await,
+                        Due::GiveUp => false,
+                    };
+                    if !answered {
+                        if let Some(ended) = self.lost(CLOSE_ABNORMAL, Some(NO_ANSWER)) {
+                            return Ok(Some(ended));
+                        }
+                    }
+                    continue;
+                }
+            };
+            self.liveness.heard(Instant::now());
+            let frame = match frame {
                 Some(Ok(frame)) => frame,
                 None | Some(Err(WsProtocolError::Io(_))) => {
                     if let Some(ended) = self.lost(CLOSE_ABNORMAL, None) {
@@ -137,6 +158,7 @@ impl OutputFollower {
         match self.client.open_viewer(&self.terminal_id, Some(self.next)).await {
             Ok(socket) => {
                 self.socket = Some(socket);
+                self.liveness = Liveness::new(Instant::now());
                 self.live = false;
                 Ok(())
             }
@@ -214,6 +236,7 @@ impl OutputFollower {
             ServerMessage::Access { .. }
             | ServerMessage::Status { .. }
             | ServerMessage::Size { .. }
+            | ServerMessage::Pong
             | ServerMessage::Unknown => None,
         }
     }

@@ -9,9 +9,12 @@
 //!   repaints are dropped, a replay that skips bytes is reported as a
 //!   [`Followed::Gap`], and a socket closed because the host moved (4503) or
 //!   dropped is reopened from the next offset.
+//! - [`liveness`]: both give up a connection whose server stopped
+//!   answering, and reattach.
 
 mod follow;
 pub mod fragments;
+pub mod liveness;
 pub mod protocol;
 
 use std::time::Duration;
