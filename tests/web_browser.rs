@@ -66,6 +66,7 @@ browser_cases!(
     idle_viewers_do_not_bounce_the_grid,
     kill_and_delete_from_the_list,
     killed_terminal_header_names_the_signal,
+    repaint_keeps_the_scrollback,
 );
 
 #[actix_rt::test]
@@ -87,6 +88,19 @@ async fn dropped_socket_resumes_without_duplicates() {
     // network drop would, and the redial reaches the same server.
     let cut = || balancer.switch(&backend);
     run_case("dropped_socket_resumes_without_duplicates", env, &[("cut", &cut)]).await;
+}
+
+/// The page's socket goes through a balancer that freezes it (open, nothing
+/// forwarded): the page's liveness check finds no answer and redials from
+/// its offset (docs/WEB.md, "Liveness").
+#[actix_rt::test]
+async fn a_frozen_connection_is_dropped_and_resumed() {
+    let e = start(false, &[]).await;
+    let balancer = Balancer::start(e.server.listen_addr()).await;
+    let mut env = case_env(&e);
+    env["balancerUrl"] = json!(balancer.url());
+    let stall = || balancer.stall();
+    run_case("a_frozen_connection_is_dropped_and_resumed", env, &[("stall", &stall)]).await;
 }
 
 /// Two instances on PostgreSQL and Redis; the daemon dials A through a

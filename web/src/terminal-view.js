@@ -49,6 +49,7 @@ export class TerminalView {
     this.holder = null; // true: ours, false: another viewer's, null: not told yet
     this.ptySize = null;
     this.exited = false;
+    this.painted = false; // a replay was painted: a later one keeps the scrollback
     this.disposed = false;
     this.termState = null; // the terminal's state and its host's, from `status`
     this.hostState = null;
@@ -290,14 +291,21 @@ export class TerminalView {
         this.hostState = msg.host;
         this.renderStatus();
         break;
-      case "replay":
-        // A repaint: forget what is on screen, take the snapshot's grid.
+      case "replay": {
+        // A repaint: take the snapshot's grid. The first one paints an
+        // empty terminal; a later one (the page or the server skipped
+        // output) keeps what the user could scroll back to and marks where
+        // output may be missing.
+        const later = this.painted;
+        this.painted = true;
         this.queue.clear();
+        if (later) this.queue.write(new TextEncoder().encode(skippedMark(this.term.rows)));
         this.queue.then(() => {
-          this.term.reset();
+          if (!later) this.term.reset();
           this.term.resize(clampGrid(msg.cols), clampGrid(msg.rows));
         });
         break;
+      }
       case "live":
       case "resume":
         this.sendView();
@@ -437,6 +445,7 @@ export class TerminalView {
       exitSignal: this.exitSignal,
       endMessage: this.endMessage,
       heldBytes: this.heldInput.bytes,
+      droppedBytes: this.heldInput.dropped,
     });
     this.status.textContent = text;
     if (notice) this.showNotice(notice, kind);
@@ -485,6 +494,20 @@ export function bufferLines(term) {
   const lines = [];
   for (let i = 0; i < buffer.length; i++) lines.push(buffer.getLine(i)?.translateToString(true) ?? "");
   return lines;
+}
+
+/** The line that marks a later repaint in the scrollback. */
+export const SKIPPED_MARK = "── output skipped; the screen below is repainted ──";
+
+/**
+ * Escape sequences that move the screen of a terminal `rows` high into its
+ * scrollback, followed by SKIPPED_MARK, leaving the screen blank for a
+ * snapshot: back to the main buffer (the alternate one has no scrollback),
+ * a soft reset (attributes, margins, origin mode), then as many line feeds
+ * from the bottom row as the screen has rows.
+ */
+export function skippedMark(rows) {
+  return `\x1b[?1049l\x1b[!p\x1b[${rows};1H\r\n\x1b[2m${SKIPPED_MARK}\x1b[0m${"\r\n".repeat(rows)}`;
 }
 
 function clampGrid(n) {

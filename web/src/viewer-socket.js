@@ -10,6 +10,13 @@
 // Input typed while no stream is live (reconnecting, host offline, not
 // started yet) is held, up to HELD_INPUT_LIMIT bytes, and sent once the
 // stream is live again; what does not fit is dropped and reported.
+//
+// A browser cannot see WebSocket pings, so a server that stopped answering
+// (a frozen pod, a connection a phone's network change left half open)
+// would look live for ever. After LIVENESS.quietMs with nothing heard the
+// socket sends `{"type":"ping"}`; with nothing heard LIVENESS.answerMs
+// after that, it drops the connection and redials from its offset. A page
+// that becomes visible again asks at once (docs/WEB.md, "Liveness").
 
 export const FINAL_CLOSES = {
   4401: "The token is no longer accepted: sign in again.",
@@ -17,12 +24,17 @@ export const FINAL_CLOSES = {
   4404: "There is no such terminal.",
 };
 const HOST_MOVED = 4503;
+/** What a connection the watchdog dropped counts as: an abnormal close. */
+const CLOSE_NO_ANSWER = 1006;
 /** The server's "stop; the terminal is over" (docs/PROTOCOL.md, "Viewer close codes"). */
 const TERMINAL_OVER = 1000;
 /** At most this much input waits for the stream to come back. */
 export const HELD_INPUT_LIMIT = 4096;
 
 export const BACKOFF = { firstMs: 500, maxMs: 15000, jitter: 0.25 };
+
+/** When to ask the server whether it is there, and how long it has to answer. */
+export const LIVENESS = { quietMs: 15000, answerMs: 5000, checkEveryMs: 1000 };
 
 /** The delay before retry number `attempt` (1-based) after an ordinary drop. */
 export function backoffDelay(attempt, random = Math.random) {
@@ -54,9 +66,52 @@ export class ViewerSocket {
     this.held = []; // input typed while no stream was live
     this.heldBytes = 0;
     this.droppedInput = 0; // bytes of it that did not fit
-    this.stats = { connects: 0, resumes: 0, replays: 0, urls: [], closes: [], sizes: [], heldSent: 0 };
+    this.stats = { connects: 0, resumes: 0, replays: 0, urls: [], closes: [], sizes: [], heldSent: 0, unanswered: 0 };
+    this.heardAt = 0; // when this connection last heard anything from the server
+    this.askedAt = null; // when the unanswered `ping` went out
     this.onOnline = () => this.retryNow();
     window.addEventListener("online", this.onOnline);
+    this.onVisible = () => {
+      if (globalThis.document?.visibilityState === "visible") this.checkLiveness(Date.now(), { askNow: true });
+    };
+    globalThis.document?.addEventListener("visibilitychange", this.onVisible);
+    this.livenessTimer = setInterval(() => this.checkLiveness(Date.now()), LIVENESS.checkEveryMs);
+    this.livenessTimer.unref?.(); // under Node (the unit tests) it keeps no process alive
+  }
+
+  /**
+   * The watchdog (see the top of this file): pings a quiet server and
+   * drops a connection that has not answered. `askNow` pings at once
+   * unless a ping is out already (the page became visible again).
+   */
+  checkLiveness(now, { askNow = false } = {}) {
+    const ws = this.ws;
+    if (this.ended || !ws) return;
+    if (ws.readyState === WebSocket.CONNECTING) {
+      // A handshake that hangs (a black-holed address) gets as long as a
+      // quiet connection and its answer together.
+      if (now - this.heardAt >= LIVENESS.quietMs + LIVENESS.answerMs) this.dropUnanswered(ws);
+      return;
+    }
+    if (ws.readyState !== WebSocket.OPEN) return;
+    if (this.askedAt !== null) {
+      if (now - this.askedAt >= LIVENESS.answerMs) this.dropUnanswered(ws);
+      return;
+    }
+    if (askNow || now - this.heardAt >= LIVENESS.quietMs) {
+      this.askedAt = now;
+      this.send({ type: "ping" });
+    }
+  }
+
+  /** Gives up on a connection that does not answer and redials, as after a drop. */
+  dropUnanswered(ws) {
+    this.stats.unanswered += 1;
+    this.ws = null;
+    ws.onmessage = null;
+    ws.onclose = null;
+    ws.close(1000, "no answer");
+    this.onClose(CLOSE_NO_ANSWER, "the server did not answer");
   }
 
   connect({ fresh = false } = {}) {
@@ -74,9 +129,13 @@ export class ViewerSocket {
     this.ws = ws;
     this.inStream = false;
     this.lastError = null;
+    this.heardAt = Date.now();
+    this.askedAt = null;
     this.handlers.state(this.attempt === 0 ? "connecting" : "reconnecting", { attempt: this.attempt });
     ws.onmessage = (ev) => {
       if (ws !== this.ws) return;
+      this.heardAt = Date.now();
+      this.askedAt = null;
       if (typeof ev.data === "string") this.onControl(JSON.parse(ev.data));
       else this.onBytes(new Uint8Array(ev.data));
     };
@@ -217,6 +276,8 @@ export class ViewerSocket {
     clearTimeout(this.timer);
     this.timer = null;
     window.removeEventListener("online", this.onOnline);
+    globalThis.document?.removeEventListener("visibilitychange", this.onVisible);
+    clearInterval(this.livenessTimer);
     const ws = this.ws;
     this.ws = null;
     if (ws) ws.close(1000, "bye");

@@ -154,6 +154,70 @@ export async function dropped_socket_resumes_without_duplicates(browser) {
   report({ urls: after.socket.urls });
 }
 
+/**
+ * A repaint after the first (here the page's own skip ahead, as after
+ * output it could not keep up with, or a server 1008) keeps the scrollback
+ * and marks where output may be missing, above the repainted screen.
+ */
+export async function repaint_keeps_the_scrollback(browser) {
+  const page = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(page);
+  await startTerminal(page, "sh");
+  await typeLine(page, "seq -f 'old-%g' 1 200; echo old-done-$((2+3))");
+  await waitForLine(page, /^old-done-5/);
+  const before = await screen(page);
+  await page.evaluate(() => window.tether.view.socket.resync());
+  await waitFor("a second replay, live", async () => {
+    const s = await screen(page);
+    return s.socket.replays > before.socket.replays && s.state === "live" ? s : null;
+  });
+  await typeLine(page, "echo new-$((6*7))");
+  await waitForLine(page, /^new-42/);
+  const lines = (await screen(page)).lines.map((l) => l.trimEnd());
+  const mark = "── output skipped; the screen below is repainted ──";
+  const first = lines.indexOf("old-1");
+  const marks = lines.filter((l) => l === mark).length;
+  const at = lines.indexOf(mark);
+  const after = lines.findIndex((l) => /^new-42/.test(l));
+  check(first >= 0, `the scrollback before the repaint is gone:\n${lines.join("\n").trimEnd()}`);
+  check(marks === 1 && first < at && at < after, `one mark between the old output and the new:\n${lines.join("\n").trimEnd()}`);
+  check(lines.slice(at + 1).includes("old-done-5"), "the repaint below the mark shows the screen");
+  noProblems(page);
+  report({ lines: lines.length, markAt: at });
+}
+
+/**
+ * A connection that silently stops (the balancer freezes it) looks live
+ * until the page asks: on becoming visible it pings, hears nothing, drops
+ * the socket and resumes from its offset on a new one.
+ */
+export async function a_frozen_connection_is_dropped_and_resumed(browser) {
+  const base = env.balancerUrl;
+  const page = await newPage(browser, DESKTOP, base);
+  await signInAndSeeHost(page, base);
+  await startTerminal(page, "sh");
+  await typeLine(page, "echo before-$((2*3))");
+  await waitForLine(page, /^before-6/);
+  const before = await screen(page);
+  await askHarness("stall");
+  const asked = Date.now();
+  await page.evaluate(() => document.dispatchEvent(new Event("visibilitychange")));
+  const after = await waitFor("a redial after no answer", async () => {
+    const s = await screen(page);
+    return s.socket.connects > before.socket.connects && s.state === "live" ? s : null;
+  });
+  const waited = Date.now() - asked;
+  check(after.socket.unanswered === 1, `the watchdog dropped the socket: ${JSON.stringify(after.socket)}`);
+  const url = after.socket.urls.at(-1);
+  check(new RegExp(`\\?from=${before.offset}$`).test(url), `redialed ${url}, not ?from=${before.offset}`);
+  check(after.states.join(" ").includes("live reconnecting live"), `the page showed ${after.states.join(" → ")}`);
+  await typeLine(page, "echo after-$((40+2))");
+  await waitForLine(page, /^after-42/);
+  await expectEachOnce(page, ["before-6", "after-42"]);
+  noProblems(page);
+  report({ waitedMs: waited, urls: after.socket.urls });
+}
+
 /** The phone layout: the key row's Ctrl, then c, interrupts `sleep 100`. */
 export async function phone_ctrl_c_interrupts_sleep(browser) {
   const page = await newPage(browser, PHONE);

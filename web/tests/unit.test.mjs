@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { OutputQueue } from "../src/output-queue.js";
 import { arrowSequence, ctrlOf, Modifiers } from "../src/keys.js";
 import { splitArgv } from "../src/dom.js";
-import { backoffDelay, BACKOFF, HELD_INPUT_LIMIT, ViewerSocket } from "../src/viewer-socket.js";
+import { backoffDelay, BACKOFF, HELD_INPUT_LIMIT, LIVENESS, ViewerSocket } from "../src/viewer-socket.js";
 import { PagedList } from "../src/api.js";
 import { describeStatus } from "../src/status.js";
 import { linesFor } from "../src/touch-scroll.js";
@@ -136,12 +136,18 @@ test("the status says what the view waits for", () => {
   const down = describeStatus({ state: "reconnecting", attempt: 2, heldBytes: 5 });
   assert.equal(down.text, "reconnecting (try 2)");
   assert.match(down.notice, /held \(5 bytes so far\) and sent once it is back/);
+  // A paste too large for the hold is said at once, not only once live again.
+  const dropped = describeStatus({ state: "reconnecting", attempt: 1, heldBytes: 5, droppedBytes: 5000 });
+  assert.match(dropped.notice, /held \(5 bytes so far\).* 5000 bytes did not fit in the 4096-byte hold and will not be sent/);
+  const droppedOffline = describeStatus({ state: "live", termState: "running", hostState: "offline", droppedBytes: 5000 });
+  assert.match(droppedOffline.notice, /5000 bytes did not fit/);
   assert.deepEqual(describeStatus({ state: "exited", exitCode: 3 }), { text: "exited with code 3" });
 });
 
 /** A browser WebSocket stand-in: the test opens, feeds and closes it. */
 class FakeSocket {
   static all = [];
+  static CONNECTING = 0;
   static OPEN = 1;
   constructor(url, protocols) {
     Object.assign(this, { url, protocols, readyState: 0, sent: [] });
@@ -339,4 +345,53 @@ test("kill sends the chosen signal (none: the server's HUP); delete answers noth
   } finally {
     globalThis.fetch = saved;
   }
+});
+
+test("a quiet server is asked with a ping; one that does not answer is dropped and redialled from its offset", () => {
+  const { socket, seen, ws } = fakeViewer();
+  const first = ws();
+  first.control({ type: "access", readOnly: true });
+  first.control({ type: "status", state: "running", host: "online" });
+  first.control({ type: "live", offset: 10 });
+  const t0 = socket.heardAt;
+  socket.checkLiveness(t0 + LIVENESS.quietMs - 1);
+  assert.deepEqual(first.sent, [], "nothing is asked before the connection has been quiet long enough");
+  socket.checkLiveness(t0 + LIVENESS.quietMs);
+  assert.deepEqual(first.sent, [{ type: "ping" }], "a read-only viewer pings too");
+  socket.checkLiveness(t0 + LIVENESS.quietMs + 1);
+  assert.equal(first.sent.length, 1, "one ping at a time");
+  // An answer (any message) keeps the connection.
+  first.control({ type: "pong" });
+  socket.checkLiveness(socket.heardAt + LIVENESS.answerMs);
+  assert.equal(socket.ws, first);
+  // A ping nobody answers drops it; the redial resumes from the offset.
+  const t1 = socket.heardAt;
+  socket.checkLiveness(t1 + LIVENESS.quietMs);
+  assert.equal(first.sent.length, 2);
+  socket.checkLiveness(t1 + LIVENESS.quietMs + LIVENESS.answerMs - 1);
+  assert.equal(socket.ws, first, "the answer's time is not over yet");
+  socket.checkLiveness(t1 + LIVENESS.quietMs + LIVENESS.answerMs);
+  assert.equal(socket.ws, null);
+  assert.equal(first.readyState, 3, "the dead connection is closed");
+  assert.equal(seen.states.at(-1).name, "reconnecting");
+  assert.equal(socket.stats.unanswered, 1);
+  socket.connect();
+  assert.match(ws().url, /\?from=10$/);
+  // Becoming visible asks at once.
+  ws().open();
+  socket.checkLiveness(socket.heardAt, { askNow: true });
+  assert.deepEqual(ws().sent, [{ type: "ping" }]);
+  socket.close();
+});
+
+test("a handshake that hangs is given up and redialled", () => {
+  const { socket, seen, ws } = fakeViewer();
+  socket.connect(); // a second dial that never opens
+  const hanging = ws();
+  socket.checkLiveness(socket.heardAt + LIVENESS.quietMs + LIVENESS.answerMs - 1);
+  assert.equal(socket.ws, hanging);
+  socket.checkLiveness(socket.heardAt + LIVENESS.quietMs + LIVENESS.answerMs);
+  assert.equal(socket.ws, null);
+  assert.equal(seen.states.at(-1).name, "reconnecting");
+  socket.close();
 });
