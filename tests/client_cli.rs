@@ -362,6 +362,10 @@ async fn run_streams_output_while_running_and_exits_with_the_runs_code() {
     let runs = person.run(&["runs"]);
     let line = runs.ok().lines().find(|l| l.starts_with(&short_id(&run_id))).expect("run listed").to_owned();
     assert!(line.contains("succeeded") && line.contains("sh -c echo detached-output"), "{line}");
+
+    // logs exits 0 once it wrote the log, however the run ended (CLI.md).
+    let failing = detached_run(&person, &host, "echo failing-output; exit 3");
+    assert_eq!(person.run(&["logs", "--follow", &short_id(&failing)]).ok(), "failing-output\r\n");
 }
 
 #[actix_rt::test]
