@@ -51,6 +51,7 @@ conformance!(
     ended_tokens_are_read_from_the_log,
     daemon_tokens_bind_to_their_first_host,
     a_host_takes_a_second_daemon_token_only_once_the_first_is_unusable,
+    daemon_tokens_register_hosts_in_one_step,
     hosts_upsert_and_scope,
     host_and_terminal_pages,
     host_delete_removes_dependents,
@@ -313,6 +314,62 @@ async fn a_host_takes_a_second_daemon_token_only_once_the_first_is_unusable(stor
     );
 }
 
+/// A daemon token registers its own host, or binds to one no other usable
+/// daemon token holds, in one step: a refusal changes nothing, one token
+/// registering several hostnames at once gets one host, and deleting a
+/// host frees its tokens to register a machine again.
+async fn daemon_tokens_register_hosts_in_one_step(store: &Arc<dyn Store>) {
+    let ann = user(store, "ann").await;
+    let daemon = |hash: &'static str| NewToken { scope: TokenScope::Daemon, ..NewToken::full(ann.id, hash) };
+    let machine = |hostname: &str, name: &str| NewHost {
+        user_id: ann.id,
+        name: name.into(),
+        hostname: hostname.into(),
+        platform: "linux".into(),
+        arch: "x86_64".into(),
+    };
+    let bound_to = |id: Uuid| {
+        let store = store.clone();
+        async move { store.token_by_id(id).await.expect("token").expect("a token").host_id }
+    };
+    let first = store.insert_token(&daemon("hash-first")).await.expect("token");
+    let registered = store.register_host(&machine("laptop", "laptop"), Some(first.id)).await.expect("register");
+    let Registered::Host(laptop) = registered else { panic!("an unbound token refused: {registered:?}") };
+    assert_eq!(bound_to(first.id).await, Some(laptop.id));
+    let again = store.register_host(&machine("laptop", "renamed"), Some(first.id)).await.expect("register");
+    assert!(matches!(&again, Registered::Host(h) if h.id == laptop.id && h.name == "renamed"), "{again:?}");
+    let elsewhere = store.register_host(&machine("other", "other"), Some(first.id)).await.expect("register");
+    assert!(matches!(elsewhere, Registered::TokenBoundElsewhere), "{elsewhere:?}");
+
+    // Another token on the bound machine: refused, and the host keeps its name.
+    let second = store.insert_token(&daemon("hash-second")).await.expect("token");
+    let taken = store.register_host(&machine("laptop", "PWNED"), Some(second.id)).await.expect("register");
+    assert!(matches!(taken, Registered::HostHasToken), "{taken:?}");
+    let hosts = store.list_hosts(ann.id).await.expect("hosts");
+    assert_eq!(
+        hosts.iter().map(|h| (h.hostname.as_str(), h.name.as_str())).collect::<Vec<_>>(),
+        [("laptop", "renamed")]
+    );
+    assert_eq!(bound_to(second.id).await, None);
+
+    // One unbound token registering six hostnames at once: one host.
+    let third = store.insert_token(&daemon("hash-third")).await.expect("token");
+    let tries = (0..6).map(|i| {
+        let (store, new) = (store.clone(), machine(&format!("race-{i}"), "race"));
+        async move { store.register_host(&new, Some(third.id)).await.expect("register") }
+    });
+    let outcomes = futures_util::future::join_all(tries).await;
+    let won = outcomes.iter().filter(|o| matches!(o, Registered::Host(_))).count();
+    assert_eq!(won, 1, "{outcomes:?}");
+    assert_eq!(store.list_hosts(ann.id).await.expect("hosts").len(), 2, "only the winner's host was made");
+
+    // A deleted host's token may register the machine again.
+    assert!(store.delete_host(ann.id, laptop.id).await.expect("delete"));
+    assert_eq!(bound_to(first.id).await, None);
+    let back = store.register_host(&machine("laptop", "laptop"), Some(first.id)).await.expect("register");
+    assert!(matches!(back, Registered::Host(_)), "{back:?}");
+}
+
 /// Pages in creation order after a cursor, filtered by the host's lease or
 /// the terminal's host and state; a deleted cursor item moves nothing.
 async fn host_and_terminal_pages(store: &Arc<dyn Store>) {
@@ -374,16 +431,16 @@ async fn hosts_upsert_and_scope(store: &Arc<dyn Store>) {
     let ann = user(store, "ann").await;
     let bob = user(store, "bob").await;
     let h1 = host(store, &ann, "box").await;
-    let again = store
-        .upsert_host(&NewHost {
-            user_id: ann.id,
-            name: "renamed".into(),
-            hostname: "box".into(),
-            platform: "linux".into(),
-            arch: "aarch64".into(),
-        })
-        .await
-        .expect("upsert");
+    let renamed = NewHost {
+        user_id: ann.id,
+        name: "renamed".into(),
+        hostname: "box".into(),
+        platform: "linux".into(),
+        arch: "aarch64".into(),
+    };
+    let Registered::Host(again) = store.register_host(&renamed, None).await.expect("upsert") else {
+        panic!("refused with no token")
+    };
     assert_eq!(again.id, h1.id, "upsert by user + hostname keeps the id");
     assert_eq!(again.name, "renamed");
     assert_eq!(again.arch, "aarch64");

@@ -296,8 +296,13 @@ async fn a_new_daemon_token_cannot_take_over_a_machine_that_has_one() {
     assert_eq!(hello_as(&server, &first.token, &host).await, None);
 
     let second = daemon_token("second");
-    let (status, refused) = second.post("/api/v1/hosts", body.clone()).await;
+    let renamed = json!({"name": "PWNED", "hostname": "box", "platform": "evil", "arch": "mips"});
+    let (status, refused) = second.post("/api/v1/hosts", renamed).await;
     assert_eq!((status, refused["error"]["code"].as_str()), (403, Some("host_bound_to_other_token")), "{refused}");
+    // The refusal changed nothing.
+    let full = Api::new(server.url(), create_token(&server, "ann"));
+    let (_, shown) = full.get(&format!("/api/v1/hosts/{host}")).await;
+    assert_eq!((&shown["host"]["name"], &shown["host"]["platform"]), (&json!("box"), &json!("linux")), "{shown}");
     assert_eq!(hello_as(&server, &second.token, &host).await, Some(4403));
     let third = daemon_token("third");
     assert_eq!(hello_as(&server, &third.token, &host).await, Some(4403), "a hello does not bind it either");

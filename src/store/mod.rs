@@ -222,8 +222,13 @@ pub trait Store: Send + Sync + 'static {
 
     // ---- hosts
     /// Registers a host; an existing host of the same user and hostname is
-    /// updated and keeps its id.
-    async fn upsert_host(&self, new: &NewHost) -> StoreResult<Host>;
+    /// updated and keeps its id. With `daemon_token` (the id of the daemon
+    /// token that asks, docs/REST.md "Scopes"), only the host that token is
+    /// bound to may be registered, or, for an unbound token, a host no other
+    /// usable daemon token is bound to, which the token is then bound to.
+    /// One transaction: a refusal changes nothing, and one token
+    /// registering several hostnames at once gets one host.
+    async fn register_host(&self, new: &NewHost, daemon_token: Option<Uuid>) -> StoreResult<Registered>;
     async fn list_hosts(&self, user_id: Uuid) -> StoreResult<Vec<Host>>;
     /// A page of a user's hosts, each with whether its lease is live now
     /// (by the database's clock), only those whose liveness is `online`

@@ -587,20 +587,62 @@ impl Store for PgStore {
         Ok(self.execute("DELETE FROM api_token_ends WHERE ended_at < $1", &[&before]).await?)
     }
 
-    async fn upsert_host(&self, new: &NewHost) -> StoreResult<Host> {
-        let row = self
-            .query_opt(
-                &format!(
-                    "INSERT INTO hosts (id, user_id, name, hostname, platform, arch) VALUES ($1, $2, $3, $4, $5, $6) \
-                     ON CONFLICT (user_id, hostname) DO UPDATE SET \
-                       name = excluded.name, platform = excluded.platform, arch = excluded.arch \
-                     RETURNING {HOST_COLS}"
-                ),
-                &[&Uuid::new_v4(), &new.user_id, &new.name, &new.hostname, &new.platform, &new.arch],
-            )
-            .await?
-            .ok_or_else(|| StoreError::Corrupt("host upsert returned nothing".into()))?;
-        host_row(&row)
+    async fn register_host(&self, new: &NewHost, daemon_token: Option<Uuid>) -> StoreResult<Registered> {
+        self.within(async {
+            let mut client = self.client().await?;
+            let tx = client.transaction().await?;
+            if let Some(token) = daemon_token {
+                // One token's registrations take turns on its row.
+                let bound: Option<Uuid> = tx
+                    .query_opt("SELECT host_id FROM api_tokens WHERE id = $1 FOR UPDATE", &[&token])
+                    .await?
+                    .and_then(|row| row.get(0));
+                if let Some(bound) = bound {
+                    let same = tx
+                        .query_opt(
+                            "SELECT 1 FROM hosts WHERE id = $1 AND user_id = $2 AND hostname = $3",
+                            &[&bound, &new.user_id, &new.hostname],
+                        )
+                        .await?
+                        .is_some();
+                    if !same {
+                        return Ok(Registered::TokenBoundElsewhere);
+                    }
+                }
+            }
+            let row = tx
+                .query_one(
+                    &format!(
+                        "INSERT INTO hosts (id, user_id, name, hostname, platform, arch) VALUES ($1, $2, $3, $4, $5, $6) \
+                         ON CONFLICT (user_id, hostname) DO UPDATE SET \
+                           name = excluded.name, platform = excluded.platform, arch = excluded.arch \
+                         RETURNING {HOST_COLS}"
+                    ),
+                    &[&Uuid::new_v4(), &new.user_id, &new.name, &new.hostname, &new.platform, &new.arch],
+                )
+                .await?;
+            let host = host_row(&row)?;
+            if let Some(token) = daemon_token {
+                // A statement of its own, after the upsert took the host's
+                // row: it sees a binding another token committed meanwhile.
+                let taken = tx
+                    .query_opt(
+                        "SELECT 1 FROM api_tokens WHERE host_id = $1 AND id <> $2 AND revoked_at IS NULL \
+                         AND (expires_at IS NULL OR expires_at > now())",
+                        &[&host.id, &token],
+                    )
+                    .await?
+                    .is_some();
+                if taken {
+                    return Ok(Registered::HostHasToken);
+                }
+                tx.execute("UPDATE api_tokens SET host_id = $2 WHERE id = $1 AND host_id IS NULL", &[&token, &host.id])
+                    .await?;
+            }
+            tx.commit().await?;
+            Ok(Registered::Host(host))
+        })
+        .await
     }
 
     async fn list_hosts(&self, user_id: Uuid) -> StoreResult<Vec<Host>> {
@@ -662,6 +704,8 @@ impl Store for PgStore {
                 tx.execute("DELETE FROM terminals WHERE host_id = $1", &[&host_id]).await?;
                 tx.execute("DELETE FROM runs WHERE host_id = $1", &[&host_id]).await?;
                 tx.execute("DELETE FROM relay_assignments WHERE host_id = $1", &[&host_id]).await?;
+                // Its daemon tokens may register a machine again (docs/REST.md).
+                tx.execute("UPDATE api_tokens SET host_id = NULL WHERE host_id = $1", &[&host_id]).await?;
                 tx.execute("DELETE FROM hosts WHERE id = $1", &[&host_id]).await?;
             }
             tx.commit().await?;

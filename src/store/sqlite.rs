@@ -651,30 +651,63 @@ impl Store for SqliteStore {
         self.call(move |c| Ok(c.execute("DELETE FROM api_token_ends WHERE ended_at < ?1", [before])? as u64)).await
     }
 
-    async fn upsert_host(&self, new: &NewHost) -> StoreResult<Host> {
+    async fn register_host(&self, new: &NewHost, daemon_token: Option<Uuid>) -> StoreResult<Registered> {
         let new = new.clone();
         self.call(move |c| {
-            c.execute(
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let (user_id, token) = (new.user_id.to_string(), daemon_token.map(|t| t.to_string()));
+            if let Some(token) = &token {
+                let bound: Option<String> = tx
+                    .query_row("SELECT host_id FROM api_tokens WHERE id = ?1", [token], |r| r.get(0))
+                    .optional()?
+                    .flatten();
+                if let Some(bound) = bound {
+                    let same = tx
+                        .query_row(
+                            "SELECT 1 FROM hosts WHERE id = ?1 AND user_id = ?2 AND hostname = ?3",
+                            params![bound, user_id, new.hostname],
+                            |_| Ok(()),
+                        )
+                        .optional()?
+                        .is_some();
+                    if !same {
+                        return Ok(Registered::TokenBoundElsewhere);
+                    }
+                }
+            }
+            tx.execute(
                 "INSERT INTO hosts (id, user_id, name, hostname, platform, arch, created_at) \
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
                  ON CONFLICT (user_id, hostname) DO UPDATE SET \
                    name = excluded.name, platform = excluded.platform, arch = excluded.arch",
-                params![
-                    Uuid::new_v4().to_string(),
-                    new.user_id.to_string(),
-                    new.name,
-                    new.hostname,
-                    new.platform,
-                    new.arch,
-                    now_ms()
-                ],
+                params![Uuid::new_v4().to_string(), user_id, new.name, new.hostname, new.platform, new.arch, now_ms()],
             )?;
-            let raw = c.query_row(
+            let raw = tx.query_row(
                 &format!("SELECT {HOST_COLS} FROM hosts WHERE user_id = ?1 AND hostname = ?2"),
-                params![new.user_id.to_string(), new.hostname],
+                params![user_id, new.hostname],
                 host_raw,
             )?;
-            host_from_raw(raw)
+            let host = host_from_raw(raw)?;
+            if let Some(token) = &token {
+                let taken = tx
+                    .query_row(
+                        "SELECT 1 FROM api_tokens WHERE host_id = ?1 AND id <> ?2 AND revoked_at IS NULL \
+                         AND (expires_at IS NULL OR expires_at > ?3)",
+                        params![host.id.to_string(), token, now_ms()],
+                        |_| Ok(()),
+                    )
+                    .optional()?
+                    .is_some();
+                if taken {
+                    return Ok(Registered::HostHasToken);
+                }
+                tx.execute(
+                    "UPDATE api_tokens SET host_id = ?2 WHERE id = ?1 AND host_id IS NULL",
+                    params![token, host.id.to_string()],
+                )?;
+            }
+            tx.commit()?;
+            Ok(Registered::Host(host))
         })
         .await
     }
@@ -756,6 +789,8 @@ impl Store for SqliteStore {
                 tx.execute("DELETE FROM terminals WHERE host_id = ?1", [host_id.to_string()])?;
                 tx.execute("DELETE FROM runs WHERE host_id = ?1", [host_id.to_string()])?;
                 tx.execute("DELETE FROM relay_assignments WHERE host_id = ?1", [host_id.to_string()])?;
+                // Its daemon tokens may register a machine again (docs/REST.md).
+                tx.execute("UPDATE api_tokens SET host_id = NULL WHERE host_id = ?1", [host_id.to_string()])?;
                 tx.execute("DELETE FROM hosts WHERE id = ?1", [host_id.to_string()])?;
             }
             tx.commit()?;

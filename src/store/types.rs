@@ -102,6 +102,16 @@ pub struct NewHost {
     pub arch: String,
 }
 
+/// What [`Store::register_host`](super::Store::register_host) did.
+#[derive(Debug, Clone)]
+pub enum Registered {
+    Host(Host),
+    /// Refused: the daemon token is bound to another host.
+    TokenBoundElsewhere,
+    /// Refused: another usable daemon token is bound to this host.
+    HostHasToken,
+}
+
 /// Terminal lifecycle (docs/REST.md, "Terminal").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -54,7 +54,10 @@ pub async fn store_host(
         platform: "linux".into(),
         arch: "x86_64".into(),
     };
-    store.upsert_host(&new).await.expect("register a host")
+    match store.register_host(&new, None).await.expect("register a host") {
+        ::tether::store::Registered::Host(host) => host,
+        refused => panic!("a host registered with no token refused: {refused:?}"),
+    }
 }
 
 /// Two instances A and B forming one cluster on a fresh PostgreSQL database

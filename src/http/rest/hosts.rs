@@ -10,14 +10,14 @@ use serde_json::json;
 use super::page::{PageQuery, Position};
 use super::{check_text, on_host, online_hosts, path_id};
 use crate::audit::Subject;
-use crate::auth::{self, NotItsHost};
+use crate::auth::NotItsHost;
 use crate::daemon::MAX_DIR_PATH_BYTES;
 use crate::http::body::{Json, OptionalJson};
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::http::views::HostView;
 use crate::relay::requests::{HostOp, OpAnswer};
-use crate::store::{AuditAction, HostState, NewHost, TokenScope};
+use crate::store::{AuditAction, HostState, NewHost, Registered, TokenScope};
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -51,26 +51,15 @@ pub async fn register(
 ) -> Result<HttpResponse, ApiError> {
     let body = body.into_inner();
     let name = body.check()?;
-    // A daemon token bound to a host may register only that host again.
-    if let (TokenScope::Daemon, Some(bound)) = (user.0.scope, user.0.bound_host) {
-        let same = state.store.get_host(user.id(), bound).await?.is_some_and(|h| h.hostname == body.hostname);
-        if !same {
-            return Err(refused(NotItsHost::BoundElsewhere));
-        }
-    }
-    let host = state
-        .store
-        .upsert_host(&NewHost {
-            user_id: user.id(),
-            name,
-            hostname: body.hostname,
-            platform: body.platform,
-            arch: body.arch,
-        })
-        .await?;
-    if let Err(not) = auth::speaks_for(state.store.as_ref(), &user.0, host.id).await? {
-        return Err(refused(not));
-    }
+    // A daemon token registers only its own host, or binds to one nobody
+    // else's token holds; checked and written in one transaction.
+    let daemon_token = (user.0.scope == TokenScope::Daemon).then_some(user.0.token_id);
+    let new = NewHost { user_id: user.id(), name, hostname: body.hostname, platform: body.platform, arch: body.arch };
+    let host = match state.store.register_host(&new, daemon_token).await? {
+        Registered::Host(host) => host,
+        Registered::TokenBoundElsewhere => return Err(refused(NotItsHost::BoundElsewhere)),
+        Registered::HostHasToken => return Err(refused(NotItsHost::HostHasToken)),
+    };
     let subject = Subject::host(host.id).by(user.0.token_id);
     state.relay.audit.record(user.id(), AuditAction::HostRegistered, subject);
     let online = online_hosts(&state, &[host.id]).await?.contains(&host.id);
