@@ -272,9 +272,13 @@ impl Denied {
         if self.shared {
             return "a share token reaches only its one terminal, read-only".into();
         }
+        let needs = match self.access {
+            Access::RegisterHost | Access::DaemonSocket | Access::Assign => "a full or daemon token",
+            _ => "a full token",
+        };
         match self.scope {
             TokenScope::Daemon => "a daemon token may only register its host and dial /ws/v1/daemon".into(),
-            TokenScope::Read => "a read token may only read; this needs a full token".into(),
+            TokenScope::Read => format!("a read token may only read; this needs {needs}"),
             TokenScope::Full => "not allowed".into(),
         }
     }

@@ -152,11 +152,23 @@ async fn reserve_placement_books_only_fresh_reserve_cells_then_falls_back_to_the
     let (status, body) = assign(&bound, late).await;
     assert_eq!((status, &body["error"]["code"]), (403, &json!("token_bound_to_other_host")), "{body}");
     assert_eq!(assign(&bound, first).await.0, 200, "a daemon token assigns its own host");
+    // Its body follows the API's conventions: unknown fields are ignored,
+    // a malformed id is invalid_id.
+    let (status, body) = bound.post("/v1/assign", json!({"hostId": first, "extra": 1})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = bound.post("/v1/assign", json!({"hostId": "nope"})).await;
+    assert_eq!((status, &body["error"]["code"]), (400, &json!("invalid_id")), "{body}");
     // A director serves placement, not the relay; its card says so.
     assert_eq!(ann.get("/api/v1/terminals").await.0, 404);
     let (status, card) = ann.get("/api/v1/instance").await;
     assert_eq!(status, 200, "{card}");
     assert_eq!((&card["role"], &card["admitMode"], &card["cell"]), (&json!("director"), &json!("db"), &Value::Null));
+    // Nor does it export a cell's metrics: count(tether_cell_held) counts cells.
+    let (status, metrics) = ann.get_bytes("/metrics").await;
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert_eq!(status, 200);
+    assert!(metrics.contains("tether_viewer_connections"), "{metrics}");
+    assert!(!metrics.contains("tether_cell_"), "{metrics}");
 }
 
 #[actix_rt::test]

@@ -538,7 +538,7 @@ async fn bad_optional_bodies_are_refused(fx: Fixture) {
     expect_error(call_service(&app, post("{not json".into())).await, StatusCode::BAD_REQUEST, "bad_json").await;
     expect_error(call_service(&app, post("\"TERM\"".into())).await, StatusCode::BAD_REQUEST, "bad_json").await;
     // A struct is not read from an array, or anything but an object.
-    for not_an_object in ["[]", "[\"TERM\"]", "null", " 9"] {
+    for not_an_object in ["[]", "[\"TERM\"]", "null", " 9", " ", "\n\n"] {
         let res = call_service(&app, post(not_an_object.into())).await;
         expect_error(res, StatusCode::BAD_REQUEST, "bad_json").await;
     }
@@ -578,6 +578,11 @@ async fn bad_optional_bodies_are_refused(fx: Fixture) {
         ("/api/v1/tokens", "application/x-www-form-urlencoded"),
         ("/api/v1/tokens", "text/plain"),
         (kill.as_str(), "text/plain"),
+        // Not a media type at all is not "no Content-Type".
+        ("/api/v1/tokens", "foo"),
+        ("/api/v1/tokens", "json"),
+        ("/api/v1/tokens", " "),
+        (kill.as_str(), "text/plain, application/json"),
     ] {
         let res = call_service(
             &app,
@@ -589,10 +594,17 @@ async fn bad_optional_bodies_are_refused(fx: Fixture) {
         .await;
         expect_error(res, StatusCode::BAD_REQUEST, "bad_content_type").await;
     }
+    // Two Content-Types: which one holds is anyone's guess, so neither does.
+    let two = auth(TestRequest::post().uri("/api/v1/tokens"), &t)
+        .append_header(("Content-Type", "application/json"))
+        .append_header(("Content-Type", "text/plain"))
+        .set_payload("{}")
+        .to_request();
+    expect_error(call_service(&app, two).await, StatusCode::BAD_REQUEST, "bad_content_type").await;
     // Routes that take no fields hold a body that is there to the same rules.
     for refresh in ["limits", "credentials"] {
         let uri = format!("/api/v1/hosts/{hid}/{refresh}/refresh");
-        for (payload, code) in [("{bad", "bad_json"), ("[]", "bad_json")] {
+        for (payload, code) in [("{bad", "bad_json"), ("[]", "bad_json"), ("  ", "bad_json")] {
             let res = call_service(
                 &app,
                 auth(TestRequest::post().uri(&uri), &t)
@@ -687,6 +699,10 @@ async fn audit_lists_the_callers_own_events(fx: Fixture) {
     expect_error(get("/api/v1/audit?since=yesterday".into()).await, StatusCode::BAD_REQUEST, "invalid_since").await;
     expect_error(get("/api/v1/audit?limit=0".into()).await, StatusCode::BAD_REQUEST, "invalid_limit").await;
     expect_error(get("/api/v1/audit?limit=5001".into()).await, StatusCode::BAD_REQUEST, "invalid_limit").await;
+    for not_a_number in ["x", "-1", "1.0", ""] {
+        let res = get(format!("/api/v1/audit?limit={not_a_number}")).await;
+        expect_error(res, StatusCode::BAD_REQUEST, "invalid_limit").await;
+    }
     let res = call_service(&app, TestRequest::get().uri("/api/v1/audit").to_request()).await;
     expect_error(res, StatusCode::UNAUTHORIZED, "unauthorized").await;
 }

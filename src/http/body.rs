@@ -7,7 +7,8 @@
 //! and answer every failure in the API's error shape before the handler
 //! runs. `Json<T>` stands in for actix's `web::Json`, whose parser skips
 //! unknown fields however deep they nest. For `OptionalJson<T>` an empty
-//! body is "no body"; anything else must parse (400 `bad_json`). actix's
+//! body is "no body"; anything else, white space too, must parse (400
+//! `bad_json`). actix's
 //! `Option<Json<T>>` would swallow those errors as "no body".
 
 use std::future::Future;
@@ -16,7 +17,7 @@ use std::pin::Pin;
 
 use actix_web::dev::{Decompress, Payload};
 use actix_web::http::header;
-use actix_web::{mime, FromRequest, HttpMessage, HttpRequest};
+use actix_web::{mime, FromRequest, HttpRequest};
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
@@ -64,24 +65,31 @@ pub fn parse_required<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     crate::json_input::parse(body).map_err(bad_json)
 }
 
-/// A whole body as an optional JSON value: blank is `None`, anything else
-/// must parse (400 `bad_json`).
+/// A whole body as an optional JSON value: empty is `None`, anything else
+/// (white space included) must parse (400 `bad_json`).
 pub fn parse_optional<T: DeserializeOwned>(body: &[u8]) -> Result<Option<T>, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
+    if body.is_empty() {
         return Ok(None);
     }
     parse_required(body).map(Some)
 }
 
-/// A body may say it is JSON or say nothing; anything else is refused (as
-/// `web::Json` with `content_type_required(false)`: an unreadable header
-/// counts as none).
+/// A body may say it is JSON or say nothing. Anything else is refused: a
+/// type of another kind, a value that is not a media type at all, or more
+/// than one Content-Type header.
 fn json_content_type(req: &HttpRequest) -> Result<(), ApiError> {
-    match req.mime_type() {
-        Ok(Some(mime)) if mime.subtype() != mime::JSON && mime.suffix() != Some(mime::JSON) => {
-            Err(ApiError::bad_request("bad_content_type", "the body must be JSON (Content-Type: application/json)"))
-        }
-        _ => Ok(()),
+    let mut values = req.headers().get_all(header::CONTENT_TYPE);
+    let Some(value) = values.next() else { return Ok(()) };
+    let json = values.next().is_none()
+        && value
+            .to_str()
+            .ok()
+            .and_then(|v| v.parse::<mime::Mime>().ok())
+            .is_some_and(|m| m.subtype() == mime::JSON || m.suffix() == Some(mime::JSON));
+    if json {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request("bad_content_type", "the body must be JSON (Content-Type: application/json)"))
     }
 }
 
@@ -134,7 +142,7 @@ impl<T: DeserializeOwned + 'static> FromRequest for OptionalJson<T> {
         Box::pin(async move {
             let body = body.await?;
             // A body that is there is held to a required one's rules.
-            if !body.iter().all(u8::is_ascii_whitespace) {
+            if !body.is_empty() {
                 content_type?;
             }
             parse_optional(&body).map(OptionalJson)

@@ -6,7 +6,6 @@
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
-use uuid::Uuid;
 
 use crate::auth;
 use crate::director::{AssignError, Director};
@@ -14,10 +13,12 @@ use crate::http::body::Json;
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 
+/// As every API body: unknown fields are ignored, a malformed id is
+/// `invalid_id` (docs/REST.md, "Conventions").
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct AssignRequest {
-    host_id: Uuid,
+    host_id: String,
 }
 
 pub async fn assign(
@@ -28,7 +29,7 @@ pub async fn assign(
 ) -> Result<HttpResponse, ApiError> {
     // The route is registered only where the director runs.
     let director = director.ok_or_else(ApiError::internal)?;
-    let host_id = body.host_id;
+    let host_id = super::field_id(&body.host_id, "hostId")?;
     if state.store.get_host(user.id(), host_id).await?.is_none() {
         return Err(ApiError::not_found("host"));
     }

@@ -18,7 +18,8 @@ const MAX_LIMIT: usize = 5000;
 #[serde(deny_unknown_fields)]
 pub struct AuditQuery {
     since: Option<String>,
-    limit: Option<usize>,
+    /// Text, so that one that is not a number is `invalid_limit` too.
+    limit: Option<String>,
 }
 
 pub async fn list(
@@ -36,9 +37,9 @@ pub async fn list(
             })
         })
         .transpose()?;
-    let limit = match query.limit {
+    let limit = match query.limit.as_deref().map(str::parse::<usize>) {
         None => DEFAULT_LIMIT,
-        Some(n) if (1..=MAX_LIMIT).contains(&n) => n,
+        Some(Ok(n)) if (1..=MAX_LIMIT).contains(&n) => n,
         Some(_) => return Err(ApiError::bad_request("invalid_limit", format!("`limit` must be 1..{MAX_LIMIT}"))),
     };
     let events = state.store.list_audit_events(user.id(), since, limit).await?;
