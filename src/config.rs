@@ -185,6 +185,9 @@ pub struct CellSettings {
     pub id: Option<String>,
     /// This instance's own base URL, for the director.
     pub url: Option<String>,
+    /// A label for operators (`relay_cells.region`, shown by
+    /// `GET /internal/v1/cells`); placement does not read it.
+    pub region: String,
     pub dead_man_base_ms: u64,
     pub dead_man_spread_ms: u64,
     pub held_retry_ms: u64,
@@ -206,6 +209,7 @@ impl Default for CellSettings {
         Self {
             id: None,
             url: None,
+            region: String::new(),
             dead_man_base_ms: 60_000,
             dead_man_spread_ms: 60_000,
             held_retry_ms: 30_000,
@@ -658,10 +662,15 @@ impl Settings {
         if self.director.fresh_ms < self.director.poll_ms {
             return Err(invalid("director.fresh_ms", "must be at least director.poll_ms"));
         }
-        if self.cell.effective_refresh_ms >= self.director.effective_fresh_ms {
+        // The oldest a live cell's row can look to a director: a refresh
+        // period, a writer tick late, read by a poll up to a period ago.
+        let refresh = ms(self.cell.effective_refresh_ms);
+        let oldest = refresh + crate::cell::effective::tick_for(refresh) + ms(self.director.poll_ms);
+        if oldest >= ms(self.director.effective_fresh_ms) {
             return Err(invalid(
                 "cell.effective_refresh_ms",
-                "must be below director.effective_fresh_ms, or effective rows go stale between writes",
+                "plus its writer's tick (a quarter of it, at most 1000) and director.poll_ms must be below \
+                 director.effective_fresh_ms, or effective rows go stale between writes",
             ));
         }
         if self.credentials.check_ms > self.credentials.refresh_before_ms {
@@ -688,6 +697,10 @@ impl Settings {
                     "must be 1 to 128 characters without `#`, `/`, spaces or control characters",
                 ));
             }
+        }
+        let region = &self.cell.region;
+        if region.chars().count() > 64 || region.chars().any(char::is_control) {
+            return Err(invalid("cell.region", "must be at most 64 characters, without control characters"));
         }
         if let Some(url) = &self.cell.url {
             let uri = url.parse::<actix_web::http::Uri>().ok();
@@ -763,10 +776,11 @@ pub fn ms(value: u64) -> Duration {
 }
 
 /// Whether `id` can be a cell's id: 1 to 128 characters without `#`, `/`,
-/// spaces or control characters (an instance id is `<cell id>#<suffix>`,
-/// and ids travel in URL paths).
+/// spaces, control characters or U+FFFD (an instance id is `<cell
+/// id>#<suffix>`, and ids travel in URL paths, where a byte that is not
+/// UTF-8 decodes to U+FFFD: two different paths must not name one cell).
 pub fn valid_cell_id(id: &str) -> bool {
-    let bad = |c: char| c.is_control() || c.is_whitespace() || c == '#' || c == '/';
+    let bad = |c: char| c.is_control() || c.is_whitespace() || c == '#' || c == '/' || c == char::REPLACEMENT_CHARACTER;
     !id.is_empty() && id.chars().count() <= 128 && !id.chars().any(bad)
 }
 
@@ -866,6 +880,7 @@ mod tests {
             ("TETHER_CELL__ID", long.as_str(), "cell.id"),
             ("TETHER_CELL__URL", "notaurl", "cell.url"),
             ("TETHER_CELL__URL", "ftp://x", "cell.url"),
+            ("TETHER_CELL__REGION", "a\tb", "cell.region"),
             ("TETHER_CELL__SLOT_STALE_MS", "1000", "cell.slot_stale_ms"),
             ("TETHER_CELL__SLOT_STALE_MS", "300000", "cell.slot_stale_ms"),
             ("TETHER_CELL__DEAD_MAN_BASE_MS", "18446744073709551615", "cell.dead_man_base_ms"),
@@ -878,6 +893,27 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.cell_id(), "relay-7.eu_west");
+        assert!(Settings::load_from(None, &env(&[("TETHER_CELL__ID", "a\u{fffd}b")])).is_err());
+    }
+
+    #[test]
+    fn an_effective_row_must_stay_fresh_for_the_director_between_writes() {
+        let load = |refresh: &str, fresh: &str| {
+            Settings::load_from(
+                None,
+                &env(&[
+                    ("TETHER_CELL__EFFECTIVE_REFRESH_MS", refresh),
+                    ("TETHER_DIRECTOR__EFFECTIVE_FRESH_MS", fresh),
+                    ("TETHER_DIRECTOR__POLL_MS", "2000"),
+                ]),
+            )
+        };
+        // A refresh, its tick (500 ms) and a poll (2 s) past the freshness.
+        let err = load("2000", "2001").unwrap_err().to_string();
+        assert!(err.contains("cell.effective_refresh_ms"), "{err}");
+        assert!(load("2000", "4500").is_err());
+        assert!(load("2000", "4501").is_ok());
+        assert!(load("15000", "45000").is_ok());
     }
 
     #[test]

@@ -25,12 +25,14 @@ const ALERT_COUNTERS: &[&str] = &[
     "tether_daemon_replaced_total",
     "tether_viewer_slow_closed_total",
     "tether_token_sockets_closed_total",
-    "tether_cell_trips_total",
 ];
 
-/// Labelled counters an operator alerts on, with the label value alerted
-/// on, exported at 0 like [`ALERT_COUNTERS`].
-const ALERT_LABELLED_COUNTERS: &[(&str, &str, &str)] = &[("tether_cell_slot_claims_total", "outcome", "failed")];
+/// What a cell exports at 0 from the start as [`ALERT_COUNTERS`] and
+/// [`GAUGES`] do; a director-only instance runs no cell and exports none
+/// of them, so `count(tether_cell_held)` counts cells.
+const CELL_COUNTERS: &[&str] = &["tether_cell_trips_total"];
+const CELL_LABELLED_COUNTERS: &[(&str, &str, &str)] = &[("tether_cell_slot_claims_total", "outcome", "failed")];
+const CELL_GAUGES: &[&str] = &["tether_cell_tripped", "tether_cell_held"];
 
 /// The unlabelled gauges of docs/OPERATIONS.md, exported at 0 from the
 /// start: an alert that compares two of them (`tether_leases_held` against
@@ -44,8 +46,6 @@ const GAUGES: &[&str] = &[
     "tether_viewer_queue_high_water_bytes",
     "tether_home_viewers",
     "tether_remote_viewers",
-    "tether_cell_tripped",
-    "tether_cell_held",
 ];
 
 /// A handle that renders the process's metrics.
@@ -58,8 +58,9 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 impl Metrics {
     /// Installs the recorder on first use; later calls share it (tests run
-    /// several servers in one process).
-    pub fn install() -> Self {
+    /// several servers in one process). `runs_a_cell`: not a director-only
+    /// instance (which exports no cell metrics).
+    pub fn install(runs_a_cell: bool) -> Self {
         let handle = HANDLE
             .get_or_init(|| {
                 let recorder = PrometheusBuilder::new()
@@ -72,13 +73,15 @@ impl Metrics {
                 if metrics::set_global_recorder(recorder).is_err() {
                     tracing::warn!("tether_metrics_recorder_taken");
                 }
-                for name in ALERT_COUNTERS {
+                let cell = |names: &'static [&'static str]| if runs_a_cell { names } else { &[] };
+                for name in ALERT_COUNTERS.iter().chain(cell(CELL_COUNTERS)) {
                     metrics::counter!(*name).increment(0);
                 }
-                for (name, label, value) in ALERT_LABELLED_COUNTERS {
+                let labelled: &[(&str, &str, &str)] = if runs_a_cell { CELL_LABELLED_COUNTERS } else { &[] };
+                for (name, label, value) in labelled {
                     metrics::counter!(*name, *label => *value).increment(0);
                 }
-                for name in GAUGES {
+                for name in GAUGES.iter().chain(cell(CELL_GAUGES)) {
                     metrics::gauge!(*name).increment(0.0);
                 }
                 handle

@@ -49,6 +49,7 @@ async fn cell(window_ms: u64) -> Cell {
         ("TETHER_CELL__HELD_RETRY_MS", "300"),
         ("TETHER_CELL__SWITCH_POLL_MS", "100"),
         ("TETHER_CELL__EFFECTIVE_REFRESH_MS", "300"),
+        ("TETHER_CELL__REGION", "eu-1"),
         ("RUST_LOG", "info"),
     ];
     let server = TetherServer::start(&env, &["--role", "cell"]).await;
@@ -284,6 +285,12 @@ async fn an_outage_with_the_only_slot_taken_holds_the_cell_until_the_peer_lets_g
 #[actix_rt::test]
 async fn slot_zero_rides_out_many_windows_without_tripping() {
     let cell = cell(300).await;
+    // It registered itself with its region.
+    let region: String = cell
+        .sql()
+        .query_row("SELECT region FROM relay_cells WHERE cell_id = ?1", [CELL], |r| r.get(0))
+        .expect("the cell's row");
+    assert_eq!(region, "eu-1");
     cell.set_switch(&["--admit-mode", "reserve", "--dead-man-trip-slots", "0"]);
     cell.wait_card("held", |c| c["held"] == true).await;
     let (_, held_since) = cell.effective().expect("the effective row");

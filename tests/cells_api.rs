@@ -72,7 +72,7 @@ async fn the_switch_is_written_and_listed_with_the_cluster_secret() {
         assert_eq!((status, &body["error"]["code"]), (400, &json!(code)), "{bad}: {body}");
     }
     let too_long = "x".repeat(129);
-    for bad_id in ["a%23b", "has%20space", "a%2Fb", "a%09b", too_long.as_str()] {
+    for bad_id in ["a%23b", "has%20space", "a%2Fb", "a%09b", "%FF", "%EF%BF%BD", too_long.as_str()] {
         let (status, body) = cluster.put(&format!("/internal/v1/cells/{bad_id}/admit-mode"), json!({})).await;
         assert_eq!((status, &body["error"]["code"]), (400, &json!("invalid_cell_id")), "{bad_id}: {body}");
     }

@@ -140,11 +140,16 @@ impl fmt::Display for Budget {
             writeln!(f, "note: reserve cells have different caps ({}); the largest counts", values.join(", "))?;
         }
         if capped.uncapped_cells > 0 {
-            writeln!(
-                f,
-                "note: {} reserve cells have no dead_man_trip_slots: they trip without a slot and count at their full pools",
-                capped.uncapped_cells
-            )?;
+            let (n, what) = match capped.uncapped_cells {
+                1 => {
+                    (1, "reserve cell has no dead_man_trip_slots: it trips without a slot and counts at its full pool")
+                }
+                n => (
+                    n,
+                    "reserve cells have no dead_man_trip_slots: they trip without a slot and count at their full pools",
+                ),
+            };
+            writeln!(f, "note: {n} {what}")?;
         }
         writeln!(
             f,

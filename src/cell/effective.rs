@@ -67,7 +67,16 @@ pub enum WriterAction {
 #[derive(Debug, Clone, Copy)]
 struct Row {
     mode: AdmitMode,
+    /// When the write that made it started: the row's own time is the
+    /// database's at the statement, so the period counts from there.
     written_at: Instant,
+}
+
+/// How often the writer looks whether a refresh is due: a due refresh is
+/// late by at most this (a quarter of the period, at most 1 s); a change
+/// of mode is written at once, not on a tick.
+pub fn tick_for(refresh: Duration) -> Duration {
+    (refresh / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 #[derive(Debug)]
@@ -80,6 +89,8 @@ pub struct EffectiveWriter {
     /// Ages a row never written.
     started: Instant,
     in_flight: Option<Operation>,
+    /// When the write in flight started.
+    write_started: Option<Instant>,
     queued_claim: Option<Permit>,
     failure_logged_at: Option<Instant>,
 }
@@ -95,6 +106,7 @@ impl EffectiveWriter {
             row: None,
             started: now,
             in_flight: None,
+            write_started: None,
             queued_claim: None,
             failure_logged_at: None,
         }
@@ -151,8 +163,9 @@ impl EffectiveWriter {
     pub fn write_done(&mut self, now: Instant, succeeded: bool, conditions: Conditions) -> Vec<WriterAction> {
         let mut actions = Vec::new();
         if let Some(Operation::Write(mode)) = self.in_flight.take() {
+            let started = self.write_started.take().unwrap_or(now);
             if succeeded {
-                self.row = Some(Row { mode, written_at: now });
+                self.row = Some(Row { mode, written_at: started });
             } else {
                 actions.extend(self.failed(now));
             }
@@ -215,6 +228,7 @@ impl EffectiveWriter {
                 return None;
             }
         }
+        self.write_started = Some(now);
         self.start(Operation::Write(self.wanted)).pop()
     }
 
@@ -266,8 +280,10 @@ mod tests {
         assert_eq!(w.tick(t0, CALM), write(AdmitMode::Reserve));
         assert!(w.tick(t0 + secs(1), CALM).is_empty(), "one write in flight");
         assert!(w.write_done(t0 + secs(1), true, CALM).is_empty());
-        assert!(w.tick(t0 + secs(15), CALM).is_empty());
-        assert_eq!(w.tick(t0 + secs(16), CALM), write(AdmitMode::Reserve));
+        // The period counts from when the write began, not when it ended
+        // (counted from the end, every period came a tick late).
+        assert!(w.tick(t0 + REFRESH - tick_for(REFRESH), CALM).is_empty());
+        assert_eq!(w.tick(t0 + REFRESH, CALM), write(AdmitMode::Reserve));
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub async fn start(
     let row = CellRow {
         cell_id: cell.cell_id.clone(),
         url,
-        region: String::new(),
+        region: settings.cell.region.clone(),
         pool_size: u32::try_from(pools.full).unwrap_or(u32::MAX),
         reserve_pool_size: u32::try_from(pools.reserve).unwrap_or(u32::MAX),
     };

@@ -75,9 +75,7 @@ impl CellAdmitEffectiveWriter {
         slot_stale: Duration,
         wanted: AdmitMode,
     ) -> Self {
-        // Ticks fine enough that a due refresh is late by a quarter period
-        // at most; a change of mode is written at once, not on a tick.
-        let tick = (refresh / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let tick = super::effective::tick_for(refresh);
         Self {
             rules: EffectiveWriter::new(refresh, forced, wanted, Instant::now()),
             cell,

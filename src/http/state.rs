@@ -152,13 +152,14 @@ impl AppState {
         let runs = RunDispatcher::new(relay.clone()).start();
         Sweeper::new(relay.clone()).start();
         crate::jobs::credentials::CredentialsRefresher::new(relay.clone()).start();
+        let metrics = Metrics::install(instance.role != Role::Director);
         Ok(web::Data::new(Self {
             trusted_proxies: super::client_addr::trusted(&settings.http.trusted_proxies),
             token_lookups: super::token_lookups::TokenLookups::start(store.clone()),
             settings,
             store,
             instance,
-            metrics: Metrics::install(),
+            metrics,
             relay,
             limiter: AddressLimiter::default(),
             runs,
