@@ -528,6 +528,17 @@ async fn bad_optional_bodies_are_refused(fx: Fixture) {
     let (host_uuid, terminal_uuid) = (hid.parse().expect("uuid"), tid.parse().expect("uuid"));
     assert!(fx.state.store.claim_launch(host_uuid, terminal_uuid).await.expect("claim"));
     assert!(fx.state.store.mark_started(host_uuid, terminal_uuid).await.expect("start"));
+    // null in an optional field is the field left out, whichever field.
+    let (status, made) =
+        post(&app, &t, "/api/v1/hosts", json!({"hostname": "nulls", "name": null, "platform": null, "arch": null}))
+            .await;
+    assert_eq!(
+        (status, &made["host"]["name"], &made["host"]["platform"]),
+        (StatusCode::CREATED, &json!("nulls"), &json!(""))
+    );
+    let body = json!({"hostId": hid, "argv": null, "dir": null, "cols": null, "title": null});
+    let (status, made) = post(&app, &t, "/api/v1/terminals", body).await;
+    assert_eq!((status, &made["terminal"]["argv"]), (StatusCode::CREATED, &json!([])), "{made}");
     let kill = format!("/api/v1/terminals/{tid}/kill");
     let post = |payload: String| {
         auth(TestRequest::post().uri(&kill), &t)

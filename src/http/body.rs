@@ -65,6 +65,16 @@ pub fn parse_required<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     crate::json_input::parse(body).map_err(bad_json)
 }
 
+/// For an optional field: `null` is taken as the field left out (its
+/// default), as it is for the fields that are `Option`s.
+pub fn null_is_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de> + Default,
+{
+    Ok(<Option<T> as serde::Deserialize>::deserialize(deserializer)?.unwrap_or_default())
+}
+
 /// A whole body as an optional JSON value: empty is `None`, anything else
 /// (white space included) must parse (400 `bad_json`).
 pub fn parse_optional<T: DeserializeOwned>(body: &[u8]) -> Result<Option<T>, ApiError> {

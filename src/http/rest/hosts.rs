@@ -12,7 +12,7 @@ use super::{check_text, on_host, online_hosts, path_id};
 use crate::audit::Subject;
 use crate::auth::NotItsHost;
 use crate::daemon::MAX_DIR_PATH_BYTES;
-use crate::http::body::{Json, OptionalJson};
+use crate::http::body::{null_is_default, Json, OptionalJson};
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::http::views::HostView;
@@ -25,9 +25,9 @@ pub struct RegisterHost {
     #[serde(default)]
     name: Option<String>,
     hostname: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     platform: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     arch: String,
 }
 

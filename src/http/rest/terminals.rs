@@ -11,7 +11,7 @@ use serde_json::json;
 use super::page::{PageQuery, Position};
 use super::{check_argv, check_dir, check_text, field_id, on_host_audited, path_id};
 use crate::audit::Subject;
-use crate::http::body::{Json, OptionalJson};
+use crate::http::body::{null_is_default, Json, OptionalJson};
 use crate::http::error::ApiError;
 use crate::http::state::{AppState, AuthUser};
 use crate::relay::requests::{deliver, HostOp, OpAnswer};
@@ -29,7 +29,7 @@ pub struct CreateTerminal {
     host_id: String,
     #[serde(default)]
     dir: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_default")]
     argv: Vec<String>,
     #[serde(default)]
     cols: Option<u32>,
