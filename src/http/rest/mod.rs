@@ -147,7 +147,7 @@ fn check_argv(argv: &[String]) -> Result<(), ApiError> {
 /// has reported one): the dir must be an allowed dir or inside one.
 pub fn check_dir(dir: &str, allowed: &[String]) -> Result<(), ApiError> {
     if !dir.starts_with('/') || dir.contains('\0') || dir.split('/').any(|part| part == "..") {
-        return Err(ApiError::bad_request("invalid_dir", "`dir` must be an absolute path without `..`"));
+        return Err(ApiError::bad_request("invalid_dir", "`dir` must be an absolute path without `..` or NUL"));
     }
     if allowed.is_empty() {
         return Ok(());

@@ -16,9 +16,13 @@ pub fn grid(value: u32) -> u16 {
     u16::try_from(value.clamp(1, 1000)).unwrap_or(1000)
 }
 
-/// A spawn error's message as stored: its first 1000 characters.
+/// A spawn error's message as stored: one line (a daemon's message may
+/// list what it tried, a line each; they are joined with `; `), its first
+/// 1000 characters. It is the terminal's `error` and a failed run's log
+/// (docs/REST.md, "Runs": one line of text).
 pub fn spawn_error_message(message: &str) -> String {
-    message.chars().take(1000).collect()
+    let lines: Vec<&str> = message.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    lines.join("; ").chars().take(1000).collect()
 }
 
 /// A run's usage as a daemon reports it, each figure capped at `i64::MAX`.
@@ -294,5 +298,20 @@ impl Handler<Inbound> for DaemonConn {
                 done()
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spawn_error_is_stored_as_one_line() {
+        let message = "cannot start nope: not found in PATH\n  /usr/bin/ exists but is a directory.\n\n  /bin/nope: no such file\n";
+        assert_eq!(
+            spawn_error_message(message),
+            "cannot start nope: not found in PATH; /usr/bin/ exists but is a directory.; /bin/nope: no such file"
+        );
+        assert_eq!(spawn_error_message(&"x".repeat(2000)).len(), 1000);
     }
 }
