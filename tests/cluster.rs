@@ -7,7 +7,7 @@ mod support;
 
 use serde_json::{json, Value};
 use support::balancer::Balancer;
-use support::client::{create_token, Api};
+use support::client::{create_token, viewer_url, Api, Socket};
 use support::daemon::DaemonProcess;
 use support::e2e::{metric, reattach, Ticks, Viewer};
 use support::{pg_database, redis_cluster_nodes, redis_url, unique_prefix, TetherServer};
@@ -298,6 +298,38 @@ async fn failover(standalone: bool, kill_owner: bool) {
     }
     let (_, body) = cl.b.get(&format!("/api/v1/terminals/{id}")).await;
     assert_eq!(body["terminal"]["state"], "running", "the terminal never exited: {body}");
+    drop(cl.daemon);
+}
+
+/// A viewer on C types after the host's owner A died, long before A's
+/// lease lapses: its input reaches no instance, and it is closed 4503 at
+/// once (it used to be told nothing until the lease lapsed, and everything
+/// typed meanwhile was lost). Its reattach says the host is offline and
+/// refuses input with that error.
+async fn input_after_the_owner_died_is_refused_not_lost(standalone: bool) {
+    let env = [
+        ("TETHER_BUS__HEARTBEAT_MS", "600000"),
+        ("TETHER_LEASE__TTL_MS", "120000"),
+        ("TETHER_SWEEP__STALE_HOST_MS", "120000"),
+    ];
+    let mut cl = cluster(standalone, &env).await;
+    let (status, body) =
+        cl.c.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh"], "dir": "/tmp"})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&cl.c, &id, "running").await;
+    let mut on_c = Viewer::attach_to(&cl.servers[1], &cl.api.token, &id, "").await;
+    on_c.type_line("echo before-$((2+3))").await;
+    on_c.until("before-5").await;
+
+    cl.a.kill();
+    on_c.type_line("echo into-nothing").await;
+    assert_eq!(on_c.sock.expect_close().await, Some(4503), "the viewer is told to reattach");
+    let url = viewer_url(&cl.servers[1], &id);
+    let mut again = Socket::connect(&url, Some(&cl.api.token), &["tether.v1"]).await;
+    assert_eq!(again.until_message("error").await["message"], "host offline");
+    again.send_json(json!({"type": "input", "data": "echo refused\n"})).await;
+    assert_eq!(again.until_message("error").await["message"], "host offline", "input is refused, not dropped");
     drop(cl.daemon);
 }
 
@@ -740,6 +772,11 @@ mod standalone {
     }
 
     #[actix_rt::test]
+    async fn input_after_the_owner_died_is_refused_not_lost() {
+        super::input_after_the_owner_died_is_refused_not_lost(true).await;
+    }
+
+    #[actix_rt::test]
     async fn viewer_on_another_instance() {
         super::viewer_on_another_instance(true).await;
     }
@@ -784,6 +821,11 @@ mod redis_cluster {
     #[actix_rt::test]
     async fn owner_killed() {
         super::failover(false, true).await;
+    }
+
+    #[actix_rt::test]
+    async fn input_after_the_owner_died_is_refused_not_lost() {
+        super::input_after_the_owner_died_is_refused_not_lost(false).await;
     }
 
     #[actix_rt::test]

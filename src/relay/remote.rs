@@ -266,6 +266,8 @@ pub struct HomeViewer {
     state: crate::store::TerminalState,
     early: VecDeque<FromViewer>,
     events: mpsc::UnboundedSender<(bus::ViewerEvent, usize)>,
+    /// The other end of `events`, until the actor starts its publisher.
+    queue: Option<mpsc::UnboundedReceiver<(bus::ViewerEvent, usize)>>,
     /// Encoded bytes in `events` and in the publish under way.
     events_queued: Arc<AtomicUsize>,
     closed: bool,
@@ -282,26 +284,9 @@ impl HomeViewer {
     ) -> Self {
         let (terminal_id, host_id) = (terminal.id, terminal.host_id);
         let key = relay.remotes.next_home.fetch_add(1, Ordering::Relaxed) + 1;
-        // One task publishes this viewer's messages, so they keep their order.
-        let (events, mut queue) = mpsc::unbounded_channel::<(bus::ViewerEvent, usize)>();
-        let events_queued = Arc::new(AtomicUsize::new(0));
-        let publisher = relay.clone();
-        let queued = events_queued.clone();
-        actix_rt::spawn(async move {
-            let channel = publisher.bus.host_channel(host_id);
-            while let Some((event, weight)) = queue.recv().await {
-                let request = bus::HostRequest {
-                    request_id: String::new(),
-                    reply_to: publisher.instance_id.clone(),
-                    host_id: host_id.to_string(),
-                    op: Some(bus::host_request::Op::ViewerEvent(event)),
-                };
-                if let Err(e) = publisher.bus.publish(&channel, envelope::Body::Request(request)).await {
-                    tracing::warn!(error = %e, "tether_home_viewer_publish_failed");
-                }
-                queued.fetch_sub(weight, Ordering::Relaxed);
-            }
-        });
+        // One task publishes this viewer's messages, so they keep their
+        // order; it starts with the actor (`publish_events`).
+        let (events, queue) = mpsc::unbounded_channel::<(bus::ViewerEvent, usize)>();
         Self {
             key,
             relay,
@@ -321,9 +306,47 @@ impl HomeViewer {
             state: terminal.state,
             early: VecDeque::new(),
             events,
-            events_queued,
+            queue: Some(queue),
+            events_queued: Arc::new(AtomicUsize::new(0)),
             closed: false,
         }
+    }
+
+    /// Publishes the viewer's messages in order on the host's channel. One
+    /// that no instance heard (the owner died; its lease has not lapsed
+    /// yet) or that the bus refused (Redis away) tells the viewer, which
+    /// has the client reattach rather than type on into nothing; what is
+    /// left in the queue is dropped then.
+    fn publish_events(&mut self, ctx: &mut Context<Self>) {
+        let Some(mut queue) = self.queue.take() else { return };
+        let (relay, host_id, queued, viewer) =
+            (self.relay.clone(), self.host_id, self.events_queued.clone(), ctx.address());
+        actix_rt::spawn(async move {
+            let channel = relay.bus.host_channel(host_id);
+            let mut unheard = false;
+            while let Some((event, weight)) = queue.recv().await {
+                if !unheard {
+                    let request = bus::HostRequest {
+                        request_id: String::new(),
+                        reply_to: relay.instance_id.clone(),
+                        host_id: host_id.to_string(),
+                        op: Some(bus::host_request::Op::ViewerEvent(event)),
+                    };
+                    let heard = match relay.bus.publish(&channel, envelope::Body::Request(request)).await {
+                        Ok(receivers) => receivers > 0,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "tether_home_viewer_publish_failed");
+                            false
+                        }
+                    };
+                    if !heard {
+                        unheard = true;
+                        viewer.do_send(Unheard);
+                    }
+                }
+                queued.fetch_sub(weight, Ordering::Relaxed);
+            }
+        });
     }
 
     /// The key this viewer has on this instance and on the bus.
@@ -488,6 +511,7 @@ impl Actor for HomeViewer {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         metrics::gauge!("tether_home_viewers").increment(1.0);
+        self.publish_events(ctx);
         let entry =
             HomeEntry { addr: ctx.address(), host_id: self.host_id, terminal_id: self.terminal_id, waiting_for: None };
         lock(&self.relay.remotes.homes).insert(self.key, entry);
@@ -556,6 +580,24 @@ impl Handler<FromViewer> for HomeViewer {
         } else {
             self.close_client(close::POLICY, "too many messages before the terminal was joined", ctx);
         }
+    }
+}
+
+/// A message of this viewer's reached no instance, or the bus refused it.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Unheard;
+
+impl Handler<Unheard> for HomeViewer {
+    type Result = ();
+    fn handle(&mut self, _: Unheard, ctx: &mut Context<Self>) {
+        if self.closed {
+            return;
+        }
+        tracing::info!(terminal_id = %self.terminal_id, owner = %self.owner, "tether_home_viewer_unheard");
+        // The client reattaches from its offset: through the new owner, or
+        // here to wait, told the host is offline, with its input refused.
+        self.close_client(close::HOST_GONE, "the host's instance did not hear this viewer; reattach", ctx);
     }
 }
 
