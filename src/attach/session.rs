@@ -53,6 +53,9 @@ const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// Keystrokes typed while disconnected are sent after the reattach, up to
 /// this much; beyond it they are dropped rather than buffered without bound.
+/// Once one read of the keyboard does not fit, it and everything typed
+/// after it until the reattach are dropped, never a part of one, and the
+/// user is told how much.
 const MAX_HELD_INPUT: usize = 64 * 1024;
 
 /// Shown when the server says the connection is read-only, before the
@@ -66,6 +69,9 @@ const RESTORE_TITLE: &[u8] = b"\x1b[23;2t";
 /// Shown while waiting for the host, on a line of its own (the stream's
 /// repaint covers it once the host is back).
 const WAITING_FOR_HOST: &str = "\r\n[host offline; waiting for it to come back]\r\n";
+
+/// Said once when typing while disconnected passes [`MAX_HELD_INPUT`].
+const DROPPING_INPUT: &str = "\r\n[disconnected: over 64 KiB typed; the rest is not sent]\r\n";
 
 /// How a connection ended.
 enum Ended {
@@ -90,6 +96,8 @@ pub(super) struct Session<I, R, W> {
     last_keystroke: Instant,
     position: StreamPosition,
     held_input: BytesMut,
+    /// Bytes typed while disconnected that did not fit in the hold.
+    dropped_input: usize,
     /// Whether this connection's `access` came (or another message, from a
     /// server that sends none, which counts as full access).
     access_known: bool,
@@ -117,6 +125,7 @@ where
             last_keystroke: Instant::now(),
             position: StreamPosition::new(),
             held_input: BytesMut::new(),
+            dropped_input: 0,
             access_known: false,
             read_only: false,
             titled: false,
@@ -400,6 +409,7 @@ where
         self.read_only = read_only;
         if read_only {
             self.held_input.clear();
+            self.dropped_input = 0;
             if !self.titled {
                 self.titled = true;
                 self.notify(format!("\r\n{READ_ONLY_BANNER}\r\n").as_bytes());
@@ -415,6 +425,10 @@ where
         if !self.held_input.is_empty() {
             let held = self.held_input.split().freeze();
             send(socket, Message::Binary(held)).await;
+        }
+        if self.dropped_input > 0 {
+            let dropped = std::mem::take(&mut self.dropped_input);
+            self.notify(format!("\r\n[{dropped} bytes typed while disconnected were not sent]\r\n").as_bytes());
         }
     }
 
@@ -450,11 +464,14 @@ where
     }
 
     fn hold_input(&mut self, keys: &[u8]) {
-        let room = MAX_HELD_INPUT.saturating_sub(self.held_input.len());
-        if keys.len() > room {
-            tracing::debug!(dropped = keys.len() - room, "tether_attach_input_dropped_while_disconnected");
+        if self.dropped_input == 0 && self.held_input.len() + keys.len() <= MAX_HELD_INPUT {
+            self.held_input.extend_from_slice(keys);
+            return;
         }
-        self.held_input.extend_from_slice(&keys[..keys.len().min(room)]);
+        if self.dropped_input == 0 {
+            self.notify(DROPPING_INPUT.as_bytes());
+        }
+        self.dropped_input += keys.len();
     }
 
     /// A CLI viewer is always open and visible: it is the user's terminal.
@@ -555,6 +572,27 @@ mod tests {
         }
         assert!(reattach_delay(1) < Duration::from_millis(320));
         assert!(reattach_delay(30) <= REATTACH_MAX_DELAY + REATTACH_MAX_DELAY / 4);
+    }
+
+    #[test]
+    fn input_held_while_disconnected_is_never_cut_and_a_drop_is_told() {
+        let io = LocalIo {
+            input: futures_util::stream::empty::<Bytes>(),
+            size: (80, 24),
+            resizes: futures_util::stream::empty::<(u16, u16)>(),
+            output: Vec::new(),
+        };
+        let opts = AttachOptions::new("http://127.0.0.1:1", "tth_x", "t");
+        let client = Client::new("http://127.0.0.1:1", "tth_x", None).expect("client");
+        let mut session = Session::new(opts, io, client);
+        let line = vec![b'x'; 60 * 1024];
+        session.hold_input(&line);
+        session.hold_input(&[b'y'; 8 * 1024]); // does not fit: dropped whole
+        session.hold_input(b"z"); // would fit, but comes after a drop
+        assert_eq!(session.held_input.len(), line.len(), "the hold keeps what fitted, whole");
+        assert_eq!(session.dropped_input, 8 * 1024 + 1);
+        let shown = String::from_utf8_lossy(&session.io.output).into_owned();
+        assert_eq!(shown, DROPPING_INPUT, "said once, at the first drop");
     }
 
     #[test]

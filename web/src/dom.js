@@ -47,7 +47,7 @@ export function ago(iso, now = Date.now()) {
   return new Date(iso).toLocaleDateString();
 }
 
-/** Splits a command line into argv: spaces separate, quotes group, backslash escapes. */
+/** Splits a command line into argv: spaces separate, quotes group, backslash escapes; a quote left open throws. */
 export function splitArgv(line) {
   const argv = [];
   let current = "";
@@ -74,6 +74,8 @@ export function splitArgv(line) {
       started = true;
     }
   }
+  // As a shell would: a quote left open is a mistake, not a word.
+  if (quote) throw new Error(`the command has a ${quote} quote that is not closed`);
   if (started) argv.push(current);
   return argv;
 }

@@ -30,6 +30,8 @@ const CLOSE_NO_ANSWER = 1006;
 const TERMINAL_OVER = 1000;
 /** At most this much input waits for the stream to come back. */
 export const HELD_INPUT_LIMIT = 4096;
+/** Input goes in frames of at most this (the server takes frames up to 1 MiB). */
+export const INPUT_FRAME_BYTES = 64 * 1024;
 
 export const BACKOFF = { firstMs: 500, maxMs: 15000, jitter: 0.25 };
 
@@ -237,16 +239,29 @@ export class ViewerSocket {
     return this.inStream && this.hostOnline && this.ws !== null;
   }
 
-  /** Sends input while the stream is live; holds it (bounded) until then. */
+  /**
+   * Sends input while the stream is live, in frames of at most
+   * INPUT_FRAME_BYTES (a larger frame is closed 4413: a big paste used to
+   * be lost so); holds it (bounded) until then.
+   */
   sendInput(bytes) {
     if (this.ended) return;
-    if (this.canSendInput() && this.held.length === 0 && this.send(bytes)) return;
+    if (this.canSendInput() && this.held.length === 0 && this.sendInFrames(bytes)) return;
     if (this.heldBytes + bytes.byteLength > HELD_INPUT_LIMIT) this.droppedInput += bytes.byteLength;
     else {
       this.held.push(bytes);
       this.heldBytes += bytes.byteLength;
     }
     this.handlers.held?.({ bytes: this.heldBytes, dropped: this.droppedInput });
+  }
+
+  /** Sends `bytes` in frames of at most INPUT_FRAME_BYTES; false if the socket is not open. */
+  sendInFrames(bytes) {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return false;
+    for (let at = 0; at < bytes.byteLength; at += INPUT_FRAME_BYTES) {
+      this.ws.send(bytes.subarray(at, at + INPUT_FRAME_BYTES));
+    }
+    return true;
   }
 
   /**

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { OutputQueue } from "../src/output-queue.js";
 import { arrowSequence, ctrlOf, Modifiers } from "../src/keys.js";
 import { splitArgv } from "../src/dom.js";
-import { backoffDelay, BACKOFF, HELD_INPUT_LIMIT, LIVENESS, ViewerSocket } from "../src/viewer-socket.js";
+import { backoffDelay, BACKOFF, HELD_INPUT_LIMIT, INPUT_FRAME_BYTES, LIVENESS, ViewerSocket } from "../src/viewer-socket.js";
 import { PagedList } from "../src/api.js";
 import { describeStatus } from "../src/status.js";
 import { linesFor } from "../src/touch-scroll.js";
@@ -87,6 +87,8 @@ test("Ctrl turns keys into control characters", () => {
 
 test("command lines split like a shell's words", () => {
   assert.deepEqual(splitArgv(""), []);
+  assert.throws(() => splitArgv('echo "unterminated'), /quote that is not closed/);
+  assert.throws(() => splitArgv("echo 'x"), /quote that is not closed/);
   assert.deepEqual(splitArgv("  htop  "), ["htop"]);
   assert.deepEqual(splitArgv(`sh -c "echo 'a b'"`), ["sh", "-c", "echo 'a b'"]);
   assert.deepEqual(splitArgv(`a\\ b ''`), ["a b", ""]);
@@ -393,5 +395,19 @@ test("a handshake that hangs is given up and redialled", () => {
   socket.checkLiveness(socket.heardAt + LIVENESS.quietMs + LIVENESS.answerMs);
   assert.equal(socket.ws, null);
   assert.equal(seen.states.at(-1).name, "reconnecting");
+  socket.close();
+});
+
+test("a large paste goes out in frames the server takes, in order", () => {
+  const { socket, ws } = fakeViewer();
+  ws().control({ type: "access", readOnly: false });
+  ws().control({ type: "status", state: "running", host: "online" });
+  ws().control({ type: "live", offset: 0 });
+  const paste = new Uint8Array(3 * 1024 * 1024 + 5).map((_, i) => 97 + (i % 26));
+  socket.sendInput(paste);
+  const frames = ws().sent;
+  assert.ok(frames.every((f) => f.length <= INPUT_FRAME_BYTES), "no frame over the limit");
+  assert.equal(frames.length, Math.ceil(paste.byteLength / INPUT_FRAME_BYTES));
+  assert.equal(frames.join(""), new TextDecoder().decode(paste), "every byte, in order");
   socket.close();
 });
