@@ -8,7 +8,7 @@ use std::num::NonZeroU16;
 
 use bytes::Bytes;
 
-use super::screen_skip::ScrollSkip;
+use super::screen_skip::{Region, ScrollSkip};
 
 /// Grids are clamped to 1..=1000 in both directions (docs/PROTOCOL.md, "Terminals").
 const MAX_GRID: u16 = 1000;
@@ -102,6 +102,14 @@ impl ScreenModel {
             let left_out = trimmed(screen, &mut out);
             tracing::warn!(formatted_bytes = state.len(), rows_left_out = left_out, "tether_daemon_snapshot_trimmed");
         }
+        // vt100's formatted state leaves out the active grid's scroll
+        // region; output that scrolls within it would scroll a replayed
+        // screen whole. Setting it homes the cursor, so the cursor is set
+        // again after it.
+        if let Region::Rows(top, bottom) = self.skip.region(screen.alternate_screen()) {
+            out.extend_from_slice(format!("\x1b[{};{}r", top + 1, bottom + 1).as_bytes());
+            out.extend_from_slice(screen.cursor_state_formatted().as_bytes());
+        }
         Bytes::from(out)
     }
 }
@@ -174,6 +182,26 @@ mod tests {
         assert_eq!(replay.screen().contents(), model.parser.screen().contents());
         assert_eq!(replay.screen().cursor_position(), (2, 2));
         assert_eq!(replay.screen().cell(1, 0).map(|cell| cell.fgcolor()), Some(vt100::Color::Idx(1)));
+    }
+
+    /// A scroll region set on the screen is set by its snapshot too: a
+    /// replayed screen then scrolls the same rows as the real one.
+    #[test]
+    fn snapshot_sets_the_scroll_region() {
+        let (rows, cols) = (NonZeroU16::new(8).unwrap(), NonZeroU16::new(20).unwrap());
+        for setup in [&b"\x1b[HTOP\x1b[3;6r\x1b[6;1H"[..], b"\x1b[?1049hALT\x1b[2;5r\x1b[5;4H"] {
+            let mut model = ScreenModel::new(GridSize::clamped(20, 8));
+            model.process(setup);
+            let snapshot = model.snapshot();
+            let mut replay = vt100::Parser::new(rows, cols, 0);
+            replay.process(&snapshot);
+            assert_eq!(replay.screen().cursor_position(), model.parser.screen().cursor_position());
+            let more: Vec<u8> = (1..=12).flat_map(|n| format!("{n}\r\n").into_bytes()).collect();
+            model.process(&more);
+            replay.process(&more);
+            model.snapshot(); // parses what the model still held back
+            assert_eq!(replay.screen().contents(), model.parser.screen().contents(), "{setup:?}");
+        }
     }
 
     #[test]

@@ -140,6 +140,18 @@ enum Effect {
     FullReset,
 }
 
+/// A grid's scroll region (DECSTBM) as vt100 keeps it, which vt100 does
+/// not tell: known from the sequences that set and reset it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Region {
+    /// The whole screen.
+    Full,
+    /// Rows `top..=bottom`, 0-based.
+    Rows(u16, u16),
+    /// Set by a sequence read conservatively (one with intermediates).
+    Unknown,
+}
+
 /// Feeds a vt100 parser, replacing scrolled-off plain text with a synthetic
 /// scroll (module docs).
 pub struct ScrollSkip {
@@ -148,8 +160,8 @@ pub struct ScrollSkip {
     /// The last byte given was a non-ASCII byte in ground, so vte may hold
     /// an incomplete UTF-8 sequence that the next byte completes or ends.
     utf8_pending: bool,
-    main_region_full: bool,
-    alternate_region_full: bool,
+    main_region: Region,
+    alternate_region: Region,
     /// Scrolled lines the main grid is known to count (a lower bound: only
     /// the synthetic scrolls add to it); see the module docs.
     counted: usize,
@@ -180,8 +192,8 @@ impl Default for ScrollSkip {
             state: VtState::Ground,
             csi: CsiSequence::default(),
             utf8_pending: false,
-            main_region_full: true,
-            alternate_region_full: true,
+            main_region: Region::Full,
+            alternate_region: Region::Full,
             counted: 0,
             synthetic: Vec::new(),
             held: Vec::new(),
@@ -243,8 +255,8 @@ impl ScrollSkip {
                     }
                 }
                 Effect::FullReset => {
-                    self.main_region_full = true;
-                    self.alternate_region_full = true;
+                    self.main_region = Region::Full;
+                    self.alternate_region = Region::Full;
                     self.counted = 0;
                 }
             }
@@ -260,14 +272,25 @@ impl ScrollSkip {
         skipped
     }
 
+    /// The scroll region of the main grid, or of the alternate one, as
+    /// the parser has it once what was given is parsed (a snapshot must
+    /// set it: vt100's formatted state leaves it out).
+    pub fn region(&self, alternate: bool) -> Region {
+        if alternate {
+            self.alternate_region
+        } else {
+            self.main_region
+        }
+    }
+
     /// Resizes the parser; a new size makes both regions full (vt100's
     /// `Grid::set_size` resets them to the new size; the same size is a no-op).
     pub fn resize(&mut self, parser: &mut Parser, rows: std::num::NonZeroU16, cols: std::num::NonZeroU16) {
         self.flush(parser);
         let (old_rows, old_cols) = parser.screen().size();
         if (old_rows, old_cols) != (rows, cols) {
-            self.main_region_full = true;
-            self.alternate_region_full = true;
+            self.main_region = Region::Full;
+            self.alternate_region = Region::Full;
         }
         // A taller screen takes up to the rows it gains from the count.
         self.counted = self.counted.saturating_sub(usize::from(rows.get().saturating_sub(old_rows.get())));
@@ -296,18 +319,18 @@ impl ScrollSkip {
         match final_byte {
             b'r' => {
                 let (rows, _) = parser.screen().size();
-                let full = plain && decstbm_is_full(params, rows.get());
+                let region = if plain { decstbm_region(params, rows.get()) } else { Region::Unknown };
                 parser.process(upto);
                 if parser.screen().alternate_screen() {
-                    self.alternate_region_full = full;
+                    self.alternate_region = region;
                 } else {
-                    self.main_region_full = full;
+                    self.main_region = region;
                 }
                 true
             }
             b'h' => {
                 if private && params.contains(&ALTERNATE_SCREEN_CLEARED) {
-                    self.alternate_region_full = true;
+                    self.alternate_region = Region::Full;
                 }
                 false
             }
@@ -445,8 +468,7 @@ impl ScrollSkip {
         parser.process(&data[*fed..run.start]);
         *fed = run.start;
         let screen = parser.screen();
-        let region_full = if screen.alternate_screen() { self.alternate_region_full } else { self.main_region_full };
-        if !region_full {
+        if self.region(screen.alternate_screen()) != Region::Full {
             return 0;
         }
         let (rows, cols) = screen.size();
@@ -518,7 +540,7 @@ fn plain_prefix_len(bytes: &[u8]) -> usize {
 /// Whether vt100's DECSTBM with these parameters leaves the whole screen
 /// as the region (`Grid::set_scroll_region`: an empty or inverted region
 /// resets it).
-fn decstbm_is_full(params: &[u16], rows: u16) -> bool {
+fn decstbm_region(params: &[u16], rows: u16) -> Region {
     let param = |at: usize| params.get(at).copied().unwrap_or(0);
     let top = param(0).max(1) - 1;
     let bottom = match param(1) {
@@ -526,7 +548,11 @@ fn decstbm_is_full(params: &[u16], rows: u16) -> bool {
         bottom => bottom,
     };
     let bottom = (bottom - 1).min(rows - 1);
-    top >= bottom || (top == 0 && bottom == rows - 1)
+    if top >= bottom || (top == 0 && bottom == rows - 1) {
+        Region::Full
+    } else {
+        Region::Rows(top, bottom)
+    }
 }
 
 /// Follows the cursor through plain text from column `col` the way vt100
@@ -954,6 +980,33 @@ mod tests {
         pair.feed(&burst);
         assert!(pair.skipped > 0);
         pair.assert_same("after a resize");
+    }
+
+    /// The region it tracks is vt100's own, set, reset and per grid.
+    #[test]
+    fn the_tracked_region_is_vt100s() {
+        let mut pair = Pair::new(10, 20);
+        let check = |pair: &Pair, alternate: bool, top: u16, bottom: u16| {
+            let expected = if (top, bottom) == (0, 9) { Region::Full } else { Region::Rows(top, bottom) };
+            assert_eq!(pair.skip.region(alternate), expected);
+            if pair.plain.screen().alternate_screen() == alternate {
+                let needle = format!("scroll_top: {top}, scroll_bottom: {bottom},");
+                assert!(state(&pair.plain).contains(&needle), "{needle}: {}", state(&pair.plain));
+            }
+        };
+        pair.feed(b"\x1b[3;7r");
+        check(&pair, false, 2, 6);
+        pair.feed(b"\x1b[5r");
+        check(&pair, false, 4, 9);
+        pair.feed(b"\x1b[?1049h\x1b[2;4r");
+        check(&pair, true, 1, 3);
+        check(&pair, false, 4, 9);
+        pair.feed(b"\x1b[?1049l\x1b[6;6r");
+        check(&pair, false, 0, 9);
+        pair.feed(b"\x1b[2;99r");
+        check(&pair, false, 1, 9);
+        pair.feed(b"\x1bc");
+        check(&pair, false, 0, 9);
     }
 
     /// Text after a partial region is parsed in full until the region is
