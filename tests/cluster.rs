@@ -259,6 +259,19 @@ async fn a_slow_viewer_on_another_instance_holds_back_only_its_terminal() {
     }
 }
 
+/// A shell made through C, running, and a viewer on C that saw it answer.
+async fn shell_viewed_on_c(cl: &Cluster) -> (String, Viewer) {
+    let (status, body) =
+        cl.c.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh"], "dir": "/tmp"})).await;
+    assert_eq!(status, 201, "{body}");
+    let id = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&cl.c, &id, "running").await;
+    let mut on_c = Viewer::attach_to(&cl.servers[1], &cl.api.token, &id, "").await;
+    on_c.type_line("echo before-$((2+3))").await;
+    on_c.until("before-5").await;
+    (id, on_c)
+}
+
 /// The daemon moves from A to B (the balancer takes A out, or A is
 /// SIGKILLed): viewers that went through A are closed 4503, reattach and
 /// stream from B; the terminal never exits. The heartbeat is set far beyond
@@ -268,14 +281,7 @@ async fn failover(standalone: bool, kill_owner: bool) {
     let env =
         [("TETHER_BUS__HEARTBEAT_MS", "600000"), ("TETHER_LEASE__RENEW_MS", "1000"), ("TETHER_LEASE__TTL_MS", "3000")];
     let mut cl = cluster(standalone, &env).await;
-    let (status, body) =
-        cl.c.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh"], "dir": "/tmp"})).await;
-    assert_eq!(status, 201, "{body}");
-    let id = body["terminal"]["id"].as_str().expect("id").to_string();
-    wait_state(&cl.b, &id, "running").await;
-    let mut on_c = Viewer::attach_to(&cl.servers[1], &cl.api.token, &id, "").await;
-    on_c.type_line("echo before-$((2+3))").await;
-    on_c.until("before-5").await;
+    let (id, mut on_c) = shell_viewed_on_c(&cl).await;
     let mut on_a = Viewer::attach_to(&cl.a, &cl.api.token, &id, "").await;
 
     if kill_owner {
@@ -313,14 +319,7 @@ async fn input_after_the_owner_died_is_refused_not_lost(standalone: bool) {
         ("TETHER_SWEEP__STALE_HOST_MS", "120000"),
     ];
     let mut cl = cluster(standalone, &env).await;
-    let (status, body) =
-        cl.c.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh"], "dir": "/tmp"})).await;
-    assert_eq!(status, 201, "{body}");
-    let id = body["terminal"]["id"].as_str().expect("id").to_string();
-    wait_state(&cl.c, &id, "running").await;
-    let mut on_c = Viewer::attach_to(&cl.servers[1], &cl.api.token, &id, "").await;
-    on_c.type_line("echo before-$((2+3))").await;
-    on_c.until("before-5").await;
+    let (id, mut on_c) = shell_viewed_on_c(&cl).await;
 
     cl.a.kill();
     on_c.type_line("echo into-nothing").await;
