@@ -73,15 +73,18 @@ impl Metrics {
                 if metrics::set_global_recorder(recorder).is_err() {
                     tracing::warn!("tether_metrics_recorder_taken");
                 }
-                let cell = |names: &'static [&'static str]| if runs_a_cell { names } else { &[] };
-                for name in ALERT_COUNTERS.iter().chain(cell(CELL_COUNTERS)) {
+                let (cell_counters, cell_labelled, cell_gauges) = if runs_a_cell {
+                    (CELL_COUNTERS, CELL_LABELLED_COUNTERS, CELL_GAUGES)
+                } else {
+                    (&[][..], &[][..], &[][..])
+                };
+                for name in ALERT_COUNTERS.iter().chain(cell_counters) {
                     metrics::counter!(*name).increment(0);
                 }
-                let labelled: &[(&str, &str, &str)] = if runs_a_cell { CELL_LABELLED_COUNTERS } else { &[] };
-                for (name, label, value) in labelled {
+                for (name, label, value) in cell_labelled {
                     metrics::counter!(*name, *label => *value).increment(0);
                 }
-                for name in GAUGES.iter().chain(cell(CELL_GAUGES)) {
+                for name in GAUGES.iter().chain(cell_gauges) {
                     metrics::gauge!(*name).increment(0.0);
                 }
                 handle

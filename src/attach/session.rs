@@ -29,7 +29,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use super::position::StreamPosition;
 use super::{AttachError, AttachOptions, AttachOutcome, LocalIo};
 use crate::client::viewer::fragments::{Complete, Fragments};
-use crate::client::viewer::liveness::{ping, Due, Liveness, NO_ANSWER};
+use crate::client::viewer::liveness::{Liveness, NO_ANSWER};
 use crate::client::viewer::protocol::{
     describe_close, should_reattach, ClientMessage, ServerMessage, CLOSE_ABNORMAL, CLOSE_NORMAL, CLOSE_NO_STATUS,
 };
@@ -297,12 +297,7 @@ where
                 },
                 _ = heartbeat.tick(), if self.may_control() => self.send_control(socket, &self.view()).await,
                 () = tokio::time::sleep_until(liveness.deadline()) => {
-                    let answered = match liveness.check(Instant::now()) {
-                        Due::Nothing => true,
-                        Due::Ask => ping(socket).await,
-                        Due::GiveUp => false,
-                    };
-                    if !answered {
+                    if !liveness.act(socket).await {
                         return Ok(self.lost(CLOSE_ABNORMAL, Some(NO_ANSWER)));
                     }
                 }

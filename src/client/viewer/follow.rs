@@ -18,7 +18,7 @@ use futures_util::{SinkExt as _, StreamExt as _};
 use tokio::time::Instant;
 
 use super::fragments::{Complete, Fragments};
-use super::liveness::{ping, Due, Liveness, NO_ANSWER};
+use super::liveness::{Liveness, NO_ANSWER};
 use super::protocol::{describe_close, should_reattach, ServerMessage, CLOSE_ABNORMAL, CLOSE_NO_STATUS};
 use super::{ViewerSocket, MAX_FRAME};
 use crate::client::{Client, ClientError};
@@ -101,12 +101,7 @@ impl OutputFollower {
             let frame = tokio::select! {
                 frame = socket.next() => frame,
                 () = tokio::time::sleep_until(self.liveness.deadline()) => {
-                    let answered = match self.liveness.check(Instant::now()) {
-                        Due::Nothing => true,
-                        Due::Ask => ping(socket).await,
-                        Due::GiveUp => false,
-                    };
-                    if !answered {
+                    if !self.liveness.act(socket).await {
                         if let Some(ended) = self.lost(CLOSE_ABNORMAL, Some(NO_ANSWER)) {
                             return Ok(Some(ended));
                         }

@@ -28,7 +28,7 @@ pub const NO_ANSWER: &str = "the server did not answer";
 /// Sends the watchdog's ping; false when even that could not be done
 /// within [`ANSWER`] (a peer that stopped reading), which counts as no
 /// answer.
-pub async fn ping<S>(socket: &mut S) -> bool
+async fn ping<S>(socket: &mut S) -> bool
 where
     S: Sink<Message, Error = WsProtocolError> + Unpin,
 {
@@ -70,6 +70,20 @@ impl Liveness {
         match self.asked {
             Some(at) => at + ANSWER,
             None => self.heard + QUIET,
+        }
+    }
+
+    /// Does what is due at [`deadline`](Self::deadline) on `socket`: a
+    /// ping when it has been quiet. False when the connection is to be
+    /// given up (a ping went unanswered, or could not be sent).
+    pub async fn act<S>(&mut self, socket: &mut S) -> bool
+    where
+        S: Sink<Message, Error = WsProtocolError> + Unpin,
+    {
+        match self.check(Instant::now()) {
+            Due::Nothing => true,
+            Due::Ask => ping(socket).await,
+            Due::GiveUp => false,
         }
     }
 
