@@ -316,11 +316,12 @@ impl HomeViewer {
     /// that no instance heard (the owner died; its lease has not lapsed
     /// yet) or that the bus refused (Redis away) tells the viewer, which
     /// has the client reattach rather than type on into nothing; what is
-    /// left in the queue is dropped then.
+    /// left in the queue is dropped then. The task holds the viewer by a
+    /// weak address: it must not keep the actor that owns its queue alive.
     fn publish_events(&mut self, ctx: &mut Context<Self>) {
         let Some(mut queue) = self.queue.take() else { return };
         let (relay, host_id, queued, viewer) =
-            (self.relay.clone(), self.host_id, self.events_queued.clone(), ctx.address());
+            (self.relay.clone(), self.host_id, self.events_queued.clone(), ctx.address().downgrade());
         actix_rt::spawn(async move {
             let channel = relay.bus.host_channel(host_id);
             let mut unheard = false;
@@ -341,7 +342,9 @@ impl HomeViewer {
                     };
                     if !heard {
                         unheard = true;
-                        viewer.do_send(Unheard);
+                        if let Some(viewer) = viewer.upgrade() {
+                            viewer.do_send(Unheard);
+                        }
                     }
                 }
                 queued.fetch_sub(weight, Ordering::Relaxed);
