@@ -258,6 +258,35 @@ async fn attach_gives_up_a_frozen_connection_and_goes_on() {
     assert!(!open.exited(), "{screen}");
 }
 
+/// The server out of reach for longer than five reattach attempts take
+/// (about 8 s of back-off against a refused connection): attach says it is
+/// reconnecting and keeps trying, the keys typed meanwhile are held, and
+/// once the server answers again they run in the same shell.
+#[actix_rt::test]
+async fn attach_waits_out_a_server_out_of_reach_and_sends_what_was_typed() {
+    let e = e2e::start(false, &[]).await;
+    let client = client(&e);
+    let host = the_host(&client).await;
+    let balancer = Balancer::start_on_own_thread(e.server.listen_addr());
+    let person = Person::new();
+    person.run(&["login", "--server", &balancer.url(), "--token", &e.api.token]).ok();
+
+    let mut open = person.pty(&["open", &host.name], (100, 30));
+    open.type_keys(b"echo before-$((2*3))\r");
+    open.wait_for("before-6");
+    let outage = balancer.outage(Duration::from_secs(16));
+    let typing = async {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        open.type_keys(b"echo during-$((6*7))\r");
+    };
+    futures_util::future::join(outage, typing).await;
+    assert!(!open.exited(), "attach gave up while the server was out of reach:\n{}", open.screen());
+    open.wait_for("[connection to the server lost; reconnecting");
+    open.wait_for("during-42");
+    open.type_keys(b"echo after-$((40+2))\r");
+    open.wait_for("after-42");
+}
+
 /// The output follower (what `tether run` and `tether logs --follow` read
 /// with) gives up a frozen connection the same way and goes on from the
 /// next byte: every line once, in order.

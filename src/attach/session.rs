@@ -3,9 +3,12 @@
 //!
 //! A connection ends either for good (detach, exit, a refusal) or in a way
 //! another connection can continue (4503, a dropped socket); then the session
-//! reattaches with `?from=<offset>` after a short backoff, and gives up after
-//! [`MAX_REATTACH_ATTEMPTS`] consecutive connections that never went live.
-//! The detach key works at every moment, including while reconnecting. A
+//! reattaches with `?from=<offset>` after a short backoff. It gives up only
+//! when no connection has gone live for [`REATTACH_PATIENCE`] and at least
+//! [`MIN_REATTACH_ATTEMPTS`] attempts failed: a server restarting, frozen or
+//! out of reach for a while is waited for, as the web page does, and says so
+//! on the screen. The detach key works at every moment, including while
+//! reconnecting. A
 //! connection whose server stops answering is given up and reattached too
 //! (`client::viewer::liveness`).
 //!
@@ -41,8 +44,15 @@ use crate::client::Client;
 /// also pings holders it has not heard from, and our pongs answer that).
 const HEARTBEAT: Duration = Duration::from_secs(5);
 
-/// Consecutive reattach attempts that never reached live before giving up.
-const MAX_REATTACH_ATTEMPTS: u32 = 5;
+/// How long the session keeps reattaching after its last live connection
+/// was lost, before it gives up: long enough for a server's restart, a
+/// network change or a frozen instance's replacement, bounded so that a
+/// server gone for good ends a session that nobody watches.
+const REATTACH_PATIENCE: Duration = Duration::from_secs(10 * 60);
+
+/// Failed attempts made before giving up, however long they took (a laptop
+/// that slept through the patience still tries a few times on waking).
+const MIN_REATTACH_ATTEMPTS: u32 = 5;
 
 /// First reattach delay; doubles per failed attempt up to [`REATTACH_MAX_DELAY`].
 const REATTACH_BASE_DELAY: Duration = Duration::from_millis(250);
@@ -69,6 +79,10 @@ const RESTORE_TITLE: &[u8] = b"\x1b[23;2t";
 /// Shown while waiting for the host, on a line of its own (the stream's
 /// repaint covers it once the host is back).
 const WAITING_FOR_HOST: &str = "\r\n[host offline; waiting for it to come back]\r\n";
+
+/// Shown once per outage when a reattach's handshake failed (the stream's
+/// repaint, or the next output, follows it once a connection is live again).
+const RECONNECTING: &str = "\r\n[connection to the server lost; reconnecting (the detach key ends the wait)]\r\n";
 
 /// Said once when typing while disconnected passes [`MAX_HELD_INPUT`].
 const DROPPING_INPUT: &str = "\r\n[disconnected: over 64 KiB typed; the rest is not sent]\r\n";
@@ -107,6 +121,9 @@ pub(super) struct Session<I, R, W> {
     /// The user was told the host is offline and we wait for it (said
     /// again only after the stream went on).
     waiting_for_host: bool,
+    /// The user was told we reconnect (said again only after the stream
+    /// went on).
+    told_reconnecting: bool,
 }
 
 impl<I, R, W> Session<I, R, W>
@@ -130,6 +147,7 @@ where
             read_only: false,
             titled: false,
             waiting_for_host: false,
+            told_reconnecting: false,
         }
     }
 
@@ -143,9 +161,11 @@ where
 
     async fn connections(&mut self) -> Result<AttachOutcome, AttachError> {
         let mut reattaching = false;
-        // Reattach attempts since a connection last went live: bounded, so a
-        // host that is gone for good ends the session instead of a retry loop.
+        // Reattach attempts since a connection last went live, and when that
+        // connection was lost: a host or server gone for good ends the
+        // session after REATTACH_PATIENCE instead of a retry loop.
         let mut attempts = 0u32;
+        let mut outage_since = Instant::now();
         loop {
             let connecting = self.open_socket(self.position.resume_from());
             let Some(connected) = self.watch_input_while(connecting).await else {
@@ -161,12 +181,19 @@ where
                 Ended::Lost { went_live, if_giving_up } => {
                     if went_live {
                         attempts = 0;
+                        outage_since = Instant::now();
                     }
                     if_giving_up
                 }
             };
-            if attempts == MAX_REATTACH_ATTEMPTS {
-                return give_up(if_giving_up, attempts);
+            if attempts >= MIN_REATTACH_ATTEMPTS && outage_since.elapsed() >= REATTACH_PATIENCE {
+                return self.give_up_reattaching(if_giving_up, attempts);
+            }
+            // A handshake that failed, not a server that answered and sent
+            // us on (a 4503 from a moving host is over in a moment).
+            if if_giving_up.is_err() && !self.told_reconnecting {
+                self.told_reconnecting = true;
+                self.notify(RECONNECTING.as_bytes());
             }
             attempts += 1;
             reattaching = true;
@@ -176,6 +203,20 @@ where
                 return Ok(AttachOutcome::Detached);
             }
         }
+    }
+
+    /// Ends the session after the last failed attempt, saying how much of
+    /// what was typed meanwhile was never sent.
+    fn give_up_reattaching(
+        &mut self,
+        if_giving_up: Result<AttachOutcome, AttachError>,
+        attempts: u32,
+    ) -> Result<AttachOutcome, AttachError> {
+        let unsent = self.held_input.len() + self.dropped_input;
+        if unsent > 0 {
+            self.notify(format!("\r\n[{unsent} bytes typed while disconnected were not sent]\r\n").as_bytes());
+        }
+        give_up(if_giving_up, attempts)
     }
 
     /// The handshake, as a future that borrows nothing from `self` so that
@@ -331,10 +372,12 @@ where
             }
             ServerMessage::Live { offset } => {
                 self.waiting_for_host = false;
+                self.told_reconnecting = false;
                 self.position.on_live(offset);
             }
             ServerMessage::Resume { offset } => {
                 self.waiting_for_host = false;
+                self.told_reconnecting = false;
                 if let Some(expected) = self.position.on_resume(offset) {
                     tracing::warn!(expected, offset, "tether_attach_resume_offset_mismatch");
                 }
