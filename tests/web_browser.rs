@@ -53,6 +53,7 @@ browser_cases!(
     second_viewer_sees_held_bar_and_takes_over,
     hidden_holder_yields_the_grid,
     phone_ctrl_c_interrupts_sleep,
+    phone_held_bar_keeps_the_top_row,
     bad_token_and_sign_out,
     failed_start_shows_error_and_stops,
     start_error_stays_until_the_user_acts,

@@ -380,7 +380,12 @@ export class TerminalView {
       this.heldBar.hidden = true;
       return;
     }
-    this.holderText.textContent = `viewing at ${this.ptySize.cols}×${this.ptySize.rows}, held by another viewer`;
+    // On a phone only the second part shows (style.css), so the bar stays
+    // small in the top right corner instead of covering the top row.
+    this.holderText.replaceChildren(
+      el("span", { className: "held-size" }, `viewing at ${this.ptySize.cols}×${this.ptySize.rows}, `),
+      "held by another viewer",
+    );
     if (!this.heldBar.hidden) return;
     this.heldBarTimer = setTimeout(() => {
       if (this.holder === false && !over()) this.heldBar.hidden = false;

@@ -218,6 +218,32 @@ export async function a_frozen_connection_is_dropped_and_resumed(browser) {
   report({ waitedMs: waited, urls: after.socket.urls });
 }
 
+/** On a phone, the held bar is small, in the top right corner: most of the top row shows. */
+export async function phone_held_bar_keeps_the_top_row(browser) {
+  const first = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(first);
+  const id = await startTerminal(first, "sh");
+  await typeLine(first, "echo first-here");
+  await waitForLine(first, /^first-here/);
+
+  const phone = await newPage(browser, PHONE);
+  await signIn(phone);
+  await phone.waitForSelector(".home");
+  await openTerminal(phone, id);
+  await phone.waitForSelector(".held-bar:not([hidden])");
+  const bar = await phone.locator(".held-bar").boundingBox();
+  const area = await phone.locator(".screen").boundingBox();
+  check(bar.width <= area.width * 0.7, `the bar is ${bar.width}px of the screen's ${area.width}px`);
+  check(bar.x + bar.width <= area.x + area.width, "the bar ends within the screen");
+  check(bar.x >= area.x + area.width * 0.3, `the bar sits on the right (x ${bar.x} of ${area.width})`);
+  check((await phone.locator(".held-bar").textContent()).includes("held by another viewer"), "the bar says why");
+  await phone.screenshot({ path: shot("phone-held.png") });
+  await phone.tap(".take-over");
+  await phone.waitForSelector(".held-bar", { state: "hidden" });
+  noProblems(phone);
+  report({ bar, area });
+}
+
 /** The phone layout: the key row's Ctrl, then c, interrupts `sleep 100`. */
 export async function phone_ctrl_c_interrupts_sleep(browser) {
   const page = await newPage(browser, PHONE);
