@@ -178,6 +178,7 @@ async fn an_arbiter_started_after_the_exit_says_so_and_goes_away() {
             out: ViewerSink::actor(viewer.recipient()),
             queued: Arc::new(AtomicUsize::new(0)),
             resume_from: None,
+            read_only: false,
         })
         .await;
     assert_eq!(joined, Err(NotJoined::Ended), "the viewer is told the terminal ended, not to ask again");

@@ -264,6 +264,37 @@ async fn a_read_tokens_sockets_leave_its_users_slots_alone() {
     assert!(still_open(&mut daemon).await, "the owner's daemon was locked out by the share token");
 }
 
+/// Read-only viewers (a share link's) take at most three quarters of a
+/// terminal's viewers (`viewer.max_per_terminal`), so the link cannot keep
+/// the terminal's owner out; a viewer refused for the cap never attached,
+/// and the audit has no attach or detach of it.
+#[actix_rt::test]
+async fn a_share_link_cannot_fill_its_terminal() {
+    let server = TetherServer::start(&[("TETHER_VIEWER__MAX_PER_TERMINAL", "4")], &[]).await;
+    let (ann, terminal) = user_with_terminal(&server, "ann").await;
+    let (status, body) = ann.post("/api/v1/tokens", json!({"terminalId": terminal})).await;
+    assert_eq!(status, 201, "{body}");
+    let share = body["secret"].as_str().expect("secret").to_string();
+    let url = viewer_url(&server, &terminal);
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut sock = Socket::connect(&url, Some(&share), VIEWER).await;
+        assert!(still_open(&mut sock).await, "a share viewer under the read-only cap was closed");
+        held.push(sock);
+    }
+    let mut over = Socket::connect(&url, Some(&share), VIEWER).await;
+    assert_eq!(over.expect_close().await, Some(4429), "read-only viewers past three quarters of the cap");
+    let mut owner = Socket::connect(&url, Some(&ann.token), VIEWER).await;
+    assert!(still_open(&mut owner).await, "the owner was kept out of the terminal by a share link");
+    let mut fifth = Socket::connect(&url, Some(&ann.token), VIEWER).await;
+    assert_eq!(fifth.expect_close().await, Some(4429), "the cap itself still holds");
+    // The owner's attach is recorded after the refusals were: had they
+    // been recorded, they would be there by then.
+    let events = audit_until(&ann, "the owner's attach", |events| count(events, "attach") >= 4).await;
+    assert_eq!(count(&events, "attach"), 4, "three share viewers and the owner: {events:#?}");
+    assert_eq!(count(&events, "detach"), 0, "the refused viewers never attached: {events:#?}");
+}
+
 /// A WebSocket handshake that never finishes (a slow-loris client: the
 /// upgrade's head sent in part, then nothing) holds no socket slot, and is
 /// cut with 408 at `http.handshake_timeout_ms`.

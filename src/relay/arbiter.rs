@@ -115,6 +115,19 @@ struct Member {
     phase: Phase,
     /// Offset a resume was asked from (`?from=N`, or a run's logged bytes).
     resume_from: Option<u64>,
+    /// A viewer that may only watch (see [`read_only_cap`]).
+    read_only: bool,
+}
+
+/// How many of a terminal's `max_viewers` read-only viewers (read and
+/// share tokens) may take: all but a quarter (at least one seat), so that
+/// whoever holds a read-only link cannot keep the viewers that may type,
+/// the terminal's owner first, out of it (docs/SECURITY.md).
+fn read_only_cap(max_viewers: usize) -> usize {
+    if max_viewers <= 1 {
+        return max_viewers;
+    }
+    max_viewers - (max_viewers / 4).max(1)
 }
 
 /// The daemon connection currently serving the terminal.
@@ -787,7 +800,8 @@ impl Handler<Join> for TerminalArbiter {
             return Err(if ended { NotJoined::Ended } else { NotJoined::Retired });
         }
         let viewers = self.members.keys().filter(|m| matches!(m, MemberId::Viewer(_))).count();
-        if viewers >= self.config.max_viewers {
+        let watching = self.members.values().filter(|m| m.read_only).count();
+        if viewers >= self.config.max_viewers || (msg.read_only && watching >= read_only_cap(self.config.max_viewers)) {
             return Err(NotJoined::Full);
         }
         let viewer = self.next_member;
@@ -808,7 +822,12 @@ impl Handler<Join> for TerminalArbiter {
         let out = msg.out.clone();
         self.members.insert(
             MemberId::Viewer(viewer),
-            Member { kind: Kind::Viewer(msg.out, msg.queued), phase, resume_from: msg.resume_from },
+            Member {
+                kind: Kind::Viewer(msg.out, msg.queued),
+                phase,
+                resume_from: msg.resume_from,
+                read_only: msg.read_only,
+            },
         );
         out.do_send(self.size_for(viewer));
         if self.stream.is_none() {
@@ -832,6 +851,7 @@ impl Handler<CaptureRun> for TerminalArbiter {
                 kind: Kind::Capture(RunCapture::new(msg.run_id, msg.logged, self.config.run_log_max_bytes)),
                 phase,
                 resume_from: Some(msg.logged),
+                read_only: false,
             },
         );
         if self.capture_timer.is_none() {

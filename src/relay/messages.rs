@@ -505,6 +505,9 @@ pub struct Join {
     /// Bytes waiting in the viewer's outbound queue.
     pub queued: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     pub resume_from: Option<u64>,
+    /// The viewer may only watch (a read or share token): such viewers
+    /// may take only part of `viewer.max_per_terminal`.
+    pub read_only: bool,
 }
 
 /// Why an arbiter did not take a member.
@@ -517,7 +520,8 @@ pub enum NotJoined {
     /// recorded after the caller read the row): answer from the store,
     /// as for any ended terminal, instead of asking again.
     Ended,
-    /// The terminal has `viewer.max_per_terminal` viewers already.
+    /// The terminal has `viewer.max_per_terminal` viewers already (or,
+    /// for a read-only one, as many read-only viewers as it takes).
     Full,
 }
 

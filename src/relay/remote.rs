@@ -245,6 +245,8 @@ pub struct HomeViewer {
     /// The instance holding the host when the viewer joined.
     owner: String,
     resume_from: Option<u64>,
+    /// The client may only watch (the owner's arbiter counts it so).
+    read_only: bool,
     out: Recipient<ViewerOut>,
     /// The client socket's queued byte count (its outbox).
     client_queued: Arc<AtomicUsize>,
@@ -279,6 +281,7 @@ impl HomeViewer {
         terminal: &crate::store::Terminal,
         owner: String,
         resume_from: Option<u64>,
+        read_only: bool,
         out: Recipient<ViewerOut>,
         client_queued: Arc<AtomicUsize>,
     ) -> Self {
@@ -294,6 +297,7 @@ impl HomeViewer {
             host_id,
             owner,
             resume_from,
+            read_only,
             out,
             client_queued,
             received: 0,
@@ -432,8 +436,12 @@ impl HomeViewer {
     /// Joins through the owner; attached once it answered.
     fn join_owner(&mut self, ctx: &mut Context<Self>) {
         let relay = self.relay.clone();
-        let join =
-            HostOp::ViewerJoin { terminal_id: self.terminal_id, viewer: self.key, resume_from: self.resume_from };
+        let join = HostOp::ViewerJoin {
+            terminal_id: self.terminal_id,
+            viewer: self.key,
+            resume_from: self.resume_from,
+            read_only: self.read_only,
+        };
         let host_id = self.host_id;
         async move { ask_owner(&relay, host_id, join).await }
             .into_actor(self)
@@ -708,6 +716,7 @@ pub struct RemoteViewer {
     terminal_id: Uuid,
     host_id: Uuid,
     resume_from: Option<u64>,
+    read_only: bool,
     /// The arbiter it joined and the member id it was given there.
     joined: Option<(ArbiterLink, u64)>,
     /// Weight handed to this proxy and not yet reported delivered by the
@@ -746,6 +755,7 @@ impl RemoteViewer {
             terminal_id,
             host_id,
             resume_from: join.resume_from,
+            read_only: join.read_only,
             joined: None,
             queued,
             pushed: 0,
@@ -800,6 +810,7 @@ impl RemoteViewer {
             out: ViewerSink::actor(ctx.address().recipient::<ViewerOut>()),
             queued: self.queued.clone(),
             resume_from: self.resume_from,
+            read_only: self.read_only,
         };
         let store = self.relay.store.clone();
         let terminal_id = open.terminal_id;

@@ -66,6 +66,7 @@ pub enum HostOp {
         terminal_id: Uuid,
         viewer: u64,
         resume_from: Option<u64>,
+        read_only: bool,
     },
 }
 
@@ -346,11 +347,14 @@ fn to_wire(op: HostOp) -> host_request::Op {
         HostOp::Dirs { add, path } => host_request::Op::Dirs(bus::Dirs { add, path }),
         HostOp::RefreshLimits => host_request::Op::LimitsRefresh(bus::LimitsRefresh {}),
         HostOp::RefreshCredentials => host_request::Op::CredentialsRefresh(bus::CredentialsRefresh {}),
-        HostOp::ViewerJoin { terminal_id, viewer, resume_from } => host_request::Op::ViewerJoin(bus::ViewerJoin {
-            terminal_id: terminal_id.to_string(),
-            viewer_id: viewer,
-            resume_from,
-        }),
+        HostOp::ViewerJoin { terminal_id, viewer, resume_from, read_only } => {
+            host_request::Op::ViewerJoin(bus::ViewerJoin {
+                terminal_id: terminal_id.to_string(),
+                viewer_id: viewer,
+                resume_from,
+                read_only,
+            })
+        }
     }
 }
 
@@ -368,9 +372,12 @@ pub fn from_wire(op: host_request::Op) -> Option<HostOp> {
         host_request::Op::Dirs(d) => HostOp::Dirs { add: d.add, path: d.path },
         host_request::Op::LimitsRefresh(_) => HostOp::RefreshLimits,
         host_request::Op::CredentialsRefresh(_) => HostOp::RefreshCredentials,
-        host_request::Op::ViewerJoin(j) => {
-            HostOp::ViewerJoin { terminal_id: id(&j.terminal_id)?, viewer: j.viewer_id, resume_from: j.resume_from }
-        }
+        host_request::Op::ViewerJoin(j) => HostOp::ViewerJoin {
+            terminal_id: id(&j.terminal_id)?,
+            viewer: j.viewer_id,
+            resume_from: j.resume_from,
+            read_only: j.read_only,
+        },
         // Served before this: viewer events are not requests with answers.
         host_request::Op::ViewerEvent(_) => return None,
     })
@@ -673,5 +680,21 @@ mod tests {
         assert!(matches!(answer_from_wire(&dirs, failure("what")), Err(RequestError::Internal)));
         let input = HostOp::Input { terminal_id: Uuid::nil(), data: Bytes::new() };
         assert!(matches!(answer_from_wire(&input, answer(answer::Result::Spawned(true))), Ok(OpAnswer::Sent)));
+    }
+
+    /// A remote viewer's join tells its owner whether it may only watch:
+    /// the owner's arbiter keeps part of its cap for viewers that type.
+    #[test]
+    fn a_viewer_join_keeps_read_only_across_the_bus() {
+        for read_only in [false, true] {
+            let terminal_id = Uuid::new_v4();
+            let join = HostOp::ViewerJoin { terminal_id, viewer: 7, resume_from: Some(42), read_only };
+            let back = from_wire(to_wire(join)).expect("a well-formed join");
+            assert!(
+                matches!(back, HostOp::ViewerJoin { terminal_id: t, viewer: 7, resume_from: Some(42), read_only: r }
+                    if t == terminal_id && r == read_only),
+                "{read_only}"
+            );
+        }
     }
 }

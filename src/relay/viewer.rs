@@ -59,6 +59,10 @@ pub struct Viewer {
     /// with the id it knows this viewer by; none until joined.
     target: Option<(Recipient<FromViewer>, u64)>,
     closed_by_arbiter: bool,
+    /// The `attach` was recorded: once the terminal took the viewer (a
+    /// viewer refused for the terminal's viewer cap never attached), and
+    /// only then is its `detach` recorded.
+    attached: bool,
     /// `input` and `resize` are audited at most once a minute each.
     audit_input: Throttle,
     audit_resize: Throttle,
@@ -94,6 +98,7 @@ impl Viewer {
             stream: Some(stream),
             target: None,
             closed_by_arbiter: false,
+            attached: false,
             audit_input: Throttle::default(),
             audit_resize: Throttle::default(),
             read_only: principal.read_only(),
@@ -166,7 +171,12 @@ impl Viewer {
         let relay = self.relay.clone();
         let open = OpenTerminal { terminal_id: self.terminal.id, host_id: self.terminal.host_id };
         let out = ViewerSink::local(ctx.address().recipient::<ViewerOut>(), &self.outbox);
-        let join = Join { out, queued: self.outbox.queued_counter(), resume_from: self.resume_from };
+        let join = Join {
+            out,
+            queued: self.outbox.queued_counter(),
+            resume_from: self.resume_from,
+            read_only: self.read_only,
+        };
         let terminal_id = open.terminal_id;
         async move {
             if let Ok(Location::Remote(owner)) = locate(&relay, open.host_id).await {
@@ -185,9 +195,13 @@ impl Viewer {
         }
         .into_actor(self)
         .map(move |joined, act, ctx| match joined {
-            Some(Ok(Joined::Here(arbiter, member))) => act.target = Some((arbiter, member)),
+            Some(Ok(Joined::Here(arbiter, member))) => {
+                act.record_attach();
+                act.target = Some((arbiter, member));
+            }
             Some(Ok(Joined::Full)) => act.close(close::TOO_MANY, "too many viewers of this terminal", ctx),
             Some(Ok(Joined::Ended(row))) => {
+                act.record_attach();
                 act.terminal = *row;
                 act.replay_ended(ctx);
             }
@@ -197,6 +211,7 @@ impl Viewer {
                     &act.terminal,
                     owner,
                     act.resume_from,
+                    act.read_only,
                     ctx.address().recipient(),
                     act.outbox.queued_counter(),
                 );
@@ -207,6 +222,13 @@ impl Viewer {
             _ => act.close(close::INTERNAL, "could not join the terminal", ctx),
         })
         .wait(ctx);
+    }
+
+    fn record_attach(&mut self) {
+        if !self.attached {
+            self.attached = true;
+            self.audit(AuditAction::Attach, None);
+        }
     }
 
     /// Records an event about this viewer's terminal.
@@ -265,7 +287,6 @@ impl Actor for Viewer {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         metrics::gauge!("tether_viewer_connections").increment(1.0);
-        self.audit(AuditAction::Attach, None);
         self.watched = Some(self.relay.tokens.watch(self.principal.token_id, ctx.address().recipient()));
         // First of all, so a client can say "read-only" before anyone types.
         self.push(Frame::Text(ServerMessage::Access { read_only: self.read_only }.to_json()), ctx);
@@ -273,6 +294,7 @@ impl Actor for Viewer {
             ctx.add_stream(stream);
         }
         if matches!(self.terminal.state, TerminalState::Exited | TerminalState::Error) {
+            self.record_attach();
             self.replay_ended(ctx);
             return;
         }
@@ -283,7 +305,9 @@ impl Actor for Viewer {
 
     fn stopped(&mut self, _: &mut Self::Context) {
         metrics::gauge!("tether_viewer_connections").decrement(1.0);
-        self.audit(AuditAction::Detach, None);
+        if self.attached {
+            self.audit(AuditAction::Detach, None);
+        }
         if !self.closed_by_arbiter {
             self.to_arbiter(|viewer| FromViewer::Leave { viewer });
         }
@@ -343,8 +367,11 @@ impl Handler<ViewerOut> for Viewer {
                 self.outbox.abort(code, &reason);
                 ctx.stop();
             }
-            // A home proxy's frames (a local arbiter queues its own).
+            // A home proxy's frames (a local arbiter queues its own): the
+            // owner took the viewer, or the home tells it the host is
+            // offline and it waits, as a local arbiter's viewer would.
             frame => {
+                self.record_attach();
                 if matches!(frame.queue_on(&self.outbox), Delivery::Overflow) {
                     self.too_slow(ctx);
                 }
