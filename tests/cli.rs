@@ -37,7 +37,7 @@ use std::{
     process::{Child, Command, ExitStatus, Stdio},
     sync::{Arc, Mutex},
     thread,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use serde_json::Value;
@@ -621,6 +621,36 @@ fn token_create_prints_the_token_alone_on_stdout_sqlite() {
     let mut expected = vec![sha256_hex(&first), sha256_hex(&second)];
     expected.sort();
     assert_eq!(hashes, expected, "api_tokens must hold exactly the SHA-256 of each token");
+}
+
+/// An operator revokes and deletes tokens in the embedded database with
+/// the distribution's own `sqlite3` shell, which may be older than the
+/// SQLite tether embeds (Debian 12's is 3.40): the schema's triggers, which
+/// log every ended token for the sockets to be closed, work there too.
+#[test]
+fn the_distributions_sqlite3_shell_revokes_and_deletes_tokens() {
+    let dir = tempdir();
+    let db = dir.path().join("tokens.db");
+    let env = [("TETHER_DATABASE__SQLITE_PATH", db.to_str().unwrap())];
+    create_token("ann", &env);
+    create_token("ann", &env);
+    let now_ms = || i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap();
+    let before = now_ms();
+    for sql in [
+        format!("UPDATE api_tokens SET revoked_at = {before} WHERE rowid = (SELECT min(rowid) FROM api_tokens)"),
+        "DELETE FROM api_tokens WHERE revoked_at IS NULL".to_string(),
+    ] {
+        let out =
+            Command::new("sqlite3").arg(&db).arg(&sql).output().expect("the sqlite3 shell (scripts/test installs it)");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && stderr.is_empty(), "sqlite3 {sql:?}: {:?}\n{stderr}", out.status);
+    }
+    let conn = rusqlite::Connection::open(&db).expect("open the SQLite file");
+    let mut stmt = conn.prepare("SELECT ended_at FROM api_token_ends").unwrap();
+    let ends: Vec<i64> = stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+    assert_eq!(ends.len(), 2, "one logged end per token: {ends:?}");
+    let after = now_ms();
+    assert!(ends.iter().all(|&at| (before - 1000..=after + 1000).contains(&at)), "{ends:?} not in {before}..{after}");
 }
 
 #[actix_rt::test]

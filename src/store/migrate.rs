@@ -51,6 +51,11 @@ pub const MIGRATIONS_SQLITE: &[Migration] = &[
     },
     Migration { version: 7, name: "token_ends", sql: include_str!("../../migrations/sqlite/0007_token_ends.sql") },
     Migration { version: 8, name: "list_pages", sql: include_str!("../../migrations/sqlite/0008_list_pages.sql") },
+    Migration {
+        version: 9,
+        name: "triggers_any_sqlite",
+        sql: include_str!("../../migrations/sqlite/0009_triggers_any_sqlite.sql"),
+    },
 ];
 
 /// The error for a database migrated by a newer binary.
