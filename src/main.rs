@@ -460,7 +460,9 @@ fn token_table(tokens: &[tether::store::ApiToken], now: chrono::DateTime<chrono:
 fn user_name(user: &str) -> Result<String, Failure> {
     let user = user.trim().to_string();
     if user.is_empty() || user.len() > 128 || user.chars().any(char::is_control) {
-        return Err(Failure::config("--user must be a non-empty name of at most 128 characters"));
+        return Err(Failure::config(
+            "--user must be a non-empty name of at most 128 bytes, without control characters",
+        ));
     }
     Ok(user)
 }

@@ -446,6 +446,15 @@ fn usage_errors_exit_2() {
     }
 }
 
+/// A `--user` name with a control character is refused, and the message
+/// names that rule rather than only the length.
+#[test]
+fn a_user_name_with_a_control_character_is_refused_saying_why() {
+    let finished = run_in_empty_dir(&["token", "create", "--user", "evil\x1b[31mred"], &[]);
+    assert_status_2(&finished, "token create --user with ESC");
+    assert!(finished.stderr.contains("without control characters"), "{}", finished.describe());
+}
+
 #[test]
 fn unknown_subcommand_and_bad_role_are_named_in_the_message() {
     let finished = run_in_empty_dir(&["frobnicate"], &[]);
