@@ -1,6 +1,7 @@
 //! Faults, with real processes (docs/OPERATIONS.md, "Faults"): PostgreSQL
 //! stopped while people work, Redis killed and started again, an instance
-//! whose clock is 20 s ahead, and the SQLite file's disk running full.
+//! whose clock is 20 s ahead, the SQLite file's disk running full, and a
+//! daemon's path to its instance silently stopping.
 //!
 //! Every test runs real `tether serve` instances and real `tether daemon`s
 //! with real PTYs; the servers that fail are the tests' own (an own
@@ -945,4 +946,45 @@ async fn sqlite_disk_full() {
 async fn sqlite_file_size_limit() {
     let dir = tempfile::tempdir().expect("temp dir");
     sqlite_disk_fills_up(dir.path(), FullDisk::FileSizeLimit).await;
+}
+
+/// The path to the daemon's instance silently stops (a balancer freezes
+/// the connection: open, nothing forwarded either way, as in a network
+/// partition or with the instance frozen). The daemon gives the socket up
+/// once nothing answers a Ping for 20 s, redials, and its terminal goes on
+/// over the new connection. It used to wait for 75 s of silence, checked
+/// at its 30 s pings: 75 to 90 s with the host unreachable.
+#[actix_rt::test]
+async fn a_daemon_leaves_a_connection_that_stopped_answering() {
+    let server = TetherServer::start(&[], &[]).await;
+    let token = create_token(&server, "ann");
+    let balancer = Balancer::start(server.listen_addr()).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let daemon = DaemonProcess::start_url(&balancer.url(), &token, &dir.path().join("state"));
+    let api = Api::new(server.url(), token.clone());
+    let host = wait_online(&api).await;
+    let (status, body) = api.post("/api/v1/terminals", json!({"hostId": host, "argv": ["sh"], "dir": "/tmp"})).await;
+    assert_eq!(status, 201, "{body}");
+    let shell = body["terminal"]["id"].as_str().expect("terminal id").to_string();
+    wait_state(&api, &shell, "running").await;
+
+    balancer.stall();
+    // The next Ping is at most 30 s away, and its answer due 20 s after it.
+    let deadline = Instant::now() + Duration::from_secs(30 + 20 + 10);
+    while daemon.log().matches("tether_daemon_connected").count() < 2 {
+        assert!(Instant::now() < deadline, "the daemon did not redial in time:\n{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let input = json!({ "data": "echo redialled-$((6*7))\n" });
+    let path = format!("/api/v1/terminals/{shell}/input");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = api.post(&path, input.clone()).await;
+        if status == 202 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the terminal was not served again: {status} {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Viewer::attach_to(&server, &token, &shell, "?from=0").await.until("redialled-42").await;
 }

@@ -33,14 +33,19 @@ use crate::proto::v1::{
 
 /// How often the daemon pings (docs/PROTOCOL.md, "Connection lifecycle").
 const PING_INTERVAL: Duration = Duration::from_secs(30);
-/// Silence after which the socket is presumed dead: two missed pongs and some.
-const SILENCE_LIMIT: Duration = Duration::from_secs(75);
+/// How long after a Ping the daemon waits to hear anything at all (the
+/// Pong, or any other frame) before it takes the socket for dead and
+/// redials: a frozen instance, or a path that silently stopped, is left
+/// within a ping interval and this. Longer than a server's slowest answer
+/// (a frame's database write waits at most `database.call_timeout_ms`,
+/// 10 s, before it is kept for later and the next frame is read).
+const PING_ANSWER_PATIENCE: Duration = Duration::from_secs(20);
 /// How long to wait for HelloAck before trying another connection.
 const HELLO_ACK_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the core waits for room in the outbound queue before giving the
 /// connection up: a half-open TCP connection blocks writes for many minutes
 /// without an error, and while the core waits it cannot run the ping check.
-const QUEUE_STALL_LIMIT: Duration = SILENCE_LIMIT;
+const QUEUE_STALL_LIMIT: Duration = Duration::from_secs(75);
 
 /// How a connection ended.
 #[derive(Debug)]
@@ -258,6 +263,8 @@ impl Host {
         tokio::pin!(hello_deadline);
         let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // When the last Ping must have been answered by (anything heard).
+        let mut answer_due: Option<tokio::time::Instant> = None;
         // A stop (`stop`): terminals hung up, then killed when the timer
         // first fires; the second time it fires the stop ends regardless.
         let mut stopping = false;
@@ -301,10 +308,15 @@ impl Host {
                     }
                 }
                 _ = ping.tick() => {
-                    if inbound.silent_for() > SILENCE_LIMIT {
-                        return outcome(established, SessionEnd::Lost("no answer to pings".to_owned()));
-                    }
                     link.ping().await;
+                    answer_due = Some(tokio::time::Instant::now() + PING_ANSWER_PATIENCE);
+                }
+                () = tokio::time::sleep_until(answer_due.unwrap_or_else(tokio::time::Instant::now)),
+                    if answer_due.is_some() => {
+                    if inbound.silent_for() >= PING_ANSWER_PATIENCE {
+                        return outcome(established, SessionEnd::Lost("no answer to a ping".to_owned()));
+                    }
+                    answer_due = None;
                 }
                 () = &mut hello_deadline, if !established => {
                     return outcome(false, SessionEnd::Lost("no HelloAck in time".to_owned()));
