@@ -18,6 +18,7 @@ use crate::store::Store;
 const ALERT_COUNTERS: &[&str] = &[
     "tether_audit_events_dropped_total",
     "tether_bus_gaps_total",
+    "tether_bus_duplicates_total",
     "tether_stream_gaps_total",
     "tether_launch_timeouts_total",
     "tether_runs_lost_total",

@@ -334,6 +334,52 @@ async fn the_sweep_spawns_parked_terminals_of_hosts_owned_elsewhere() {
     trio.apis[2].wait_for(&format!("/api/v1/terminals/{id}"), "running", |b| b["terminal"]["state"] == "running").await;
 }
 
+/// Redis may deliver one message twice (a Redis Cluster primary that
+/// stalls and fails over: fred sends the command again to the new primary,
+/// and the old one delivers its own copy when it resumes). The owner
+/// serves a sequence number it has seen once: input published twice with
+/// the same sender and number reaches the daemon once.
+#[actix_rt::test]
+async fn a_message_delivered_twice_is_served_once() {
+    use fred::prelude::*;
+    use prost::Message as _;
+    use tether::proto::bus::{envelope, host_request, Envelope, HostRequest, Input};
+    let trio = trio(&[], [&[], &[], &[]]).await;
+    let mut daemon = trio.daemon(0).await;
+    trio.host_everywhere("online").await;
+    let terminal = trio.running_terminal(&mut daemon).await;
+
+    let redis = Builder::from_config(Config::from_url(&redis_url()).expect("redis url")).build().expect("client");
+    redis.init().await.expect("connects");
+    let typed = |seq: u64, data: &str| {
+        let request = HostRequest {
+            request_id: String::new(),
+            reply_to: "twice#1".into(),
+            host_id: trio.host.clone(),
+            op: Some(host_request::Op::Input(Input {
+                terminal_id: terminal.clone(),
+                data: data.as_bytes().to_vec().into(),
+            })),
+        };
+        Envelope { sender: "twice#1".into(), seq, body: Some(envelope::Body::Request(request)) }.encode_to_vec()
+    };
+    let channel = format!("{}:host:{{{}}}:in", trio.prefix, trio.host);
+    for (seq, data) in [(1, "once\n"), (1, "once\n"), (2, "then\n")] {
+        let receivers: i64 = redis.publish(channel.as_str(), typed(seq, data)).await.expect("publish");
+        assert_eq!(receivers, 1, "the owner heard it");
+    }
+    let mut inputs = Vec::new();
+    while !inputs.iter().any(|d: &String| d.contains("then")) {
+        match tokio::time::timeout(Duration::from_secs(10), daemon.next_server_frame()).await {
+            Ok(server_frame::Frame::Input(input)) => inputs.push(String::from_utf8_lossy(&input.data).into_owned()),
+            Ok(_) => {}
+            Err(_) => panic!("the input did not reach the daemon: {inputs:?}"),
+        }
+    }
+    assert_eq!(inputs.concat(), "once\nthen\n", "the repeated message was served again");
+    let _ = redis.quit().await;
+}
+
 /// A PSUBSCRIBE tap on the bus prefix while credentials are refreshed
 /// through B for a daemon on A: the daemon's secret reaches A, is stored,
 /// and no byte of it crosses Redis; B answers only `{ok, hostId}`.

@@ -57,6 +57,51 @@ pub enum Inbound {
     },
 }
 
+/// The sequence numbers one sender used on one channel, as a receiver saw
+/// them: the highest, and which of the 64 below it came. Redis may deliver
+/// a message twice (fred sends a command again after a failover, and a
+/// stalled primary that resumes delivers its own copy), so a number seen
+/// before is a duplicate, never served again.
+#[derive(Debug, Default)]
+pub struct SeenSequence {
+    last: u64,
+    /// Bit `i` set: `last - 1 - i` came.
+    below: u64,
+}
+
+/// What a sequence number means to the receiver.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// New: serve it; `missed` numbers between the last one and it never
+    /// came (a gap, 0 when in order).
+    Fresh { missed: u64 },
+    /// A number that was missed when a later one came, arriving late.
+    Late,
+    /// Seen before, or older than what is remembered: drop it.
+    Duplicate,
+}
+
+impl SeenSequence {
+    pub fn arrive(&mut self, seq: u64) -> Arrival {
+        if self.last == 0 {
+            self.last = seq;
+            return Arrival::Fresh { missed: 0 };
+        }
+        if seq > self.last {
+            let ahead = seq - self.last;
+            self.below = if ahead > 64 { 0 } else { (self.below << (ahead - 1) << 1) | 1 << (ahead - 1) };
+            self.last = seq;
+            return Arrival::Fresh { missed: ahead - 1 };
+        }
+        let behind = self.last - seq;
+        if behind == 0 || behind > 64 || self.below & 1 << (behind - 1) != 0 {
+            return Arrival::Duplicate;
+        }
+        self.below |= 1 << (behind - 1);
+        Arrival::Late
+    }
+}
+
 /// The bounded inbox, as the backends fill it. A message that finds it
 /// full is lost; its channel is remembered and reported as a gap as soon
 /// as there is room again.
@@ -457,5 +502,30 @@ pub fn decode(channel: String, payload: &[u8]) -> Inbound {
             tracing::warn!(%channel, "tether_bus_bad_envelope");
             Inbound::Gap { lost: 1, channels: Some(vec![channel]) }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Arrival, SeenSequence};
+
+    #[test]
+    fn a_number_seen_before_is_a_duplicate_and_a_missed_one_may_come_late() {
+        let mut seen = SeenSequence::default();
+        assert_eq!(seen.arrive(5), Arrival::Fresh { missed: 0 }, "the first one starts the count");
+        assert_eq!(seen.arrive(6), Arrival::Fresh { missed: 0 });
+        assert_eq!(seen.arrive(6), Arrival::Duplicate);
+        assert_eq!(seen.arrive(5), Arrival::Duplicate);
+        assert_eq!(seen.arrive(9), Arrival::Fresh { missed: 2 });
+        assert_eq!(seen.arrive(8), Arrival::Late);
+        assert_eq!(seen.arrive(8), Arrival::Duplicate, "a late one counts as seen");
+        assert_eq!(seen.arrive(7), Arrival::Late);
+        assert_eq!(seen.arrive(6), Arrival::Duplicate);
+        assert_eq!(seen.arrive(9 + 64), Arrival::Fresh { missed: 63 });
+        assert_eq!(seen.arrive(9), Arrival::Duplicate, "64 below the last is remembered");
+        assert_eq!(seen.arrive(8), Arrival::Duplicate, "older ones are dropped");
+        assert_eq!(seen.arrive(10), Arrival::Late);
+        assert_eq!(seen.arrive(1000), Arrival::Fresh { missed: 1000 - 73 - 1 });
+        assert_eq!(seen.arrive(73), Arrival::Duplicate, "a jump past the window forgets it");
     }
 }

@@ -30,7 +30,7 @@ use uuid::Uuid;
 
 use super::registry::{HostConn, HostConnection, RecheckLease, RecheckWaiting};
 use super::{DaemonAnswer, DaemonLink, DaemonRequestKind, RelayContext, RequestError};
-use crate::bus::Inbound;
+use crate::bus::{Arrival, Inbound, SeenSequence};
 use crate::proto::bus::{self, answer, envelope, host_request, reply};
 use crate::proto::v1::server_frame;
 use crate::store::host_lease_key;
@@ -574,8 +574,8 @@ fn repair(relay: &RelayContext, channel: &str, sender: Option<&str>) {
 
 /// Reads the instance's bus inbox until the bus stops.
 pub async fn serve_bus(relay: RelayContext, mut inbox: mpsc::Receiver<Inbound>) {
-    // Last sequence number seen per channel and sender.
-    let mut seen: HashMap<String, HashMap<String, u64>> = HashMap::new();
+    // The sequence numbers seen per channel and sender.
+    let mut seen: HashMap<String, HashMap<String, SeenSequence>> = HashMap::new();
     while let Some(item) = inbox.recv().await {
         let (channel, envelope) = match item {
             Inbound::Gap { lost, channels } => {
@@ -604,14 +604,20 @@ pub async fn serve_bus(relay: RelayContext, mut inbox: mpsc::Receiver<Inbound>) 
             continue;
         }
         metrics::counter!("tether_bus_received_total", "kind" => relay.bus.kind(&channel)).increment(1);
-        let last = seen.entry(channel.clone()).or_default().entry(envelope.sender.clone()).or_insert(0);
-        if *last != 0 && envelope.seq > *last + 1 {
-            let missed = envelope.seq - *last - 1;
-            tracing::warn!(%channel, sender = %envelope.sender, missed, "tether_bus_gap");
-            metrics::counter!("tether_bus_gaps_total").increment(missed);
-            repair(&relay, &channel, Some(&envelope.sender));
+        let sequence = seen.entry(channel.clone()).or_default().entry(envelope.sender.clone()).or_default();
+        match sequence.arrive(envelope.seq) {
+            Arrival::Fresh { missed: 0 } | Arrival::Late => {}
+            Arrival::Fresh { missed } => {
+                tracing::warn!(%channel, sender = %envelope.sender, missed, "tether_bus_gap");
+                metrics::counter!("tether_bus_gaps_total").increment(missed);
+                repair(&relay, &channel, Some(&envelope.sender));
+            }
+            Arrival::Duplicate => {
+                tracing::debug!(%channel, sender = %envelope.sender, seq = envelope.seq, "tether_bus_duplicate");
+                metrics::counter!("tether_bus_duplicates_total").increment(1);
+                continue;
+            }
         }
-        *last = (*last).max(envelope.seq);
         match envelope.body {
             Some(envelope::Body::Request(request)) => serve_request(&relay, request).await,
             Some(envelope::Body::Reply(reply)) => relay.requests.resolve(reply),
