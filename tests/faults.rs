@@ -988,3 +988,32 @@ async fn a_daemon_leaves_a_connection_that_stopped_answering() {
     }
     Viewer::attach_to(&server, &token, &shell, "?from=0").await.until("redialled-42").await;
 }
+
+/// A viewer on B of Ann's shell on A types while Redis is away. Its input
+/// cannot cross, and it is closed 4503 at once, so that the client holds
+/// what it types next (the web page and `tether attach` do) and sends it
+/// once it is back. It used to stay open, its messages held by the Redis
+/// client until Redis came back, and then lost: they reached A before A had
+/// subscribed again (25 s of typing lost in a probe's run).
+#[actix_rt::test]
+async fn a_viewer_across_instances_is_closed_when_redis_goes_away() {
+    let mut redis = OwnRedis::start();
+    let database = pg_database().await;
+    let (a, b) = pair(&database, &redis.url(), &[]).await;
+    let ann = Person::on(&a, &b, "ann").await;
+    let shell = ann.terminal(&["sh"]).await;
+    let mut on_b = Viewer::attach_to(&b, ann.token(), &shell, "").await;
+    on_b.type_line("echo before-$((6*7))").await;
+    on_b.until("before-42").await;
+
+    redis.kill();
+    on_b.type_line("echo during").await;
+    let closed = tokio::time::timeout(Duration::from_secs(5), on_b.sock.expect_close()).await;
+    assert_eq!(closed.ok().flatten(), Some(4503), "the viewer was not told to reattach while Redis was away");
+
+    redis.start_again();
+    wait_status(&ann.away, "/readyz", 200).await;
+    let mut again = Viewer::attach_to(&b, ann.token(), &shell, "").await;
+    again.type_line("echo after-$((6*7))").await;
+    again.until("after-42").await;
+}

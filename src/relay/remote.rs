@@ -44,6 +44,13 @@ const EARLY_EVENTS: usize = 256;
 /// typing or pasting would grow the queue without end; past this the
 /// viewer is closed 4503 and reattaches once the bus is back.
 const QUEUED_EVENT_BYTES: usize = 4 * MAX_FRAME_BYTES;
+/// How long a home viewer waits for the bus to take one of its messages
+/// before it gives up on the bus and closes the client 4503: Redis that
+/// stalls (a primary frozen until it fails over) answers nothing, and
+/// what the client types meanwhile would wait behind that message, to be
+/// lost if Redis answers at last that nobody heard it. Redis that is away
+/// refuses the message at once (it is published failing fast).
+const PUBLISH_PATIENCE: Duration = Duration::from_secs(2);
 /// How long a home viewer's subscription to its terminal's channel may
 /// take before the client is told the host is offline (the bus is away).
 const SUBSCRIBE_PATIENCE: Duration = Duration::from_secs(1);
@@ -337,13 +344,25 @@ impl HomeViewer {
                         host_id: host_id.to_string(),
                         op: Some(bus::host_request::Op::ViewerEvent(event)),
                     };
-                    let heard = match relay.bus.publish(&channel, envelope::Body::Request(request)).await {
-                        Ok(receivers) => receivers > 0,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "tether_home_viewer_publish_failed");
-                            false
-                        }
-                    };
+                    // Never held for Redis to come back: a message sent
+                    // after the owner's subscription is gone (Redis
+                    // restarted, the owner not subscribed again yet)
+                    // reaches nobody, and everything typed during the
+                    // outage would follow it. The client is closed at once
+                    // instead and holds what is typed until it is back.
+                    let body = envelope::Body::Request(request);
+                    let heard =
+                        match tokio::time::timeout(PUBLISH_PATIENCE, relay.bus.publish_or_fail(&channel, body)).await {
+                            Ok(Ok(receivers)) => receivers > 0,
+                            Ok(Err(e)) => {
+                                tracing::warn!(error = %e, "tether_home_viewer_publish_failed");
+                                false
+                            }
+                            Err(_) => {
+                                tracing::warn!("tether_home_viewer_publish_unanswered");
+                                false
+                            }
+                        };
                     if !heard {
                         unheard = true;
                         if let Some(viewer) = viewer.upgrade() {
