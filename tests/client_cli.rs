@@ -190,8 +190,9 @@ async fn another_detach_key_lets_ctrl_close_bracket_through() {
     person.run(&["attach", &short, "--detach-key", "alt-x"]).fails(2, &["\"alt-x\" is not a control key"]);
 }
 
-/// `tether attach` while the terminal's host is offline: it says so and
-/// waits on the open socket, however long the daemon takes to come back,
+/// `tether attach` while the terminal's host is offline: it says so, holds
+/// what is typed, and waits on the open socket, however long the daemon
+/// takes to come back,
 /// rather than exit ("[host offline]" at once for a pending terminal, or
 /// after five reattach attempts for one whose daemon went away).
 #[actix_rt::test]
@@ -208,9 +209,13 @@ async fn attach_waits_for_an_offline_host_to_come_back() {
 
     let mut attach = person.pty(&["attach", &short_id(&pending.id)], (100, 30));
     attach.wait_for("[host offline; waiting for it to come back]");
+    // Typed while the host is offline: held, and sent once the shell runs
+    // (the server refuses input until then).
+    attach.type_keys(b"echo held-$((6*7))\r");
     let state_dir = e.dir.path().join("state");
     e.daemon = support::daemon::DaemonProcess::start(&e.server, &e.api.token, &state_dir);
     wait_terminal_state(&client, pending.id, "running").await;
+    attach.wait_for("held-42");
     attach.type_keys(b"echo back-$((40+2))\r");
     attach.wait_for("back-42");
 

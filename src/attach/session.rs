@@ -13,8 +13,10 @@
 //! (`client::viewer::liveness`).
 //!
 //! A connection starts with the server's `access` message. A full viewer
-//! then sends its `view` (and, on a fresh attach, its `resize` claim) and
-//! whatever was typed meanwhile. A read-only viewer (a `read` or share
+//! then sends its `view` (and, on a fresh attach, its `resize` claim), and
+//! whatever was typed meanwhile once the stream is live (`live` or
+//! `resume`): keys typed before, or while the host is offline, are held,
+//! since the server refuses input then. A read-only viewer (a `read` or share
 //! token, docs/PROTOCOL.md "Read-only viewers") says so at once, in the
 //! screen and the window title, and sends nothing: keystrokes other than
 //! the detach key ring the bell instead.
@@ -314,10 +316,10 @@ where
                         let (keys, detach) = self.take_keystrokes(chunk);
                         if keys.is_empty() {
                             // Only the detach key, or nothing.
-                        } else if !self.access_known {
-                            self.hold_input(&keys);
-                        } else if self.read_only {
+                        } else if self.access_known && self.read_only {
                             self.notify(b"\x07");
+                        } else if !self.access_known || !self.streaming() {
+                            self.hold_input(&keys);
                         } else {
                             send(socket, Message::Binary(keys)).await;
                         }
@@ -374,6 +376,7 @@ where
                 self.waiting_for_host = false;
                 self.told_reconnecting = false;
                 self.position.on_live(offset);
+                self.send_held_input(socket).await;
             }
             ServerMessage::Resume { offset } => {
                 self.waiting_for_host = false;
@@ -381,6 +384,7 @@ where
                 if let Some(expected) = self.position.on_resume(offset) {
                     tracing::warn!(expected, offset, "tether_attach_resume_offset_mismatch");
                 }
+                self.send_held_input(socket).await;
             }
             ServerMessage::Size { cols, rows, yours } => {
                 tracing::debug!(cols, rows, yours, "tether_attach_size");
@@ -459,6 +463,23 @@ where
         if !reattaching {
             let claim = ClientMessage::resize(self.io.size.0, self.io.size.1);
             self.send_control(socket, &claim).await;
+        }
+    }
+
+    /// Keys typed go out only while the stream is live: before it, or
+    /// while the host is offline, the server would refuse them.
+    fn streaming(&self) -> bool {
+        self.position.is_live() && !self.waiting_for_host
+    }
+
+    /// The stream is live: what was typed while it was not goes out now,
+    /// and the user hears of what did not fit.
+    async fn send_held_input<S>(&mut self, socket: &mut S)
+    where
+        S: Sink<Message, Error = WsProtocolError> + Unpin,
+    {
+        if self.read_only {
+            return;
         }
         if !self.held_input.is_empty() {
             let held = self.held_input.split().freeze();
