@@ -338,6 +338,11 @@ impl HomeViewer {
             let mut unheard = false;
             while let Some((event, weight)) = queue.recv().await {
                 if !unheard {
+                    // What the user did; the rest is said again anyway
+                    // (flow credit is a running total, a view is repeated
+                    // every few seconds).
+                    let done_by_user =
+                        matches!(event.event, Some(viewer_event::Event::Input(_) | viewer_event::Event::Resize(_)));
                     let request = bus::HostRequest {
                         request_id: String::new(),
                         reply_to: relay.instance_id.clone(),
@@ -350,17 +355,19 @@ impl HomeViewer {
                     // reaches nobody, and everything typed during the
                     // outage would follow it. The client is closed at once
                     // instead and holds what is typed until it is back.
+                    // A message that reached nobody while Redis answered
+                    // means the owner is gone: closed whatever it carried.
                     let body = envelope::Body::Request(request);
                     let heard =
                         match tokio::time::timeout(PUBLISH_PATIENCE, relay.bus.publish_or_fail(&channel, body)).await {
                             Ok(Ok(receivers)) => receivers > 0,
                             Ok(Err(e)) => {
                                 tracing::warn!(error = %e, "tether_home_viewer_publish_failed");
-                                false
+                                !done_by_user
                             }
                             Err(_) => {
                                 tracing::warn!("tether_home_viewer_publish_unanswered");
-                                false
+                                !done_by_user
                             }
                         };
                     if !heard {
