@@ -1067,6 +1067,19 @@ async fn run_log_is_idempotent_by_offset_and_counts_gaps(store: &Arc<dyn Store>)
     assert_eq!((got.log_end, got.log_gap_bytes), (21, 8), "bytes 11..15 and 16..20 are lost");
     let listed = store.list_runs(ann.id, &RunFilter::default(), &PageAfter::first(100)).await.expect("list");
     assert_eq!(listed.iter().find(|r| r.id == run.id).map(|r| r.log_gap_bytes), Some(8));
+
+    // The command printed 30 bytes in all: once the run is final, the 9
+    // past the log's end (it ended while no capture was attached) are
+    // missing too.
+    let usage = RunUsage { cpu_ms: 1, max_rss_kb: 1, output_bytes: 30, wall_ms: 1 };
+    store.set_run_usage(run.id, &usage).await.expect("usage");
+    let got = store.get_run(ann.id, run.id).await.expect("get").expect("run");
+    assert_eq!(got.log_gap_bytes, 8, "a run that goes on may still send its tail");
+    assert!(store.finish_run(run.id, RunState::Succeeded, Some(0)).await.expect("finish"));
+    let got = store.get_run(ann.id, run.id).await.expect("get").expect("run");
+    assert_eq!(got.log_gap_bytes, 8 + 9, "the tail the log never saw");
+    let listed = store.list_runs(ann.id, &RunFilter::default(), &PageAfter::first(100)).await.expect("list");
+    assert_eq!(listed.iter().find(|r| r.id == run.id).map(|r| r.log_gap_bytes), Some(17));
 }
 
 async fn credentials_expiring_on_connected_hosts(store: &Arc<dyn Store>) {

@@ -93,11 +93,22 @@ impl Notes {
         }
     }
 
-    /// Output the log did not keep (past its cap) and this command lacks.
-    fn missing(self, bytes: u64) {
-        self.say(&format!(
-            "tether: {bytes} bytes of output were not kept (past runs.log_max_bytes) and are missing here"
-        ));
+    /// Output this command lacks: `lost` of it never reached the run's log
+    /// (its `logGapBytes`), the rest was past the log's cap.
+    fn missing(self, bytes: u64, lost: u64) {
+        let lost = lost.min(bytes);
+        if lost > 0 {
+            self.say(&format!(
+                "tether: {lost} bytes of output never reached the run's log (its daemon no longer had them) \
+                 and are missing here"
+            ));
+        }
+        if bytes > lost {
+            self.say(&format!(
+                "tether: {} bytes of output were not kept (past runs.log_max_bytes) and are missing here",
+                bytes - lost
+            ));
+        }
     }
 }
 
@@ -236,7 +247,7 @@ async fn finish(
         // The stream broke off past what the log keeps: the rest is gone.
         let missing = streamed_bytes(&run).saturating_sub(out.written);
         if missing > 0 {
-            notes.missing(missing);
+            notes.missing(missing, run.log_gap_bytes());
         }
     }
     Ok(run)
@@ -307,7 +318,7 @@ async fn from_log(
         };
         if out.written < to && log.complete {
             notes.say("\r");
-            notes.missing(to - out.written);
+            notes.missing(to - out.written, 0);
             // Stream positions from here on are past the hole.
             out.written = to;
         }
@@ -416,9 +427,9 @@ pub async fn logs(client: &Client, query: &str, follow: bool, format: Format) ->
     out.write(&log)?;
     // A final run's usage counts every byte of its stream: what the log
     // and its gaps do not account for was dropped past the log's cap.
-    let missing = streamed_bytes(&run).saturating_sub(log.len() as u64 + run.log_gap_bytes());
+    let missing = streamed_bytes(&run).saturating_sub(log.len() as u64);
     if missing > 0 {
-        notes.missing(missing);
+        notes.missing(missing, run.log_gap_bytes());
     }
     Ok(())
 }

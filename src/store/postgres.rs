@@ -219,7 +219,8 @@ fn run_row(row: &Row) -> StoreResult<Run> {
         finished_at: row.get(13),
         log_end: row.get(15),
         log_gap_bytes: row.get(16),
-    })
+    }
+    .count_unlogged_tail())
 }
 
 impl PgStore {

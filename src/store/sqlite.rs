@@ -183,7 +183,7 @@ fn run_from_raw(raw: RunRaw) -> StoreResult<Run> {
     if let [Some(cpu_ms), Some(max_rss_kb), Some(output_bytes), Some(wall_ms)] = raw.usage {
         run.usage = Some(RunUsage { cpu_ms, max_rss_kb, output_bytes, wall_ms });
     }
-    Ok(run)
+    Ok(run.count_unlogged_tail())
 }
 
 /// The rows of `table` after a list cursor (docs/REST.md, "Lists"), with
