@@ -402,6 +402,31 @@ async fn run_streams_output_while_running_and_exits_with_the_runs_code() {
     assert_eq!(person.run(&["logs", "--follow", &short_id(&failing)]).ok(), "failing-output\r\n");
 }
 
+/// `tether run` and `tether logs --follow` ride out a server they cannot
+/// reach (a balancer refusing connections for 8 s, as during a restart)
+/// and end as the run does, every line once. They used to give up after
+/// five quick reconnects, about 2.5 s, and exit 1 while the run went on.
+#[actix_rt::test]
+async fn run_and_follow_ride_out_a_server_out_of_reach() {
+    let e = e2e::start(false, &[]).await;
+    let host = the_host(&client(&e)).await;
+    let balancer = Balancer::start_on_own_thread(e.server.listen_addr());
+    let person = Person::new();
+    person.run(&["login", "--server", &balancer.url(), "--token", &e.api.token]).ok();
+    let script = "for i in $(seq 1 40); do echo r$i; sleep 0.25; done; exit 3";
+    let detached = detached_run(&person, &host, script);
+    let following = person.spawn(&["logs", "--follow", &short_id(&detached)]);
+    let running = person.spawn(&["run", &host.name, "--", "sh", "-c", script]);
+    following.wait_for_stdout("r2\r\n", CLI_WAIT);
+    running.wait_for_stdout("r2\r\n", CLI_WAIT);
+    balancer.outage(Duration::from_secs(8)).await;
+    let expected: String = (1..=40).map(|i| format!("r{i}\r\n")).collect();
+    let done = running.wait(Duration::from_secs(60));
+    assert_eq!((done.code, done.stdout.as_str()), (Some(3), expected.as_str()), "{done:#?}");
+    let followed = following.wait(Duration::from_secs(60));
+    assert_eq!((followed.code, followed.stdout.as_str()), (Some(0), expected.as_str()), "{followed:#?}");
+}
+
 #[actix_rt::test]
 async fn run_of_ten_megabytes_streams_all_of_it_in_order() {
     let e = e2e::start(false, &[]).await;

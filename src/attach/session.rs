@@ -4,10 +4,9 @@
 //! A connection ends either for good (detach, exit, a refusal) or in a way
 //! another connection can continue (4503, a dropped socket); then the session
 //! reattaches with `?from=<offset>` after a short backoff. It gives up only
-//! when no connection has gone live for [`REATTACH_PATIENCE`] and at least
-//! [`MIN_REATTACH_ATTEMPTS`] attempts failed: a server restarting, frozen or
-//! out of reach for a while is waited for, as the web page does, and says so
-//! on the screen. The detach key works at every moment, including while
+//! as `client::reconnect` says (no connection live for 10 minutes): a
+//! server restarting, frozen or out of reach for a while is waited for, as
+//! the web page does, and says so on the screen. The detach key works at every moment, including while
 //! reconnecting. A
 //! connection whose server stops answering is given up and reattached too
 //! (`client::viewer::liveness`).
@@ -33,6 +32,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::position::StreamPosition;
 use super::{AttachError, AttachOptions, AttachOutcome, LocalIo};
+use crate::client::reconnect::Outage;
 use crate::client::viewer::fragments::{Complete, Fragments};
 use crate::client::viewer::liveness::{Liveness, NO_ANSWER};
 use crate::client::viewer::protocol::{
@@ -45,20 +45,6 @@ use crate::client::Client;
 /// it is, so a quiet CLI holder is not taken for a vanished one (the arbiter
 /// also pings holders it has not heard from, and our pongs answer that).
 const HEARTBEAT: Duration = Duration::from_secs(5);
-
-/// How long the session keeps reattaching after its last live connection
-/// was lost, before it gives up: long enough for a server's restart, a
-/// network change or a frozen instance's replacement, bounded so that a
-/// server gone for good ends a session that nobody watches.
-const REATTACH_PATIENCE: Duration = Duration::from_secs(10 * 60);
-
-/// Failed attempts made before giving up, however long they took (a laptop
-/// that slept through the patience still tries a few times on waking).
-const MIN_REATTACH_ATTEMPTS: u32 = 5;
-
-/// First reattach delay; doubles per failed attempt up to [`REATTACH_MAX_DELAY`].
-const REATTACH_BASE_DELAY: Duration = Duration::from_millis(250);
-const REATTACH_MAX_DELAY: Duration = Duration::from_secs(4);
 
 /// How long to wait for the server's Close reply after we close.
 const CLOSE_WAIT: Duration = Duration::from_secs(1);
@@ -163,11 +149,9 @@ where
 
     async fn connections(&mut self) -> Result<AttachOutcome, AttachError> {
         let mut reattaching = false;
-        // Reattach attempts since a connection last went live, and when that
-        // connection was lost: a host or server gone for good ends the
-        // session after REATTACH_PATIENCE instead of a retry loop.
-        let mut attempts = 0u32;
-        let mut outage_since = Instant::now();
+        // Failed attempts since a connection last went live: a host or
+        // server gone for good ends the session instead of a retry loop.
+        let mut outage = Outage::default();
         loop {
             let connecting = self.open_socket(self.position.resume_from());
             let Some(connected) = self.watch_input_while(connecting).await else {
@@ -182,26 +166,23 @@ where
                 Ended::Finished(outcome) => return Ok(outcome),
                 Ended::Lost { went_live, if_giving_up } => {
                     if went_live {
-                        attempts = 0;
-                        outage_since = Instant::now();
+                        outage.over();
                     }
                     if_giving_up
                 }
             };
-            if attempts >= MIN_REATTACH_ATTEMPTS && outage_since.elapsed() >= REATTACH_PATIENCE {
-                return self.give_up_reattaching(if_giving_up, attempts);
-            }
+            let Some(delay) = outage.next_delay() else {
+                return self.give_up_reattaching(if_giving_up, outage.attempts());
+            };
             // A handshake that failed, not a server that answered and sent
             // us on (a 4503 from a moving host is over in a moment).
             if if_giving_up.is_err() && !self.told_reconnecting {
                 self.told_reconnecting = true;
                 self.notify(RECONNECTING.as_bytes());
             }
-            attempts += 1;
             reattaching = true;
-            tracing::debug!(attempt = attempts, "tether_attach_reattaching");
-            let backoff = tokio::time::sleep(reattach_delay(attempts));
-            if self.watch_input_while(backoff).await.is_none() {
+            tracing::debug!(attempt = outage.attempts(), "tether_attach_reattaching");
+            if self.watch_input_while(tokio::time::sleep(delay)).await.is_none() {
                 return Ok(AttachOutcome::Detached);
             }
         }
@@ -586,15 +567,6 @@ fn split_at_detach_key(chunk: Bytes, detach_key: u8) -> (Bytes, bool) {
     }
 }
 
-/// Exponential backoff with up to 25% jitter, so viewers closed together by
-/// a draining instance do not all redial in the same instant.
-fn reattach_delay(attempt: u32) -> Duration {
-    let doublings = attempt.saturating_sub(1).min(16);
-    let base = REATTACH_BASE_DELAY.saturating_mul(1 << doublings).min(REATTACH_MAX_DELAY);
-    let jitter_ms = base.as_millis() as u64 / 4;
-    base + Duration::from_millis(rand::random_range(0..=jitter_ms))
-}
-
 fn give_up(if_giving_up: Result<AttachOutcome, AttachError>, attempts: u32) -> Result<AttachOutcome, AttachError> {
     match if_giving_up {
         Ok(AttachOutcome::Closed { code, reason }) => Ok(AttachOutcome::Closed {
@@ -620,17 +592,6 @@ mod tests {
         assert_eq!((&keys[..], detach), (&b""[..], true));
         let (keys, detach) = split_at_detach_key(Bytes::from_static(b"q\x1d"), b'q');
         assert_eq!((&keys[..], detach), (&b""[..], true));
-    }
-
-    #[test]
-    fn reattach_delay_grows_and_is_capped() {
-        for attempt in 1..=20 {
-            let delay = reattach_delay(attempt);
-            let base = REATTACH_BASE_DELAY.saturating_mul(1 << (attempt - 1).min(16)).min(REATTACH_MAX_DELAY);
-            assert!(delay >= base && delay <= base + base / 4, "{attempt}: {delay:?}");
-        }
-        assert!(reattach_delay(1) < Duration::from_millis(320));
-        assert!(reattach_delay(30) <= REATTACH_MAX_DELAY + REATTACH_MAX_DELAY / 4);
     }
 
     #[test]

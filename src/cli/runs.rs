@@ -22,6 +22,7 @@ use super::errors::{explain, host_offline, start_refused};
 use super::output::{print_json, print_list, print_stdout, relative_time, Table, Tone};
 use super::terminals::find_host;
 use super::{CliError, Format};
+use crate::client::reconnect::Outage;
 use crate::client::resolve::{self, short_id};
 use crate::client::viewer::{Followed, OutputFollower};
 use crate::client::{Client, ClientError, Host, NewRun, Run};
@@ -70,7 +71,7 @@ pub async fn run(
     }
     let notes = Notes { on: !format.quiet };
     let run = if format.json {
-        let run = wait_final(client, run.id).await?;
+        let run = wait_final(client, run.id, notes).await?;
         print_with_log(client, &run).await?;
         run
     } else {
@@ -109,6 +110,36 @@ impl Notes {
                 bytes - lost
             ));
         }
+    }
+}
+
+/// `call` until it gets through: a server that cannot be reached (a
+/// restart, a proxy answering 502-504 meanwhile) is waited for as the
+/// output stream waits for it (`client::reconnect`), saying so once. The
+/// run goes on on its host whatever this command sees.
+async fn patiently<T, F>(client: &Client, notes: Notes, mut call: impl FnMut() -> F) -> Result<T, CliError>
+where
+    F: std::future::Future<Output = Result<T, ClientError>>,
+{
+    let mut outage = Outage::default();
+    loop {
+        let e = match call().await {
+            Ok(answer) => return Ok(answer),
+            Err(e) => e,
+        };
+        let unreachable = match &e {
+            ClientError::Connect { .. } => true,
+            ClientError::Api { status, .. } | ClientError::NotTether { status, .. } => {
+                matches!(status, 502..=504)
+            }
+            _ => false,
+        };
+        let delay = outage.next_delay().filter(|_| unreachable);
+        let Some(delay) = delay else { return Err(explain(e, client.server())) };
+        if outage.attempts() == 1 {
+            notes.say(&format!("tether: {e}; trying again (the run goes on)"));
+        }
+        tokio::time::sleep(delay).await;
     }
 }
 
@@ -169,7 +200,7 @@ async fn stream(client: &Client, mut run: Run, host: &Host, out: &mut Output, no
         if run.state != "queued" || dispatching_since.elapsed() > QUICK_POLLS_FOR {
             poll = (poll * 2).min(MAX_POLL);
         }
-        run = client.run(run.id).await.map_err(explain)?;
+        run = patiently(client, notes, || client.run(run.id)).await?;
     };
     // Why the stream stopped before the exit, when it did.
     let mut interrupted = None;
@@ -233,11 +264,11 @@ async fn finish(
     if let Some(why) = interrupted {
         // A run that failed to start ends at once and says why itself; one
         // that goes on (its host left) is worth a word while we wait.
-        if wait_final_within(client, id, FINISH_GRACE).await?.is_none() {
+        if wait_final_within(client, id, FINISH_GRACE, notes).await?.is_none() {
             notes.say(&format!("tether: {why}; waiting for the run to finish"));
         }
     }
-    let run = wait_final(client, id).await?;
+    let run = wait_final(client, id, notes).await?;
     // Whatever the stream did not bring (the terminal ended before this
     // command attached, or the stream broke off) is in the captured log;
     // but the log of a run that failed to start holds only the reason,
@@ -306,7 +337,7 @@ async fn from_log(
         if to.is_some_and(|to| out.written >= to) {
             return Ok(());
         }
-        let log = client.run_log_from(run_id, out.written).await.map_err(|e| explain(e, client.server()))?;
+        let log = patiently(client, notes, || client.run_log_from(run_id, out.written)).await?;
         let wanted = to.map_or(log.data.len(), |to| log.data.len().min((to - out.written) as usize));
         out.write(&log.data[..wanted])?;
         let Some(to) = to else {
@@ -328,20 +359,20 @@ async fn from_log(
     }
 }
 
-async fn wait_final(client: &Client, id: Uuid) -> Result<Run, CliError> {
+async fn wait_final(client: &Client, id: Uuid, notes: Notes) -> Result<Run, CliError> {
     loop {
-        if let Some(run) = wait_final_within(client, id, Duration::from_secs(3600)).await? {
+        if let Some(run) = wait_final_within(client, id, Duration::from_secs(3600), notes).await? {
             return Ok(run);
         }
     }
 }
 
 /// The run once it is final, or `None` if it is not within `limit`.
-async fn wait_final_within(client: &Client, id: Uuid, limit: Duration) -> Result<Option<Run>, CliError> {
+async fn wait_final_within(client: &Client, id: Uuid, limit: Duration, notes: Notes) -> Result<Option<Run>, CliError> {
     let deadline = tokio::time::Instant::now() + limit;
     let mut poll = POLL;
     loop {
-        let run = client.run(id).await.map_err(|e| explain(e, client.server()))?;
+        let run = patiently(client, notes, || client.run(id)).await?;
         if run.is_final() {
             return Ok(Some(run));
         }
@@ -411,7 +442,7 @@ pub async fn logs(client: &Client, query: &str, follow: bool, format: Format) ->
     };
     let notes = Notes { on: !format.quiet };
     if format.json {
-        let run = if follow { wait_final(client, run.id).await? } else { run };
+        let run = if follow { wait_final(client, run.id, notes).await? } else { run };
         return print_with_log(client, &run).await;
     }
     let mut out = Output { written: 0 };

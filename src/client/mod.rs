@@ -5,6 +5,8 @@
 //!   REST calls (`rest`): hosts, terminals, runs, tokens and the audit
 //!   log, each paged list followed through `nextCursor`, each error body
 //!   mapped to [`ClientError::Api`].
+//! - [`reconnect`] says how long the clients ride out a server they cannot
+//!   reach.
 //! - [`resolve`] turns what a person types (a host name, an id prefix) into
 //!   one resource, or says which candidates matched.
 //! - [`viewer`] speaks the viewer protocol: the raw socket `tether attach`
@@ -15,6 +17,7 @@
 //! `Send`), like the rest of the command line.
 
 mod error;
+pub mod reconnect;
 pub mod resolve;
 mod resources;
 mod rest;

@@ -21,10 +21,8 @@ use super::fragments::{Complete, Fragments};
 use super::liveness::{Liveness, NO_ANSWER};
 use super::protocol::{describe_close, should_reattach, ServerMessage, CLOSE_ABNORMAL, CLOSE_NO_STATUS};
 use super::{ViewerSocket, MAX_FRAME};
+use crate::client::reconnect::Outage;
 use crate::client::{Client, ClientError};
-
-/// Consecutive reconnects that never went live before giving up.
-const MAX_RECONNECTS: u32 = 5;
 
 /// What the stream brought next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,7 +51,12 @@ pub struct OutputFollower {
     /// Whether bytes arriving now are stream bytes (after `live`/`resume`).
     live: bool,
     went_live: bool,
-    reconnects: u32,
+    /// A connection was opened: later failures are part of riding out a
+    /// move or an outage (`client::reconnect`), not the caller's to explain.
+    connected: bool,
+    outage: Outage,
+    /// The wait before the next connection.
+    delay: Option<Duration>,
     fragments: Fragments,
     liveness: Liveness,
     done: bool,
@@ -70,7 +73,9 @@ impl OutputFollower {
             skip: 0,
             live: false,
             went_live: false,
-            reconnects: 0,
+            connected: false,
+            outage: Outage::default(),
+            delay: None,
             fragments: Fragments::new(MAX_FRAME),
             liveness: Liveness::new(Instant::now()),
             done: false,
@@ -147,33 +152,38 @@ impl OutputFollower {
     }
 
     async fn connect(&mut self) -> Result<(), ClientError> {
-        if self.reconnects > 0 {
-            tokio::time::sleep(Duration::from_millis(250) * self.reconnects).await;
+        if let Some(delay) = self.delay.take() {
+            tokio::time::sleep(delay).await;
         }
         match self.client.open_viewer(&self.terminal_id, Some(self.next)).await {
             Ok(socket) => {
                 self.socket = Some(socket);
+                self.connected = true;
                 self.liveness = Liveness::new(Instant::now());
                 self.live = false;
                 Ok(())
             }
-            // The first connection's failure is the caller's to explain;
-            // later ones are part of riding out a move.
-            Err(e) if self.reconnects == 0 || self.reconnects >= MAX_RECONNECTS => Err(e),
-            Err(e) => {
-                tracing::debug!(error = %e, "tether_follow_reconnect_failed");
-                self.reconnects += 1;
-                Ok(())
-            }
+            // The first connection's failure is the caller's to explain.
+            Err(e) if !self.connected => Err(e),
+            Err(e) => match self.outage.next_delay() {
+                Some(delay) => {
+                    tracing::debug!(error = %e, "tether_follow_reconnect_failed");
+                    self.delay = Some(delay);
+                    Ok(())
+                }
+                None => Err(e),
+            },
         }
     }
 
     /// The socket is gone: reopen it when the close invites that.
     fn lost(&mut self, code: u16, description: Option<&str>) -> Option<Followed> {
         self.socket = None;
-        if should_reattach(code, description) && self.reconnects < MAX_RECONNECTS {
-            self.reconnects += 1;
-            return None;
+        if should_reattach(code, description) {
+            if let Some(delay) = self.outage.next_delay() {
+                self.delay = Some(delay);
+                return None;
+            }
         }
         self.done = true;
         Some(Followed::Closed { code, reason: describe_close(code, description) })
@@ -198,7 +208,7 @@ impl OutputFollower {
     fn start_at(&mut self, offset: u64) -> Option<Followed> {
         self.live = true;
         self.went_live = true;
-        self.reconnects = 0;
+        self.outage.over();
         if offset > self.next {
             let gap = Followed::Gap { from: self.next, to: offset };
             self.next = offset;
