@@ -116,3 +116,40 @@ async fn a_run_log_is_complete_across_daemon_moves() {
     }
     drop(daemon);
 }
+
+/// A run whose command ends while its daemon's connection is cut: the
+/// daemon reports the terminal ended when it redials and does not send what
+/// it printed after the cut, so the log lacks that tail. The run says so:
+/// `logGapBytes` counts the tail, and the log and the gap add up to the
+/// command's whole output (`usage.outputBytes`). It used to say 0, and
+/// `tether logs` put the missing bytes down to the log's cap.
+#[actix_rt::test]
+async fn a_run_that_ends_while_its_daemon_is_away_counts_what_its_log_lacks() {
+    let server = support::TetherServer::start(&[], &[]).await;
+    let token = create_token(&server, "ann");
+    let api = Api::new(server.url(), token.clone());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let balancer = Balancer::start(server.listen_addr()).await;
+    let _daemon = DaemonProcess::start_url(&balancer.url(), &token, &dir.path().join("state"));
+    let hosts = api
+        .wait_for("/api/v1/hosts", "host online", |b| {
+            b["hosts"].as_array().is_some_and(|h| h.iter().any(|h| h["state"] == "online"))
+        })
+        .await;
+    let host = hosts["hosts"][0]["id"].as_str().expect("host id").to_string();
+    let script = "echo first; sleep 2; seq 1 1000; echo end";
+    let (status, body) = api.post("/api/v1/runs", json!({"hostId": host, "argv": ["sh", "-c", script]})).await;
+    assert_eq!(status, 201, "{body}");
+    let run = body["run"]["id"].as_str().expect("run id").to_string();
+    log_grows_past(&api, &run, 0).await;
+
+    // Cut before the command goes on, back after it ended.
+    balancer.outage(Duration::from_secs(5)).await;
+    let path = format!("/api/v1/runs/{run}");
+    let done = api.wait_for(&path, "the run final", |b| b["run"]["state"] == "succeeded").await;
+    let output = done["run"]["usage"]["outputBytes"].as_u64().expect("usage");
+    let gap = done["run"]["logGapBytes"].as_u64().expect("logGapBytes");
+    let log = log_len(&api, &run).await as u64;
+    assert_eq!(log, "first\r\n".len() as u64, "{done}");
+    assert_eq!((gap, log + gap), (output - log, output), "the tail the log lacks is counted: {done}");
+}

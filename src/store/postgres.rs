@@ -219,8 +219,7 @@ fn run_row(row: &Row) -> StoreResult<Run> {
         finished_at: row.get(13),
         log_end: row.get(15),
         log_gap_bytes: row.get(16),
-    }
-    .count_unlogged_tail())
+    })
 }
 
 impl PgStore {
@@ -1157,12 +1156,14 @@ impl Store for PgStore {
         let max = i32::try_from(max_bytes).unwrap_or(i32::MAX);
         let offset = i64::try_from(offset).unwrap_or(i64::MAX);
         // Every right-hand side reads the row as it was: the bytes below the
-        // stored end are skipped, a start past it is counted as lost.
+        // stored end are skipped, a start past it is counted as lost (unless
+        // the log is full: then what it lacks is past its cap).
         self.execute(
             "UPDATE runs SET \
                log = log || substring($2::bytea FROM (1 + GREATEST(0, log_end - $4::bigint))::int \
                                       FOR GREATEST(0, $3 - length(log))), \
-               log_gap_bytes = log_gap_bytes + GREATEST(0, $4::bigint - log_end), \
+               log_gap_bytes = log_gap_bytes + \
+                 CASE WHEN length(log) >= $3 THEN 0 ELSE GREATEST(0, $4::bigint - log_end) END, \
                log_end = $4::bigint + length($2::bytea) \
              WHERE id = $1 AND $4::bigint + length($2::bytea) > log_end",
             &[&run_id, &data, &max, &offset],

@@ -183,7 +183,7 @@ fn run_from_raw(raw: RunRaw) -> StoreResult<Run> {
     if let [Some(cpu_ms), Some(max_rss_kb), Some(output_bytes), Some(wall_ms)] = raw.usage {
         run.usage = Some(RunUsage { cpu_ms, max_rss_kb, output_bytes, wall_ms });
     }
-    Ok(run.count_unlogged_tail())
+    Ok(run)
 }
 
 /// The rows of `table` after a list cursor (docs/REST.md, "Lists"), with
@@ -1332,8 +1332,11 @@ impl Store for SqliteStore {
                     let skip = usize::try_from(end.saturating_sub(offset)).unwrap_or(usize::MAX).min(data.len());
                     let fresh = &data[skip..];
                     let room = max_bytes.saturating_sub(log.len());
+                    // Once the log is full, what it lacks is past its cap,
+                    // not lost on the way.
+                    let lost = if room == 0 { 0 } else { offset.saturating_sub(end) };
                     log.extend_from_slice(&fresh[..fresh.len().min(room)]);
-                    let gap = gap.saturating_add(i64::try_from(offset.saturating_sub(end)).unwrap_or(i64::MAX));
+                    let gap = gap.saturating_add(i64::try_from(lost).unwrap_or(i64::MAX));
                     let chunk_end = i64::try_from(chunk_end).unwrap_or(i64::MAX);
                     tx.execute(
                         "UPDATE runs SET log = ?2, log_end = ?3, log_gap_bytes = ?4 WHERE id = ?1",

@@ -349,20 +349,6 @@ pub struct Run {
     pub log_end: i64,
 }
 
-impl Run {
-    /// A final run whose stream went on past what its log saw lacks that
-    /// tail: its usage counts every byte the command printed, and the
-    /// bytes past the log's end count as missing. That is the output of a
-    /// run that ended while its daemon was disconnected, which the daemon
-    /// does not send once the terminal has ended (docs/REST.md, "Run").
-    pub(super) fn count_unlogged_tail(mut self) -> Self {
-        if let (true, Some(usage)) = (self.state.is_final(), &self.usage) {
-            self.log_gap_bytes = self.log_gap_bytes.saturating_add((usage.output_bytes - self.log_end).max(0));
-        }
-        self
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct NewRun {
     pub user_id: Uuid,

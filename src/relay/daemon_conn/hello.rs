@@ -3,7 +3,7 @@
 //! tell the previous owner), reconciliation of terminal rows, then the
 //! acknowledgement and the parked spawns.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use super::*;
 use crate::cell::admission::{self, Verdict};
@@ -92,6 +92,23 @@ struct Taken {
     orphans: Vec<Uuid>,
 }
 
+/// A run's command ended while its daemon was disconnected: the daemon
+/// reports the terminal ended and does not send the output it printed
+/// after the link dropped (it refuses an Attach to an ended terminal), so
+/// the log lacks the stream from where it ends to `end`. That is recorded
+/// now as a gap (`logGapBytes`), before the run's end is, so the run says
+/// what its log lacks (docs/CLUSTER.md, "Run logs across moves").
+async fn record_unsent_tail(relay: &RelayContext, terminal_id: Uuid, run_id: Uuid, log_end: u64, end: u64) {
+    let max = relay.settings.runs.log_max_bytes;
+    match relay.store.append_run_log(run_id, end, &[], max).await {
+        Ok(()) => {
+            tracing::warn!(%terminal_id, %run_id, lost = end - log_end, "tether_run_log_gap");
+            metrics::counter!("tether_run_log_gap_bytes_total").increment(end - log_end);
+        }
+        Err(e) => tracing::warn!(error = %e, %terminal_id, %run_id, "tether_run_log_unsent_tail_not_recorded"),
+    }
+}
+
 /// Records the hello in one store call (seizes the lease, newest daemon
 /// wins; the host online; its terminal rows reconciled), then tells the
 /// previous owner.
@@ -112,6 +129,14 @@ async fn take_host(
     };
     let reported: Vec<(Uuid, bool)> =
         hello.terminals.iter().filter_map(|t| Some((Uuid::parse_str(&t.terminal_id).ok()?, t.running))).collect();
+    // Terminals that ended while no connection was attached, with the
+    // stream offset they reached.
+    let ended: HashMap<Uuid, u64> = hello
+        .terminals
+        .iter()
+        .filter(|t| !t.running)
+        .filter_map(|t| Some((Uuid::parse_str(&t.terminal_id).ok()?, t.next_offset)))
+        .collect();
     let running: Vec<Uuid> = reported.iter().map(|(id, _)| *id).collect();
     let record = HostHello {
         host_id,
@@ -138,7 +163,11 @@ async fn take_host(
             (terminal.state, terminal.run_id, unfinished_run_log_end)
         {
             // The capture resumes at the stream offset the log reached.
-            taken.captures.push((terminal.id, run_id, u64::try_from(log_end).unwrap_or(0)));
+            let log_end = u64::try_from(log_end).unwrap_or(0);
+            if let Some(&end) = ended.get(&terminal.id).filter(|&&end| end > log_end) {
+                record_unsent_tail(relay, terminal.id, run_id, log_end, end).await;
+            }
+            taken.captures.push((terminal.id, run_id, log_end));
         }
         if terminal.state == TerminalState::Pending {
             taken.parked.push(terminal);
