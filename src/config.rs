@@ -479,7 +479,6 @@ impl Settings {
             config::Environment::with_prefix("TETHER")
                 .prefix_separator("_")
                 .separator("__")
-                .try_parsing(true)
                 .source(Some(settings_env)),
         );
         for (key, value) in flags {
@@ -801,6 +800,23 @@ mod tests {
         assert_eq!(s.lease.renew_ms, 10_000);
         assert_eq!(s.viewer.ping_timeout_ms, 1_500);
         assert_eq!(s.bus.prefix, "tether");
+    }
+
+    /// A text setting given in the environment is taken as written, even
+    /// when it looks like a number (it used to be parsed as one and
+    /// written back: `007` became `7`, a long secret `1.2e22`).
+    #[test]
+    fn environment_text_that_looks_like_a_number_is_kept() {
+        let secret = "0000000000000000000001";
+        let s = Settings::load_from(
+            None,
+            &env(&[("TETHER_CELL__ID", "007"), ("TETHER_CELL__REGION", "1e3"), ("TETHER_CLUSTER__SECRET", secret)]),
+        )
+        .unwrap();
+        assert_eq!((s.cell.id.as_deref(), s.cell.region.as_str()), (Some("007"), "1e3"));
+        assert_eq!(s.cluster.secret.as_deref(), Some(secret));
+        let s = Settings::load_from(None, &env(&[("TETHER_LEASE__TTL_MS", "40000")])).unwrap();
+        assert_eq!(s.lease.ttl_ms, 40_000, "numbers are still numbers");
     }
 
     #[test]
