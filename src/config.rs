@@ -476,10 +476,7 @@ impl Settings {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         builder = builder.add_source(
-            config::Environment::with_prefix("TETHER")
-                .prefix_separator("_")
-                .separator("__")
-                .source(Some(settings_env)),
+            config::Environment::with_prefix("TETHER").prefix_separator("_").separator("__").source(Some(settings_env)),
         );
         for (key, value) in flags {
             builder = builder.set_override(*key, value.as_str())?;

@@ -1017,3 +1017,32 @@ async fn a_viewer_across_instances_is_closed_when_redis_goes_away() {
     again.type_line("echo after-$((6*7))").await;
     again.until("after-42").await;
 }
+
+/// `/readyz` asks Redis whether this instance is subscribed, not only
+/// whether Redis answers: with its subscriber connection dropped and its
+/// subscriptions refused (an ACL that forbids SUBSCRIBE), the instance is
+/// unready although Redis answers PING, and ready again once it could
+/// subscribe again. It used to stay ready: a flag set at the first
+/// subscription was never cleared.
+#[actix_rt::test]
+async fn readyz_says_unready_while_the_instance_is_not_subscribed() {
+    let redis = OwnRedis::start();
+    let database = pg_database().await;
+    let (a, _b) = pair(&database, &redis.url(), &[]).await;
+    let api = Api::new(a.url(), String::new());
+    wait_status(&api, "/readyz", 200).await;
+    let redis_cli = |args: &[&str]| {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &redis.port().to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
+    };
+    redis_cli(&["ACL", "SETUSER", "default", "-subscribe", "-ssubscribe", "-psubscribe"]);
+    redis_cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    let body = wait_status(&api, "/readyz", 503).await;
+    assert!(body["checks"]["bus"].as_str().is_some_and(|b| b.contains("not subscribed")), "{body}");
+    redis_cli(&["ACL", "SETUSER", "default", "+subscribe", "+ssubscribe", "+psubscribe"]);
+    wait_status(&api, "/readyz", 200).await;
+}

@@ -44,6 +44,7 @@ const RECONNECT_MAX_MS: u32 = 2_000;
 #[derive(Clone)]
 pub struct RedisLink {
     client: Client,
+    clustered: bool,
 }
 
 impl RedisLink {
@@ -51,6 +52,25 @@ impl RedisLink {
     pub async fn ping(&self) -> Result<(), String> {
         match tokio::time::timeout(Duration::from_secs(1), self.client.ping::<String>(None)).await {
             Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("no answer within 1 s".into()),
+        }
+    }
+
+    /// Whether Redis counts a subscriber on `channel`, asked within a
+    /// second (on a Redis Cluster, of the shard that serves the channel):
+    /// for `/readyz`, whether this instance is subscribed again after
+    /// Redis came back, not only whether Redis answers.
+    pub async fn subscribed(&self, channel: &str) -> Result<bool, String> {
+        let counts = async {
+            if self.clustered {
+                self.client.pubsub_shardnumsub::<Vec<(String, i64)>, _>(channel).await
+            } else {
+                self.client.pubsub_numsub::<Vec<(String, i64)>, _>(channel).await
+            }
+        };
+        match tokio::time::timeout(Duration::from_secs(1), counts).await {
+            Ok(Ok(counts)) => Ok(counts.iter().any(|(name, n)| name == channel && *n > 0)),
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("no answer within 1 s".into()),
         }
@@ -96,7 +116,7 @@ impl RedisBus {
         tokio::spawn(resubscribe(subscriber.clone(), clustered));
         let _subscriber_connection = subscriber.connect();
         tokio::spawn(pump(messages, inbox));
-        Ok(Some(Self { link: RedisLink { client }, subscriber, clustered }))
+        Ok(Some(Self { link: RedisLink { client, clustered }, subscriber, clustered }))
     }
 
     pub fn link(&self) -> &RedisLink {

@@ -30,15 +30,20 @@ pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
         state.store.ping().await.map_err(|e| e.to_string())?;
         state.store.schema_version().await.map_err(|e| e.to_string())
     };
-    let subscribed = state.bus_ready.load(std::sync::atomic::Ordering::Relaxed);
     let bus = async {
         match state.relay.bus.redis() {
             None => Ok("not_configured".to_string()),
-            Some(redis) => match redis.ping().await {
-                Ok(()) if subscribed => Ok("ok".to_string()),
-                Ok(()) => Err("not subscribed yet".to_string()),
-                Err(e) => Err(e),
-            },
+            Some(redis) => {
+                redis.ping().await?;
+                // Asked of Redis each time: after Redis came back (or a
+                // Redis Cluster's shard failed over) the instance is ready
+                // only once it is subscribed there again.
+                let replies = state.relay.bus.reply_channel(&state.relay.instance_id);
+                match redis.subscribed(&replies).await? {
+                    true => Ok("ok".to_string()),
+                    false => Err("not subscribed yet".to_string()),
+                }
+            }
         }
     };
     let (store, bus) = futures_util::future::join(within(store), within(bus)).await;

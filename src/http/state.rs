@@ -77,8 +77,6 @@ pub struct AppState {
     /// `http.trusted_proxies`, parsed.
     pub trusted_proxies: Vec<super::client_addr::Cidr>,
     pub runs: Addr<RunDispatcher>,
-    /// Set once the bus confirmed this instance's reply subscription.
-    pub bus_ready: Arc<std::sync::atomic::AtomicBool>,
     /// Set when the drain starts: no new socket is taken from then on.
     pub draining: std::sync::atomic::AtomicBool,
 }
@@ -148,7 +146,6 @@ impl AppState {
         actix_rt::spawn(serve_bus(relay.clone(), inbox));
         actix_rt::spawn(crate::relay::remote::heartbeat(relay.clone()));
         actix_rt::spawn(crate::relay::remote::watch_waiting(relay.clone()));
-        let bus_ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let runs = RunDispatcher::new(relay.clone()).start();
         Sweeper::new(relay.clone()).start();
         crate::jobs::credentials::CredentialsRefresher::new(relay.clone()).start();
@@ -163,7 +160,6 @@ impl AppState {
             relay,
             limiter: AddressLimiter::default(),
             runs,
-            bus_ready,
             draining: std::sync::atomic::AtomicBool::new(false),
         }))
     }
@@ -174,7 +170,7 @@ impl AppState {
     /// the HTTP listener is bound, so an instance is never heard on the bus
     /// before it can serve what it hears.
     pub fn start_bus_subscriber(&self) {
-        actix_rt::spawn(subscribe_replies(self.relay.clone(), self.bus_ready.clone()));
+        actix_rt::spawn(subscribe_replies(self.relay.clone()));
     }
 }
 
@@ -184,7 +180,7 @@ impl AppState {
 /// heartbeats (a slot migration can drop a shard subscription without a
 /// reconnect), and on a Redis Cluster at once those whose slot moved
 /// (`bus.slot_check_ms`).
-async fn subscribe_replies(relay: RelayContext, ready: Arc<std::sync::atomic::AtomicBool>) {
+async fn subscribe_replies(relay: RelayContext) {
     let channel = relay.bus.reply_channel(&relay.instance_id);
     let mut delay = std::time::Duration::from_millis(100);
     loop {
@@ -197,7 +193,6 @@ async fn subscribe_replies(relay: RelayContext, ready: Arc<std::sync::atomic::At
             }
         }
     }
-    ready.store(true, std::sync::atomic::Ordering::Relaxed);
     tracing::info!(%channel, "tether_bus_subscribed");
     if !relay.bus.is_shared() {
         return;
