@@ -133,6 +133,9 @@ fn check_argv(argv: &[String]) -> Result<(), ApiError> {
     if argv.iter().any(|a| a.contains('\0')) {
         return refuse("`argv` entries must not contain NUL".into());
     }
+    if argv.first().is_some_and(|program| program.trim().is_empty()) {
+        return refuse("`argv[0]`, the program, must not be empty".into());
+    }
     if let Some(long) = argv.iter().find(|a| a.len() > MAX_ARG_BYTES) {
         return refuse(format!("an `argv` entry has {} bytes, more than {MAX_ARG_BYTES}", long.len()));
     }
@@ -196,6 +199,8 @@ mod tests {
             (entries(1, MAX_ARG_BYTES + 1), "8193 bytes"),
             (entries(MAX_ARGV_BYTES / MAX_ARG_BYTES + 1, MAX_ARG_BYTES), "73728 bytes in all"),
             (vec!["a\0b".to_string()], "NUL"),
+            (vec![String::new(), "x".to_string()], "the program"),
+            (vec![" ".to_string()], "the program"),
         ] {
             let refused = check_argv(&argv).unwrap_err();
             assert_eq!((refused.status.as_u16(), refused.code), (400, "invalid_argv"));
