@@ -20,6 +20,7 @@ const ALERT_COUNTERS: &[&str] = &[
     "tether_bus_gaps_total",
     "tether_bus_duplicates_total",
     "tether_stream_gaps_total",
+    "tether_run_log_gap_bytes_total",
     "tether_launch_timeouts_total",
     "tether_runs_lost_total",
     "tether_daemon_frames_dropped_total",

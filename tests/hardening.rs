@@ -48,7 +48,13 @@ async fn responses_carry_security_headers_and_metrics_can_move() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("tether_"), "{body}");
     // Counters alerted on by their increase are there, at 0, before any.
-    for counter in ["tether_bus_gaps_total", "tether_stream_gaps_total", "tether_audit_events_dropped_total"] {
+    for counter in [
+        "tether_bus_gaps_total",
+        "tether_bus_duplicates_total",
+        "tether_stream_gaps_total",
+        "tether_run_log_gap_bytes_total",
+        "tether_audit_events_dropped_total",
+    ] {
         assert!(body.lines().any(|l| l == format!("{counter} 0")), "{counter} is not at 0:\n{body}");
     }
     assert_eq!(headers.get("x-content-type-options").map(|v| v.to_str().unwrap()), Some("nosniff"));
