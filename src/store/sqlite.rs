@@ -205,20 +205,20 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 const SQLITE_CACHE_KIB: i64 = -65536;
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database file.
     /// Opens (creating) the database file. A new file and the directories
     /// made for it are private (0600 / 0700; docs/SECURITY.md, "Files"),
     /// and an existing file is made private: it holds run output. SQLite
     /// gives the WAL and shared-memory files the database file's mode.
     pub fn open(path: &Path) -> StoreResult<Self> {
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
-        let file_error = |e: std::io::Error| StoreError::Migration(format!("cannot create {}: {e}", path.display()));
+        // Named by its setting: the path is the operator's choice.
+        let file_error = |e: std::io::Error| {
+            StoreError::Migration(format!("cannot create {} (database.sqlite_path): {e}", path.display()))
+        };
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(parent)
-                .map_err(|e| StoreError::Migration(format!("cannot create {}: {e}", parent.display())))?;
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(parent).map_err(|e| {
+                StoreError::Migration(format!("cannot create {} (database.sqlite_path): {e}", parent.display()))
+            })?;
         }
         let file = std::fs::OpenOptions::new()
             .read(true)
