@@ -54,6 +54,11 @@ pub fn colours_on_stdout() -> bool {
 }
 
 /// A table printed with every column as wide as its widest cell.
+/// The widest a cell of any column but the last is shown: a longer one (a
+/// title of 256 characters, a long command line) ends in `…`, so one row
+/// does not widen every other; `--json` has the whole text.
+const MAX_CELL: usize = 48;
+
 pub struct Table {
     headers: Vec<&'static str>,
     rows: Vec<Vec<(String, Tone)>>,
@@ -67,9 +72,19 @@ impl Table {
     /// Adds a row. Control characters in a cell (a command's argv may
     /// hold newlines or escape sequences) are shown escaped (`\n`,
     /// `\u{1b}`), so a cell neither breaks the table nor drives the
-    /// reader's terminal.
+    /// reader's terminal; a cell of any column but the last is cut to
+    /// [`MAX_CELL`] characters.
     pub fn row(&mut self, cells: Vec<(String, Tone)>) {
-        self.rows.push(cells.into_iter().map(|(text, tone)| (escape_controls(text), tone)).collect());
+        let last = cells.len().saturating_sub(1);
+        let cell = |(i, (text, tone)): (usize, (String, Tone))| {
+            let text = escape_controls(text);
+            let text = match text.chars().nth(MAX_CELL) {
+                Some(_) if i < last => text.chars().take(MAX_CELL - 1).chain(['…']).collect(),
+                _ => text,
+            };
+            (text, tone)
+        };
+        self.rows.push(cells.into_iter().enumerate().map(cell).collect());
     }
 
     pub fn render(&self, colour: bool) -> String {
@@ -180,6 +195,17 @@ mod tests {
         let mut table = Table::new(&["COMMAND", "STATE"]);
         table.row(vec![("echo \x1b[31mred\nnext\t".into(), Tone::Plain), ("queued".into(), Tone::Plain)]);
         assert_eq!(table.render(false), "COMMAND                     STATE\necho \\u{1b}[31mred\\nnext\\t  queued\n");
+    }
+
+    #[test]
+    fn a_long_cell_is_cut_unless_it_is_the_last() {
+        let mut table = Table::new(&["TITLE", "COMMAND"]);
+        table.row(vec![("t".repeat(300), Tone::Plain), ("c".repeat(300), Tone::Plain)]);
+        table.row(vec![("t".repeat(MAX_CELL), Tone::Plain), ("short".into(), Tone::Plain)]);
+        let shown = table.render(false);
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(lines[1], format!("{}…  {}", "t".repeat(MAX_CELL - 1), "c".repeat(300)));
+        assert_eq!(lines[2], format!("{}  short", "t".repeat(MAX_CELL)), "a cell that fits is whole");
     }
 
     #[test]
