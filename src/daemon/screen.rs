@@ -23,7 +23,10 @@ const MAX_SNAPSHOT_BYTES: usize = 960 * 1024;
 const RESET_ATTRIBUTES: &str = "\x1b[m";
 
 /// Enter/leave the alternate screen: vt100 formats only the active grid, so
-/// the snapshot says which buffer it belongs to.
+/// the snapshot says which buffer it belongs to. A snapshot taken on the
+/// alternate screen first paints the main screen as it was when the
+/// program switched, then switches: a viewer that joined while `less` or
+/// `vim` ran sees the shell again when it quits, as the real terminal does.
 const ENTER_ALTERNATE_SCREEN: &[u8] = b"\x1b[?1049h";
 const LEAVE_ALTERNATE_SCREEN: &[u8] = b"\x1b[?1049l";
 const CLEAR_AND_HOME: &[u8] = b"\x1b[H\x1b[2J";
@@ -65,6 +68,10 @@ pub struct ScreenModel {
     parser: vt100::Parser,
     /// Keeps text that scrolls off unseen from being parsed (`screen_skip`).
     skip: ScrollSkip,
+    /// While the alternate screen is active: the main screen as it was when
+    /// the program switched (vt100 formats only the active grid, and the
+    /// main one does not change meanwhile), if it is still known.
+    main_before_alternate: Option<String>,
 }
 
 impl ScreenModel {
@@ -72,13 +79,37 @@ impl ScreenModel {
         // No scrollback: snapshots repaint the visible screen only, and the
         // ring buffer already holds recent history. `ScrollSkip` relies on
         // this: with scrollback, skipped lines would be missing from it.
-        Self { parser: vt100::Parser::new(size.rows, size.cols, 0), skip: ScrollSkip::default() }
+        Self {
+            parser: vt100::Parser::new(size.rows, size.cols, 0),
+            skip: ScrollSkip::default(),
+            main_before_alternate: None,
+        }
     }
 
     /// Parses output into the screen; returns how many of its bytes were
-    /// skipped as scrolled off unseen (see `screen_skip`).
+    /// skipped as scrolled off unseen (see `screen_skip`). At a switch to
+    /// the alternate screen the main one is formatted first and kept.
     pub fn process(&mut self, output: &[u8]) -> usize {
-        self.skip.process(&mut self.parser, output)
+        let mut skipped = 0;
+        let mut rest = output;
+        loop {
+            let alternate = self.parser.screen().alternate_screen();
+            let switch = if alternate { LEAVE_ALTERNATE_SCREEN } else { ENTER_ALTERNATE_SCREEN };
+            let Some(at) = memchr::memmem::find(rest, switch) else { break };
+            let switched = at + switch.len();
+            skipped += self.skip.process(&mut self.parser, &rest[..at]);
+            if !alternate {
+                self.skip.flush(&mut self.parser);
+                self.main_before_alternate = Some(self.parser.screen().state_formatted());
+            }
+            skipped += self.skip.process(&mut self.parser, &rest[at..switched]);
+            rest = &rest[switched..];
+        }
+        skipped += self.skip.process(&mut self.parser, rest);
+        if !self.parser.screen().alternate_screen() {
+            self.main_before_alternate = None;
+        }
+        skipped
     }
 
     pub fn resize(&mut self, size: GridSize) {
@@ -92,11 +123,18 @@ impl ScreenModel {
     pub fn snapshot(&mut self) -> Bytes {
         self.skip.flush(&mut self.parser);
         let screen = self.parser.screen();
-        let buffer_switch = if screen.alternate_screen() { ENTER_ALTERNATE_SCREEN } else { LEAVE_ALTERNATE_SCREEN };
         let state = screen.state_formatted();
-        let mut out = Vec::with_capacity(buffer_switch.len() + state.len());
-        out.extend_from_slice(buffer_switch);
-        if buffer_switch.len() + state.len() <= MAX_SNAPSHOT_BYTES {
+        let mut out = Vec::with_capacity(state.len() + 16);
+        let main = self
+            .main_before_alternate
+            .as_deref()
+            .filter(|main| screen.alternate_screen() && main.len() + state.len() + 32 <= MAX_SNAPSHOT_BYTES);
+        if let Some(main) = main {
+            out.extend_from_slice(LEAVE_ALTERNATE_SCREEN);
+            out.extend_from_slice(main.as_bytes());
+        }
+        out.extend_from_slice(if screen.alternate_screen() { ENTER_ALTERNATE_SCREEN } else { LEAVE_ALTERNATE_SCREEN });
+        if out.len() + state.len() <= MAX_SNAPSHOT_BYTES {
             out.extend_from_slice(state.as_bytes());
         } else {
             let left_out = trimmed(screen, &mut out);
@@ -209,7 +247,52 @@ mod tests {
         let mut model = ScreenModel::new(GridSize::clamped(10, 3));
         assert!(model.snapshot().starts_with(LEAVE_ALTERNATE_SCREEN));
         model.process(b"\x1b[?1049hfull-screen");
-        assert!(model.snapshot().starts_with(ENTER_ALTERNATE_SCREEN));
+        let mut replay = vt100::Parser::new(NonZeroU16::new(3).unwrap(), NonZeroU16::new(10).unwrap(), 0);
+        replay.process(&model.snapshot());
+        assert!(replay.screen().alternate_screen());
+    }
+
+    /// A viewer that joins while a full-screen program runs on the
+    /// alternate screen gets the main screen too: when the program quits,
+    /// the replayed screen shows what the real one shows (the shell's
+    /// lines and the cursor where it was), not a blank screen.
+    #[test]
+    fn a_snapshot_on_the_alternate_screen_keeps_the_main_one_underneath() {
+        let (rows, cols) = (NonZeroU16::new(6).unwrap(), NonZeroU16::new(30).unwrap());
+        // The switch in the middle of a read, after main-screen output.
+        for (before, switch) in [(&b"$ seq 3\r\n1\r\n2\r\n3\r\n$ less f"[..], &b"\r\n\x1b[?1049h\x1b[?1h\x1b=page"[..])]
+        {
+            for split in [false, true] {
+                let mut model = ScreenModel::new(GridSize::clamped(30, 6));
+                if split {
+                    model.process(before);
+                    model.process(switch);
+                } else {
+                    model.process(&[before, switch].concat());
+                }
+                let mut replay = vt100::Parser::new(rows, cols, 0);
+                replay.process(&model.snapshot());
+                assert!(replay.screen().alternate_screen());
+                assert_eq!(replay.screen().contents(), model.parser.screen().contents());
+                let quit = b"\x1b[?1049l\x1b[?1l\x1b>after-less\r\n$ ";
+                model.process(quit);
+                replay.process(quit);
+                model.snapshot(); // parses what the model still held back
+                assert_eq!(replay.screen().contents(), model.parser.screen().contents(), "split {split}");
+                assert_eq!(replay.screen().cursor_position(), model.parser.screen().cursor_position());
+                assert!(replay.screen().contents().contains("$ less f\nafter-less"), "{}", replay.screen().contents());
+            }
+        }
+        // Back to the main screen and off again in one read: the main
+        // screen kept is the newer one.
+        let mut model = ScreenModel::new(GridSize::clamped(30, 6));
+        model.process(b"one\r\n\x1b[?1049hA\x1b[?1049ltwo\r\n\x1b[?1049hB");
+        let mut replay = vt100::Parser::new(rows, cols, 0);
+        replay.process(&model.snapshot());
+        replay.process(b"\x1b[?1049l");
+        model.process(b"\x1b[?1049l");
+        model.snapshot();
+        assert_eq!(replay.screen().contents(), model.parser.screen().contents());
     }
 
     /// A screen whose formatting is over the limit (a 400x120 grid of
