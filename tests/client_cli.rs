@@ -233,21 +233,33 @@ async fn attach_waits_for_an_offline_host_to_come_back() {
     wait_terminal_state(&client, pending.id, "exited").await;
 }
 
+/// A balancer in front of the e2e server (on a thread of its own, so the
+/// test may block on a PTY) and a person logged in through it.
+fn logged_in_through_a_balancer(e: &E2e) -> (Balancer, Person) {
+    let balancer = Balancer::start_on_own_thread(e.server.listen_addr());
+    let person = Person::new();
+    person.run(&["login", "--server", &balancer.url(), "--token", &e.api.token]).ok();
+    (balancer, person)
+}
+
+/// `tether open` of a shell on the e2e host through a balancer, once it
+/// echoed `before-6`.
+async fn shell_through_a_balancer(e: &E2e) -> (Balancer, Person, support::cli::Pty) {
+    let host = the_host(&client(e)).await;
+    let (balancer, person) = logged_in_through_a_balancer(e);
+    let mut open = person.pty(&["open", &host.name], (100, 30));
+    open.type_keys(b"echo before-$((2*3))\r");
+    open.wait_for("before-6");
+    (balancer, person, open)
+}
+
 /// A connection that silently stops (a balancer freezes it: open, nothing
 /// forwarded) is given up once a ping goes unanswered, and attach goes on
 /// in the same shell on a new connection, with nothing shown twice.
 #[actix_rt::test]
 async fn attach_gives_up_a_frozen_connection_and_goes_on() {
     let e = e2e::start(false, &[]).await;
-    let client = client(&e);
-    let host = the_host(&client).await;
-    let balancer = Balancer::start_on_own_thread(e.server.listen_addr());
-    let person = Person::new();
-    person.run(&["login", "--server", &balancer.url(), "--token", &e.api.token]).ok();
-
-    let mut open = person.pty(&["open", &host.name], (100, 30));
-    open.type_keys(b"echo before-$((2*3))\r");
-    open.wait_for("before-6");
+    let (balancer, _person, mut open) = shell_through_a_balancer(&e).await;
     assert_eq!(e2e::metric(&e.api, "tether_viewer_connections").await, Some(1.0));
     balancer.stall();
     // The frozen connection stays open on the server; the new one joins it.
@@ -270,15 +282,7 @@ async fn attach_gives_up_a_frozen_connection_and_goes_on() {
 #[actix_rt::test]
 async fn attach_waits_out_a_server_out_of_reach_and_sends_what_was_typed() {
     let e = e2e::start(false, &[]).await;
-    let client = client(&e);
-    let host = the_host(&client).await;
-    let balancer = Balancer::start_on_own_thread(e.server.listen_addr());
-    let person = Person::new();
-    person.run(&["login", "--server", &balancer.url(), "--token", &e.api.token]).ok();
-
-    let mut open = person.pty(&["open", &host.name], (100, 30));
-    open.type_keys(b"echo before-$((2*3))\r");
-    open.wait_for("before-6");
+    let (balancer, _person, mut open) = shell_through_a_balancer(&e).await;
     let outage = balancer.outage(Duration::from_secs(16));
     let typing = async {
         tokio::time::sleep(Duration::from_secs(4)).await;
@@ -410,9 +414,7 @@ async fn run_streams_output_while_running_and_exits_with_the_runs_code() {
 async fn run_and_follow_ride_out_a_server_out_of_reach() {
     let e = e2e::start(false, &[]).await;
     let host = the_host(&client(&e)).await;
-    let balancer = Balancer::start_on_own_thread(e.server.listen_addr());
-    let person = Person::new();
-    person.run(&["login", "--server", &balancer.url(), "--token", &e.api.token]).ok();
+    let (balancer, person) = logged_in_through_a_balancer(&e);
     let script = "for i in $(seq 1 40); do echo r$i; sleep 0.25; done; exit 3";
     let detached = detached_run(&person, &host, script);
     let following = person.spawn(&["logs", "--follow", &short_id(&detached)]);

@@ -246,16 +246,22 @@ async fn trusted_proxies_name_the_client_and_the_user_cap_spans_addresses() {
     assert_eq!(third.expect_close().await, Some(4429), "two sockets per user in all");
 }
 
+/// Ann with a terminal she shares: her client, the share token, and the
+/// terminal's viewer URL.
+async fn shared_terminal(server: &TetherServer) -> (Api, String, String) {
+    let (ann, terminal) = user_with_terminal(server, "ann").await;
+    let (status, body) = ann.post("/api/v1/tokens", json!({"terminalId": terminal})).await;
+    assert_eq!(status, 201, "{body}");
+    let share = body["secret"].as_str().expect("secret").to_string();
+    (ann, share, viewer_url(server, &terminal))
+}
+
 /// A read-only token given away (a share link) uses caps of its own: its
 /// sockets at the cap do not lock its user's viewers and daemons out.
 #[actix_rt::test]
 async fn a_read_tokens_sockets_leave_its_users_slots_alone() {
     let server = TetherServer::start(&[("TETHER_HTTP__WS_PER_USER", "2")], &[]).await;
-    let (ann, terminal) = user_with_terminal(&server, "ann").await;
-    let (status, body) = ann.post("/api/v1/tokens", json!({"terminalId": terminal})).await;
-    assert_eq!(status, 201, "{body}");
-    let share = body["secret"].as_str().expect("secret").to_string();
-    let url = viewer_url(&server, &terminal);
+    let (ann, share, url) = shared_terminal(&server).await;
     let mut held = Vec::new();
     for _ in 0..2 {
         let mut sock = Socket::connect(&url, Some(&share), VIEWER).await;
@@ -277,11 +283,7 @@ async fn a_read_tokens_sockets_leave_its_users_slots_alone() {
 #[actix_rt::test]
 async fn a_share_link_cannot_fill_its_terminal() {
     let server = TetherServer::start(&[("TETHER_VIEWER__MAX_PER_TERMINAL", "4")], &[]).await;
-    let (ann, terminal) = user_with_terminal(&server, "ann").await;
-    let (status, body) = ann.post("/api/v1/tokens", json!({"terminalId": terminal})).await;
-    assert_eq!(status, 201, "{body}");
-    let share = body["secret"].as_str().expect("secret").to_string();
-    let url = viewer_url(&server, &terminal);
+    let (ann, share, url) = shared_terminal(&server).await;
     let mut held = Vec::new();
     for _ in 0..3 {
         let mut sock = Socket::connect(&url, Some(&share), VIEWER).await;
