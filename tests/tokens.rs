@@ -385,6 +385,29 @@ async fn the_daemon_refuses_a_token_file_others_can_read() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("TETHER_TOKEN"), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// A daemon given a `read` token stops at once, saying why: no retry can
+/// make that token run a daemon (it used to retry `403 insufficient_scope`
+/// for ever).
+#[actix_rt::test]
+async fn a_daemon_with_a_read_token_stops_and_says_why() {
+    let server = TetherServer::start(&[], &[]).await;
+    let full = support::client::create_token(&server, "ann");
+    let client = Client::new(&server.url(), &full, None).expect("client");
+    let read = make_token(&client, NewToken { scope: Some("read".into()), ..Default::default() }).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut daemon = DaemonProcess::start_url(&server.url(), &read.secret, &dir.path().join("state"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = daemon.try_exit_status() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the daemon kept trying:\n{}", daemon.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(status.code(), Some(1), "{}", daemon.log());
+    assert!(daemon.log().contains("give the daemon a `daemon` or `full` token"), "{}", daemon.log());
+}
+
 /// `tether share` makes a share token of one terminal: listed as such and
 /// expiring as asked; it reads that terminal and nothing else; `tether
 /// attach` with it (a real PTY) says "read-only" before the screen comes,

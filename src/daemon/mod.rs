@@ -76,6 +76,10 @@ pub enum DaemonError {
     BadServerUrl(#[from] BadServerUrl),
     #[error("bad token: the server refused it")]
     BadToken,
+    /// The token is a `read` (or share) token: no scope change can make it
+    /// run a daemon, so retrying is pointless.
+    #[error("the token cannot run a daemon (its scope is read-only): give the daemon a `daemon` or `full` token")]
+    TokenScope,
     #[error("the server does not know host {host_id} or it belongs to another user, even after registering again")]
     ForeignHost { host_id: String },
     #[error(

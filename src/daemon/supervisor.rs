@@ -220,7 +220,8 @@ impl Supervisor {
     }
 
     /// The stored host id, or a fresh registration. `Ok(None)` means "retry
-    /// later"; only a refused token is fatal.
+    /// later"; only a refused token, or one whose scope cannot run a
+    /// daemon, is fatal.
     async fn host_id(&self, client: &awc::Client) -> Result<Option<String>, DaemonError> {
         if let Some(host_id) = self.state.host_id() {
             return Ok(Some(host_id));
@@ -232,6 +233,7 @@ impl Supervisor {
                 Ok(Some(host_id))
             }
             Err(RegisterError::BadToken) => Err(DaemonError::BadToken),
+            Err(RegisterError::Status { code, .. }) if code == "insufficient_scope" => Err(DaemonError::TokenScope),
             Err(err) => {
                 tracing::warn!(error = %err, "tether_daemon_registration_failed");
                 Ok(None)
