@@ -540,7 +540,15 @@ impl Settings {
             if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
                 return Err(invalid("database.url", "must be a postgres:// or postgresql:// URL"));
             }
-            url.parse::<tokio_postgres::Config>().map_err(|e| invalid("database.url", e.to_string()))?;
+            let config = url.parse::<tokio_postgres::Config>().map_err(|e| invalid("database.url", e.to_string()))?;
+            if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+                // The pool connects without TLS: refused here, naming the
+                // setting, rather than as a TLS error at the first connect.
+                return Err(invalid(
+                    "database.url",
+                    "sslmode=require (TLS) is not supported by this build; use sslmode=disable on a private network",
+                ));
+            }
         }
         if let Some(url) = &self.redis.url {
             if url.starts_with("rediss://") {
@@ -831,6 +839,16 @@ mod tests {
         let err = Settings::load_from(None, &env(&[("TETHER_REDIS__URL", "rediss://10.0.0.5:6380")])).unwrap_err();
         assert!(err.to_string().contains("redis.url") && err.to_string().contains("TLS"), "{err}");
         assert!(Settings::load_from(None, &env(&[("TETHER_REDIS__URL", "redis://10.0.0.5:6379")])).is_ok());
+    }
+
+    #[test]
+    fn a_postgres_url_that_requires_tls_is_refused_naming_the_key() {
+        let url = "postgres://u@10.0.0.5/tether?sslmode=require";
+        let err = Settings::load_from(None, &env(&[("TETHER_DATABASE__URL", url)])).unwrap_err();
+        assert!(err.to_string().contains("database.url") && err.to_string().contains("TLS"), "{err}");
+        for plain in ["postgres://u@10.0.0.5/tether?sslmode=disable", "postgres://u@10.0.0.5/tether"] {
+            assert!(Settings::load_from(None, &env(&[("TETHER_DATABASE__URL", plain)])).is_ok(), "{plain}");
+        }
     }
 
     #[test]
