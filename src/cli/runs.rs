@@ -127,15 +127,9 @@ where
             Ok(answer) => return Ok(answer),
             Err(e) => e,
         };
-        let unreachable = match &e {
-            ClientError::Connect { .. } => true,
-            ClientError::Api { status, .. } | ClientError::NotTether { status, .. } => {
-                matches!(status, 502..=504)
-            }
-            _ => false,
+        let Some(delay) = e.is_unreachable().then(|| outage.next_delay()).flatten() else {
+            return Err(explain(e, client.server()));
         };
-        let delay = outage.next_delay().filter(|_| unreachable);
-        let Some(delay) = delay else { return Err(explain(e, client.server())) };
         if outage.attempts() == 1 {
             notes.say(&format!("tether: {e}; trying again (the run goes on)"));
         }

@@ -50,6 +50,17 @@ impl ClientError {
         }
     }
 
+    /// Whether the server could not be reached: nothing answered, or a
+    /// proxy in front of it answered 502-504 (a restart, an instance away).
+    /// A later attempt may get through (`client::reconnect`).
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            ClientError::Connect { .. } => true,
+            ClientError::Api { status, .. } | ClientError::NotTether { status, .. } => (502..=504).contains(status),
+            _ => false,
+        }
+    }
+
     /// Whether the server refused the token (HTTP 401 on REST, 4401 or a
     /// 401 handshake on a socket).
     pub fn is_unauthorized(&self) -> bool {

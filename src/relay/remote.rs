@@ -620,7 +620,8 @@ impl Handler<FromViewer> for HomeViewer {
     }
 }
 
-/// A message of this viewer's reached no instance, or the bus refused it.
+/// A message of this viewer's reached no instance, or input or a resize
+/// the bus refused or did not take in time (`publish_events`).
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Unheard;
