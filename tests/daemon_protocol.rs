@@ -449,6 +449,141 @@ async fn spawn_start_and_exit_through_a_scripted_daemon() {
     assert_eq!(body["terminal"]["state"], "exited");
 }
 
+/// The next Attach the server sends for `terminal_id` (other frames skipped).
+async fn next_attach(daemon: &mut Socket, terminal_id: &str) -> tether::proto::v1::Attach {
+    loop {
+        if let server_frame::Frame::Attach(a) = daemon.next_server_frame().await {
+            if a.terminal_id == terminal_id {
+                return a;
+            }
+        }
+    }
+}
+
+/// A run of a scripted daemon that printed `first\r\n` into its log, and
+/// whose connection is then closed: (run id, terminal id).
+async fn run_that_printed_a_line(server: &TetherServer, api: &Api, host: &str) -> (String, String) {
+    let mut daemon = connected_daemon(server, api, host).await;
+    let (status, body) = api.post("/api/v1/runs", json!({"hostId": host, "argv": ["sh"]})).await;
+    assert_eq!(status, 201, "{body}");
+    let run = body["run"]["id"].as_str().expect("run id").to_string();
+    let terminal = match daemon.next_server_frame().await {
+        server_frame::Frame::Spawn(s) => s.terminal_id,
+        other => panic!("expected Spawn, got {other:?}"),
+    };
+    let started = tether::proto::v1::Started { terminal_id: terminal.clone(), pid: 7 };
+    daemon.send_frame(daemon_frame::Frame::Started(started)).await;
+    let attach = next_attach(&mut daemon, &terminal).await;
+    let scrollback = tether::proto::v1::Scrollback {
+        terminal_id: terminal.clone(),
+        attach_id: attach.attach_id,
+        data: Bytes::new(),
+        cols: 80,
+        rows: 24,
+        offset: attach.resume_from.unwrap_or(0),
+        resumed: attach.resume_from.is_some(),
+    };
+    daemon.send_frame(daemon_frame::Frame::Scrollback(scrollback)).await;
+    let output = tether::proto::v1::Output { terminal_id: terminal.clone(), offset: 0, data: "first\r\n".into() };
+    daemon.send_frame(daemon_frame::Frame::Output(output)).await;
+    let log = format!("/api/v1/runs/{run}/log");
+    for _ in 0..400 {
+        if api.get_bytes(&log).await.1.len() == 7 {
+            daemon.close().await;
+            return (run, terminal);
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the log never held the first line");
+}
+
+/// The hello of a daemon back after its run's command ended with `end`
+/// bytes of output, claiming `resume_ended` or not; returns the socket and
+/// the HelloAck's `resume_ended`.
+async fn back_after_the_run_ended(
+    server: &TetherServer,
+    api: &Api,
+    host: &str,
+    terminal: &str,
+    end: u64,
+    serves_tail: bool,
+) -> (Socket, Vec<String>) {
+    let mut back = Socket::connect(&daemon_url(server), Some(&api.token), PROTOCOL).await;
+    let mut hello = hello(host);
+    if let daemon_frame::Frame::Hello(h) = &mut hello {
+        h.terminals = vec![tether::proto::v1::TerminalReport {
+            terminal_id: terminal.to_owned(),
+            running: false,
+            next_offset: end,
+        }];
+        if let Some(caps) = h.capabilities.as_mut() {
+            caps.resume_ended = serves_tail;
+        }
+    }
+    back.send_frame(hello).await;
+    match back.next_server_frame().await {
+        server_frame::Frame::HelloAck(ack) => (back, ack.resume_ended),
+        other => panic!("expected HelloAck, got {other:?}"),
+    }
+}
+
+/// The final frames of a run's terminal that exited 0 after `end` bytes.
+async fn send_final_frames(daemon: &mut Socket, terminal: &str, end: u64) {
+    let terminal_id = terminal.to_owned();
+    let snapshot =
+        tether::proto::v1::Snapshot { terminal_id: terminal_id.clone(), data: Bytes::new(), cols: 80, rows: 24 };
+    daemon.send_frame(daemon_frame::Frame::Snapshot(snapshot)).await;
+    let exit = tether::proto::v1::Exit { terminal_id: terminal_id.clone(), exit_code: Some(0), signal: None };
+    daemon.send_frame(daemon_frame::Frame::Exit(exit)).await;
+    let usage = tether::proto::v1::Usage { terminal_id, cpu_ms: 1, max_rss_kb: 1, output_bytes: end, wall_ms: 1 };
+    daemon.send_frame(daemon_frame::Frame::Usage(usage)).await;
+}
+
+/// A run whose command ended while its daemon was away
+/// (docs/PROTOCOL.md, "Terminals that ended while disconnected"): a daemon
+/// that claims `resume_ended` is named in the HelloAck and asked for the
+/// tail from where the log ends, and the log gets it before the run ends;
+/// an older daemon is named in nothing, and the tail it cannot serve is
+/// counted in `logGapBytes`.
+#[actix_rt::test]
+async fn the_tail_of_a_run_that_ended_while_away_is_asked_of_a_daemon_that_serves_it() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let tail = "x".repeat(100);
+
+    let (run, terminal) = run_that_printed_a_line(&server, &api, &host).await;
+    let (mut back, named) = back_after_the_run_ended(&server, &api, &host, &terminal, 107, true).await;
+    assert_eq!(named, [terminal.clone()]);
+    let attach = next_attach(&mut back, &terminal).await;
+    assert_eq!((attach.resume_from, attach.from_oldest), (Some(7), Some(true)));
+    let scrollback = tether::proto::v1::Scrollback {
+        terminal_id: terminal.clone(),
+        attach_id: attach.attach_id,
+        data: tail.clone().into(),
+        cols: 80,
+        rows: 24,
+        offset: 7,
+        resumed: true,
+    };
+    back.send_frame(daemon_frame::Frame::Scrollback(scrollback)).await;
+    send_final_frames(&mut back, &terminal, 107).await;
+    let path = format!("/api/v1/runs/{run}");
+    let done = api.wait_for(&path, "the run final", |b| b["run"]["state"] == "succeeded").await;
+    assert_eq!(done["run"]["logGapBytes"], 0, "{done}");
+    let log = api.get_bytes(&format!("/api/v1/runs/{run}/log")).await.1;
+    assert_eq!(String::from_utf8_lossy(&log), format!("first\r\n{tail}"));
+    back.close().await;
+
+    let (run, terminal) = run_that_printed_a_line(&server, &api, &host).await;
+    let (mut back, named) = back_after_the_run_ended(&server, &api, &host, &terminal, 107, false).await;
+    assert!(named.is_empty(), "{named:?}");
+    send_final_frames(&mut back, &terminal, 107).await;
+    let path = format!("/api/v1/runs/{run}");
+    let done = api.wait_for(&path, "the run final", |b| b["run"]["state"] == "succeeded").await;
+    assert_eq!(done["run"]["logGapBytes"], 100, "{done}");
+    assert_eq!(api.get_bytes(&format!("/api/v1/runs/{run}/log")).await.1.len(), 7);
+}
+
 /// A running terminal of a scripted daemon: (daemon socket, terminal id).
 async fn running_terminal(server: &TetherServer, api: &Api, host: &str) -> (Socket, String) {
     let mut daemon = connected_daemon(server, api, host).await;

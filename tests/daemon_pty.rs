@@ -317,7 +317,7 @@ async fn a_reconnect_reports_live_terminals_and_delivers_queued_exits() {
     assert_eq!(reported, [("doomed", false, 0), ("live", true, offset_before)]);
 
     // The queued frames of the dead terminal follow the HelloAck.
-    server.send(In::HelloAck(HelloAck { instance_id: "fake#000002".to_owned() })).await;
+    server.send(In::HelloAck(HelloAck { instance_id: "fake#000002".to_owned(), resume_ended: Vec::new() })).await;
     let (_, exit, _) = expect_final_frames(&mut server, "doomed").await;
     assert_eq!((exit.exit_code, exit.signal), (None, Some(9)));
 
@@ -335,6 +335,91 @@ async fn a_reconnect_reports_live_terminals_and_delivers_queued_exits() {
     let (snapshot, exit, _) = expect_final_frames(&mut server, "live").await;
     assert_eq!(exit.exit_code, Some(0));
     assert!(String::from_utf8_lossy(&snapshot).contains("after-4"));
+}
+
+/// Drops the connection, and again while the daemon's hello still reports
+/// `terminal_id` running (it redials after a second or more), until a hello
+/// reports it ended.
+async fn hello_once_ended(server: &mut FakeServer, terminal_id: &str) -> tether::proto::v1::Hello {
+    loop {
+        server.close(Some(1001)).await;
+        let hello = server.accept().await;
+        if hello.terminals.iter().any(|t| t.terminal_id == terminal_id && !t.running) {
+            return hello;
+        }
+    }
+}
+
+/// A terminal that ends while the daemon is disconnected keeps its output:
+/// when the HelloAck names it (`resume_ended`), a resuming Attach gets the
+/// raw bytes the server lacks, and only then come Snapshot, Exit and Usage
+/// (docs/PROTOCOL.md, "Terminals that ended while disconnected"). A run's
+/// log used to lose what the command printed after the link dropped.
+#[actix_rt::test]
+async fn a_terminal_that_ended_while_away_serves_its_tail_before_its_end() {
+    let mut server = FakeServer::start(HOST_ID).await;
+    let daemon = start_daemon(&server);
+    let hello = server.accept_and_ack().await;
+    assert!(hello.capabilities.expect("capabilities").resume_ended);
+
+    server.send(spawn("run", &daemon.work, &["sh", "-c", "sleep 0.5; seq 1 3000; echo last"])).await;
+    expect_started(&mut server, "run").await;
+    let stored = attach_and_expect_scrollback(&mut server, "run", "a1").await;
+
+    // The command prints its tail and ends while no server is connected.
+    let hello = hello_once_ended(&mut server, "run").await;
+    let reported = hello.terminals.iter().find(|t| t.terminal_id == "run").expect("the run reported");
+    assert!(!reported.running);
+    let end = reported.next_offset;
+    assert!(end > stored + 10_000, "{end} after {stored}");
+
+    server
+        .send(In::HelloAck(HelloAck { instance_id: "fake#000002".to_owned(), resume_ended: vec!["run".to_owned()] }))
+        .await;
+    server
+        .send(In::Attach(Attach {
+            terminal_id: "run".to_owned(),
+            attach_id: "capture".to_owned(),
+            resume_from: Some(stored),
+            window: Some(64 * 1024),
+            from_oldest: Some(true),
+        }))
+        .await;
+    match server.next_frame().await {
+        Out::Scrollback(tail) => {
+            assert!(tail.resumed);
+            assert_eq!((tail.attach_id.as_str(), tail.offset), ("capture", stored));
+            assert_eq!(stored + tail.data.len() as u64, end, "the whole tail");
+            let text = String::from_utf8_lossy(&tail.data).into_owned();
+            let numbers: Vec<&str> = text.split("\r\n").filter(|l| !l.is_empty()).collect();
+            let expected: Vec<String> = (1..=3000).map(|n| n.to_string()).chain(["last".to_owned()]).collect();
+            assert_eq!(numbers, expected);
+        }
+        other => panic!("expected the tail before the end, got {other:?}"),
+    }
+    let (_, exit, usage) = expect_final_frames(&mut server, "run").await;
+    assert_eq!(exit.exit_code, Some(0));
+    assert_eq!(usage.output_bytes, end);
+}
+
+/// Final frames held for a resuming Attach that never comes are sent
+/// anyway, after 10 s: a server that named a terminal and then lost
+/// interest does not leave its end unreported.
+#[actix_rt::test]
+async fn held_final_frames_go_without_the_attach_after_a_while() {
+    let mut server = FakeServer::start(HOST_ID).await;
+    let daemon = start_daemon(&server);
+    server.accept_and_ack().await;
+    server.send(spawn("run", &daemon.work, &["sh", "-c", "sleep 0.5; echo done"])).await;
+    expect_started(&mut server, "run").await;
+    hello_once_ended(&mut server, "run").await;
+    server
+        .send(In::HelloAck(HelloAck { instance_id: "fake#000002".to_owned(), resume_ended: vec!["run".to_owned()] }))
+        .await;
+    let held = std::time::Instant::now();
+    let (_, exit, _) = expect_final_frames(&mut server, "run").await;
+    assert_eq!(exit.exit_code, Some(0));
+    assert!(held.elapsed() >= Duration::from_secs(9), "held for {:?}", held.elapsed());
 }
 
 #[actix_rt::test]

@@ -27,8 +27,8 @@ use super::stop::{self, Stop};
 use super::terminal::{self, ChildStreams, FinalFrames, TerminalCommand, TerminalHandle};
 use crate::proto::v1::{
     daemon_frame::Frame, server_frame::Frame as In, Attach, AttachError, Booking, Capabilities, CredentialsResult,
-    Dirs, DirsOp, DirsResult, Hello, InputTaken, LimitsResult, Ping, ServerFrame, Spawn, SpawnError, Started,
-    TerminalReport,
+    Dirs, DirsOp, DirsResult, Hello, InputTaken, LimitsResult, Ping, Scrollback, ServerFrame, Spawn, SpawnError,
+    Started, TerminalReport,
 };
 
 /// How often the daemon pings (docs/PROTOCOL.md, "Connection lifecycle").
@@ -42,6 +42,11 @@ const PING_INTERVAL: Duration = Duration::from_secs(30);
 const PING_ANSWER_PATIENCE: Duration = Duration::from_secs(20);
 /// How long to wait for HelloAck before trying another connection.
 const HELLO_ACK_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the final frames of a terminal a HelloAck lists in
+/// `resume_ended` wait for the server's resuming Attach before they are
+/// sent anyway (docs/PROTOCOL.md, "Terminals that ended while
+/// disconnected").
+const RESUME_ENDED_PATIENCE: Duration = Duration::from_secs(10);
 /// How long the core waits for room in the outbound queue before giving the
 /// connection up: a half-open TCP connection blocks writes for many minutes
 /// without an error, and while the core waits it cannot run the ping check.
@@ -94,6 +99,9 @@ struct TerminalEntry {
     /// Set once the terminal ended; the entry is dropped when the server
     /// confirmed these frames.
     final_frames: Option<FinalFrames>,
+    /// The final frames wait for the server's resuming Attach, which takes
+    /// the output the server lacks first (`HelloAck.resume_ended`).
+    held: bool,
 }
 
 impl TerminalEntry {
@@ -272,6 +280,8 @@ impl Host {
         let stop_timer = tokio::time::sleep(HELLO_ACK_TIMEOUT);
         tokio::pin!(stop_timer);
         let mut stop = self.stop.clone();
+        // When final frames the HelloAck held stop waiting for their Attach.
+        let mut held_until: Option<tokio::time::Instant> = None;
 
         loop {
             if link.stalled {
@@ -287,7 +297,9 @@ impl Host {
                     Inbound::Frame(ServerFrame { frame: Some(In::HelloAck(ack)) }) if !established => {
                         established = true;
                         tracing::info!(instance_id = %ack.instance_id, "tether_daemon_connected");
-                        self.send_pending_final_frames(&mut link).await;
+                        if self.send_pending_final_frames(&mut link, &ack.resume_ended).await {
+                            held_until = Some(tokio::time::Instant::now() + RESUME_ENDED_PATIENCE);
+                        }
                     }
                     Inbound::Frame(ServerFrame { frame: Some(In::Pong(_)) }) => {
                         for terminal_id in link.ledger.pong_received() {
@@ -317,6 +329,11 @@ impl Host {
                         return outcome(established, SessionEnd::Lost("no answer to a ping".to_owned()));
                     }
                     answer_due = None;
+                }
+                () = tokio::time::sleep_until(held_until.unwrap_or_else(tokio::time::Instant::now)),
+                    if held_until.is_some() => {
+                    held_until = None;
+                    self.release_all_held_final_frames(&mut link).await;
                 }
                 () = &mut hello_deadline, if !established => {
                     return outcome(false, SessionEnd::Lost("no HelloAck in time".to_owned()));
@@ -358,6 +375,7 @@ impl Host {
                 usage: true,
                 flow_control: true,
                 input_flow_control: true,
+                resume_ended: true,
             }),
             dirs: self.dirs.to_strings(),
             terminals: self
@@ -374,12 +392,46 @@ impl Host {
     }
 
     /// After HelloAck: the final frames of terminals that ended while the
-    /// socket was down (or whose frames were never confirmed).
-    async fn send_pending_final_frames(&mut self, link: &mut Link) {
-        let pending: Vec<FinalFrames> =
-            self.terminals.values().filter_map(|entry| entry.final_frames.clone()).collect();
+    /// socket was down (or whose frames were never confirmed), but for
+    /// those the server named in `resume_ended`: they wait for its resuming
+    /// Attach. True when some wait.
+    async fn send_pending_final_frames(&mut self, link: &mut Link, resume_ended: &[String]) -> bool {
+        let resume_ended: std::collections::HashSet<&str> = resume_ended.iter().map(String::as_str).collect();
+        let mut pending = Vec::new();
+        let mut held = false;
+        for (terminal_id, entry) in &mut self.terminals {
+            let Some(final_frames) = &entry.final_frames else { continue };
+            entry.held = resume_ended.contains(terminal_id.as_str());
+            if entry.held {
+                held = true;
+            } else {
+                pending.push(final_frames.clone());
+            }
+        }
         for final_frames in pending {
             link.send_final_frames(final_frames).await;
+        }
+        held
+    }
+
+    /// Sends the final frames of `terminal_id` if they waited for the
+    /// Attach just answered.
+    async fn release_held_final_frames(&mut self, link: &mut Link, terminal_id: &str) {
+        let Some(entry) = self.terminals.get_mut(terminal_id).filter(|entry| entry.held) else { return };
+        entry.held = false;
+        if let Some(final_frames) = entry.final_frames.clone() {
+            link.send_final_frames(final_frames).await;
+        }
+    }
+
+    /// The server never sent the resuming Attach it announced: the final
+    /// frames go without it.
+    async fn release_all_held_final_frames(&mut self, link: &mut Link) {
+        let held: Vec<String> =
+            self.terminals.iter().filter(|(_, entry)| entry.held).map(|(terminal_id, _)| terminal_id.clone()).collect();
+        for terminal_id in held {
+            tracing::warn!(%terminal_id, "tether_daemon_resume_ended_not_asked");
+            self.release_held_final_frames(link, &terminal_id).await;
         }
     }
 
@@ -431,7 +483,17 @@ impl Host {
                 self.kill(&kill.terminal_id, kill.signal);
                 None
             }
-            In::Attach(attach) => self.attach(attach, &link.out),
+            In::Attach(attach) => {
+                let (terminal_id, resuming) = (attach.terminal_id.clone(), attach.resume_from.is_some());
+                if let Some(reply) = self.attach(attach, &link.out) {
+                    link.send(reply).await;
+                }
+                // Final frames held for this Attach follow its answer.
+                if resuming {
+                    self.release_held_final_frames(link, &terminal_id).await;
+                }
+                None
+            }
             In::Credit(credit) => {
                 if let Some(entry) = self.terminals.get(&credit.terminal_id) {
                     let _ = entry.handle.commands.send(TerminalCommand::Credit { until: credit.until });
@@ -512,6 +574,7 @@ impl Host {
                 input: process.input,
                 handle,
                 final_frames: None,
+                held: false,
             },
         );
         Some(Frame::Started(Started { terminal_id, pid: process.pid }))
@@ -578,7 +641,27 @@ impl Host {
                     Err(_) => "terminal has exited",
                 }
             }
-            Some(_) => "terminal has exited",
+            // Ended: a resume is served from the ring it ended with.
+            Some(entry) => match (&entry.final_frames, resume_from) {
+                (Some(ended), Some((from, from_oldest))) => {
+                    let from = if from_oldest { from.max(ended.output.start_offset()) } else { from };
+                    match ended.output.bytes_since(from, usize::MAX) {
+                        Some(data) => {
+                            return Some(Frame::Scrollback(Scrollback {
+                                terminal_id,
+                                attach_id,
+                                data,
+                                cols: ended.snapshot.cols,
+                                rows: ended.snapshot.rows,
+                                offset: from,
+                                resumed: true,
+                            }))
+                        }
+                        None => "terminal has exited",
+                    }
+                }
+                _ => "terminal has exited",
+            },
         };
         Some(Frame::AttachError(AttachError { terminal_id, attach_id, message: message.to_owned() }))
     }

@@ -31,6 +31,7 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -90,6 +91,10 @@ pub struct FinalFrames {
     pub snapshot: Snapshot,
     pub exit: Exit,
     pub usage: Usage,
+    /// The ring as the terminal ended: it answers a resuming Attach until
+    /// the server confirms these frames (docs/PROTOCOL.md, "Terminals that
+    /// ended while disconnected").
+    pub output: Arc<OutputRing>,
 }
 
 impl FinalFrames {
@@ -425,6 +430,7 @@ impl TerminalTask {
                 wall_ms: u64::try_from(wall.as_millis()).unwrap_or(u64::MAX),
             },
             terminal_id,
+            output: Arc::new(std::mem::replace(&mut self.ring, OutputRing::with_capacity(0))),
         }
     }
 }

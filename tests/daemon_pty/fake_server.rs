@@ -203,7 +203,7 @@ impl FakeServer {
 
     pub async fn accept_and_ack(&mut self) -> Hello {
         let hello = self.accept().await;
-        self.send(In::HelloAck(HelloAck { instance_id: "fake#000001".to_owned() })).await;
+        self.send(In::HelloAck(HelloAck { instance_id: "fake#000001".to_owned(), resume_ended: Vec::new() })).await;
         hello
     }
 

@@ -316,6 +316,7 @@ pub fn hello(host_id: &str) -> daemon_frame::Frame {
             // InputTaken frames.
             flow_control: false,
             input_flow_control: false,
+            resume_ended: false,
         }),
         dirs: vec!["/tmp".into()],
         terminals: vec![],

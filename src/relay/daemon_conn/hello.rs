@@ -22,6 +22,9 @@ struct Accepted {
     /// Terminals the daemon runs that have no live row (docs/PROTOCOL.md,
     /// the hello's reconciliation): hung up after the HelloAck.
     orphans: Vec<Uuid>,
+    /// Ended terminals whose tail a run's log still lacks: the HelloAck
+    /// names them (`resume_ended`).
+    resume_ended: Vec<Uuid>,
 }
 
 /// What a hello took before it could fail: cleaned up when the connection
@@ -90,14 +93,16 @@ struct Taken {
     parked: Vec<crate::store::Terminal>,
     captures: Vec<(Uuid, Uuid, u64)>,
     orphans: Vec<Uuid>,
+    resume_ended: Vec<Uuid>,
 }
 
-/// A run's command ended while its daemon was disconnected: the daemon
-/// reports the terminal ended and does not send the output it printed
-/// after the link dropped (it refuses an Attach to an ended terminal), so
-/// the log lacks the stream from where it ends to `end`. That is recorded
-/// now as a gap (`logGapBytes`), before the run's end is, so the run says
-/// what its log lacks (docs/CLUSTER.md, "Run logs across moves").
+/// A run's command ended while its daemon, one without `resume_ended`,
+/// was disconnected: it reports the terminal ended and does not send the
+/// output it printed after the link dropped (it refuses an Attach to an
+/// ended terminal), so the log lacks the stream from where it ends to
+/// `end`. That is recorded now as a gap (`logGapBytes`), before the run's
+/// end is, so the run says what its log lacks (docs/CLUSTER.md, "Run logs
+/// across moves").
 async fn record_unsent_tail(relay: &RelayContext, terminal_id: Uuid, run_id: Uuid, log_end: u64, end: u64) {
     let max = relay.settings.runs.log_max_bytes;
     match relay.store.append_run_log(run_id, end, &[], max).await {
@@ -119,6 +124,9 @@ async fn take_host(
     hello: crate::proto::v1::Hello,
 ) -> Result<Taken, (u16, &'static str)> {
     let caps = hello.capabilities.unwrap_or_default();
+    // The daemon serves an ended terminal's tail (docs/PROTOCOL.md,
+    // "Terminals that ended while disconnected").
+    let serves_tail = caps.resume_ended;
     let capabilities = Capabilities {
         manage_dirs: caps.manage_dirs,
         refresh_limits: caps.refresh_limits,
@@ -157,7 +165,14 @@ async fn take_host(
     }
     let known: HashSet<Uuid> = terminals.iter().map(|t| t.terminal.id).collect();
     let orphans = reported.iter().filter(|(id, running)| *running && !known.contains(id)).map(|(id, _)| *id).collect();
-    let mut taken = Taken { capabilities, live: Vec::new(), parked: Vec::new(), captures: Vec::new(), orphans };
+    let mut taken = Taken {
+        capabilities,
+        live: Vec::new(),
+        parked: Vec::new(),
+        captures: Vec::new(),
+        orphans,
+        resume_ended: Vec::new(),
+    };
     for HelloTerminal { terminal, unfinished_run_log_end } in terminals {
         if let (TerminalState::Running, Some(run_id), Some(log_end)) =
             (terminal.state, terminal.run_id, unfinished_run_log_end)
@@ -165,7 +180,11 @@ async fn take_host(
             // The capture resumes at the stream offset the log reached.
             let log_end = u64::try_from(log_end).unwrap_or(0);
             if let Some(&end) = ended.get(&terminal.id).filter(|&&end| end > log_end) {
-                record_unsent_tail(relay, terminal.id, run_id, log_end, end).await;
+                if serves_tail {
+                    taken.resume_ended.push(terminal.id);
+                } else {
+                    record_unsent_tail(relay, terminal.id, run_id, log_end, end).await;
+                }
             }
             taken.captures.push((terminal.id, run_id, log_end));
         }
@@ -324,6 +343,7 @@ impl Handler<Hello> for DaemonConn {
                     parked: t.parked,
                     captures: t.captures,
                     orphans: t.orphans,
+                    resume_ended: t.resume_ended,
                 }),
                 Err((code, reason)) => Err(Refused(code, reason.into(), Some(claim))),
             }
@@ -373,7 +393,10 @@ impl Handler<Hello> for DaemonConn {
                     owned.run_id = t.run_id;
                     owned.started = true;
                 }
-                let ack = crate::proto::v1::HelloAck { instance_id: act.relay.instance_id.clone() };
+                let ack = crate::proto::v1::HelloAck {
+                    instance_id: act.relay.instance_id.clone(),
+                    resume_ended: accepted.resume_ended.iter().map(Uuid::to_string).collect(),
+                };
                 act.send(server_frame::Frame::HelloAck(ack), ctx);
                 if let Some(h) = act.host.as_mut() {
                     h.ready = true;
