@@ -553,7 +553,7 @@ async fn the_tail_of_a_run_that_ended_while_away_is_asked_of_a_daemon_that_serve
 
     let (run, terminal) = run_that_printed_a_line(&server, &api, &host).await;
     let (mut back, named) = back_after_the_run_ended(&server, &api, &host, &terminal, 107, true).await;
-    assert_eq!(named, [terminal.clone()]);
+    assert_eq!(named, std::slice::from_ref(&terminal));
     let attach = next_attach(&mut back, &terminal).await;
     assert_eq!((attach.resume_from, attach.from_oldest), (Some(7), Some(true)));
     let scrollback = tether::proto::v1::Scrollback {
