@@ -54,6 +54,8 @@ browser_cases!(
     hidden_holder_yields_the_grid,
     phone_ctrl_c_interrupts_sleep,
     phone_held_bar_keeps_the_top_row,
+    font_buttons_leave_the_keys_to_the_terminal,
+    a_larger_held_grid_keeps_the_cursor_in_view,
     bad_token_and_sign_out,
     failed_start_shows_error_and_stops,
     start_error_stays_until_the_user_acts,

@@ -30,6 +30,8 @@ const FONT_MAX = 32;
 const VIEW_EVERY_MS = 15000;
 /** How long a size that is not ours must last before the held bar shows. */
 const HELD_BAR_DELAY_MS = 700;
+/** How long a notice about something that happened stays up. */
+const INFO_NOTICE_MS = 20000;
 /** A `size` that is not ours may mean the grid is free: a `view` this long after it asks. */
 const ASK_FOR_GRID_MS = 100;
 const encoder = new TextEncoder();
@@ -87,8 +89,13 @@ export class TerminalView {
     back.addEventListener("click", onBack);
     const smaller = el("button", { type: "button", "aria-label": "Smaller text", className: "font-down" }, "A−");
     const larger = el("button", { type: "button", "aria-label": "Larger text", className: "font-up" }, "A+");
-    smaller.addEventListener("click", () => this.setFontSize(this.term.options.fontSize - 1));
-    larger.addEventListener("click", () => this.setFontSize(this.term.options.fontSize + 1));
+    for (const [button, step] of [[smaller, -1], [larger, 1]]) {
+      // A click keeps the focus where it was (the terminal, and on a phone
+      // its keyboard), so keys typed next are not lost to the button.
+      button.addEventListener("pointerdown", (e) => e.preventDefault());
+      button.addEventListener("mousedown", (e) => e.preventDefault());
+      button.addEventListener("click", () => this.setFontSize(this.term.options.fontSize + step));
+    }
     const header = el(
       "header",
       { className: "term-header" },
@@ -165,6 +172,10 @@ export class TerminalView {
     const choice = localStorage.getItem(RENDERER_KEY) || (this.phone ? "dom" : "webgl");
     if (choice === "webgl") this.loadWebgl();
     this.screen.addEventListener("click", () => this.term.focus());
+    // A grid held by another viewer may be larger than this screen: the
+    // box scrolls, and output that moves the cursor brings it into view.
+    this.term.onCursorMove(() => this.scheduleFollow());
+    this.term.onResize(() => this.scheduleFollow());
     this.stopTouchScroll = touchScroll(this.screen, this.term);
     this.fitNow();
     this.onResize = debounce(() => this.windowResized(), 80);
@@ -268,6 +279,63 @@ export class TerminalView {
     if (this.exited || this.readOnly) return;
     this.lastKeyAt = Date.now();
     this.socket.sendInput(bytes);
+  }
+
+  /** Follows the cursor at the next frame (many moves, one scroll). */
+  scheduleFollow() {
+    if (this.followPending) return;
+    this.followPending = true;
+    requestAnimationFrame(() => {
+      this.followPending = false;
+      this.followCursor();
+    });
+  }
+
+  /**
+   * The cursor's cell in the screen box's scrolled content (pixels), or
+   * null before the terminal is on the page.
+   */
+  cursorCell() {
+    const grid = this.term.element?.querySelector(".xterm-screen");
+    if (!grid || !grid.clientHeight) return null;
+    const box = this.screen.getBoundingClientRect();
+    const at = grid.getBoundingClientRect();
+    const height = at.height / this.term.rows;
+    const width = at.width / this.term.cols;
+    const buffer = this.term.buffer.active;
+    return {
+      top: at.top - box.top + this.screen.scrollTop + buffer.cursorY * height,
+      left: at.left - box.left + this.screen.scrollLeft + buffer.cursorX * width,
+      height,
+      width,
+    };
+  }
+
+  /** Scrolls the screen box, when the grid does not fit it, just enough to show the cursor. */
+  followCursor() {
+    const box = this.screen;
+    const cell = this.cursorCell();
+    if (!cell || (box.scrollHeight <= box.clientHeight && box.scrollWidth <= box.clientWidth)) return;
+    if (cell.top < box.scrollTop) box.scrollTop = cell.top;
+    else if (cell.top + cell.height > box.scrollTop + box.clientHeight) {
+      box.scrollTop = cell.top + cell.height - box.clientHeight;
+    }
+    if (cell.left < box.scrollLeft) box.scrollLeft = cell.left;
+    else if (cell.left + cell.width > box.scrollLeft + box.clientWidth) {
+      box.scrollLeft = cell.left + cell.width - box.clientWidth;
+    }
+  }
+
+  /** Whether the cursor's cell lies within the visible part of the screen box. */
+  cursorShown() {
+    const box = this.screen;
+    const cell = this.cursorCell();
+    if (!cell) return false;
+    const within = (start, size, from, span) => start >= from - 1 && start + size <= from + span + 1;
+    return (
+      within(cell.top, cell.height, box.scrollTop, box.clientHeight) &&
+      within(cell.left, cell.width, box.scrollLeft, box.clientWidth)
+    );
   }
 
   setFontSize(size) {
@@ -457,13 +525,21 @@ export class TerminalView {
     else if (["connection", "host"].includes(this.notice.dataset.kind)) this.hideNotice();
   }
 
+  /**
+   * Shows a notice. One about something that happened ("info": output
+   * skipped, input dropped, the server's error) goes away after a while;
+   * one about a state the page waits on stays until that state changes.
+   */
   showNotice(text, kind = "info") {
+    clearTimeout(this.noticeTimer);
     this.notice.textContent = text;
     this.notice.dataset.kind = kind;
     this.notice.hidden = false;
+    if (kind === "info") this.noticeTimer = setTimeout(() => this.hideNotice(), INFO_NOTICE_MS);
   }
 
   hideNotice() {
+    clearTimeout(this.noticeTimer);
     this.notice.hidden = true;
     this.notice.dataset.kind = "";
   }
@@ -483,6 +559,7 @@ export class TerminalView {
       pty: this.ptySize,
       status: this.status.textContent,
       notice: this.notice.hidden ? null : this.notice.textContent,
+      cursorShown: this.cursorShown(),
       offset: this.socket.offset,
       socket: this.socket.stats,
       renderer: this.renderer,

@@ -23,6 +23,14 @@ export const FINAL_CLOSES = {
   4403: "This terminal belongs to someone else.",
   4404: "There is no such terminal.",
 };
+/** A 4403 whose token is a share link for another terminal (docs/PROTOCOL.md, "Viewer close codes"). */
+const OUT_OF_SCOPE = "this token's scope does not reach this terminal";
+
+/** What a final close says: a share link opened on another terminal is not "someone else's". */
+export function finalCloseMessage(code, reason) {
+  if (code === 4403 && reason === OUT_OF_SCOPE) return "This link is for another terminal: it does not open this one.";
+  return FINAL_CLOSES[code];
+}
 const HOST_MOVED = 4503;
 /** What a connection the watchdog dropped counts as: an abnormal close. */
 const CLOSE_NO_ANSWER = 1006;
@@ -191,7 +199,7 @@ export class ViewerSocket {
     this.stats.closes.push(code);
     if (this.ended) return;
     if (FINAL_CLOSES[code]) {
-      this.end(FINAL_CLOSES[code], code);
+      this.end(finalCloseMessage(code, reason), code);
       return;
     }
     if (code === TERMINAL_OVER) {

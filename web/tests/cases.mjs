@@ -877,3 +877,57 @@ export async function killed_terminal_header_names_the_signal(browser) {
   noProblems(page);
   report({});
 }
+
+/**
+ * A− and A+ change the font and leave the focus on the terminal: keys
+ * typed next reach the shell, and a space does not press A+ again.
+ */
+export async function font_buttons_leave_the_keys_to_the_terminal(browser) {
+  const page = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(page);
+  await startTerminal(page, "sh");
+  await page.click(".screen");
+  const before = await page.evaluate(() => window.tether.view.term.options.fontSize);
+  await page.click(".font-up");
+  await page.keyboard.type("echo after-$((40+2)) ");
+  await page.keyboard.press("Enter");
+  await waitForLine(page, /^after-42/);
+  const after = await page.evaluate(() => window.tether.view.term.options.fontSize);
+  check(after === before + 1, `one click, one step: ${before} -> ${after}`);
+  const focused = await page.evaluate(() => document.activeElement?.className ?? "");
+  check(!focused.includes("font-up"), `the focus stayed off the button (${focused})`);
+  noProblems(page);
+  report({ before, after });
+}
+
+/**
+ * A viewer whose screen is smaller than the grid another viewer holds
+ * keeps the cursor in view: its screen box scrolls to where output goes.
+ */
+export async function a_larger_held_grid_keeps_the_cursor_in_view(browser) {
+  const first = await newPage(browser, DESKTOP);
+  await signInAndSeeHost(first);
+  const id = await startTerminal(first, "sh");
+  const big = await holdsTheGrid(first);
+
+  const small = await newPage(browser, { viewport: { width: 520, height: 320 } });
+  await signIn(small);
+  await small.waitForSelector(".home");
+  await openTerminal(small, id);
+  await small.waitForSelector(".held-bar:not([hidden])");
+  await waitFor("the holder's grid on the small page", async () => {
+    const s = await screen(small);
+    return s.cols === big.cols && s.rows === big.rows ? s : null;
+  });
+  await typeLine(first, `seq 1 ${big.rows * 2}; echo end-$((6*7))`);
+  await waitForLine(small, /^end-42/);
+  const s = await waitFor("the cursor in view on the small page", async () => {
+    const state = await screen(small);
+    return state.cursorShown ? state : null;
+  });
+  const scrolled = await small.evaluate(() => document.querySelector(".screen").scrollTop);
+  check(scrolled > 0, `the screen box scrolled down to the cursor (${scrolled}px)`);
+  await small.screenshot({ path: shot("small-viewer-follows-cursor.png") });
+  noProblems(small);
+  report({ grid: `${s.cols}x${s.rows}`, scrolled });
+}

@@ -6,7 +6,9 @@ import assert from "node:assert/strict";
 import { OutputQueue } from "../src/output-queue.js";
 import { arrowSequence, ctrlOf, Modifiers } from "../src/keys.js";
 import { splitArgv } from "../src/dom.js";
-import { backoffDelay, BACKOFF, HELD_INPUT_LIMIT, INPUT_FRAME_BYTES, LIVENESS, ViewerSocket } from "../src/viewer-socket.js";
+import {
+  backoffDelay, BACKOFF, finalCloseMessage, HELD_INPUT_LIMIT, INPUT_FRAME_BYTES, LIVENESS, ViewerSocket,
+} from "../src/viewer-socket.js";
 import { PagedList } from "../src/api.js";
 import { describeStatus } from "../src/status.js";
 import { linesFor } from "../src/touch-scroll.js";
@@ -83,6 +85,12 @@ test("Ctrl turns keys into control characters", () => {
   assert.equal(m.apply("d"), "d", "the latch lets go after one key");
   m.toggle("alt");
   assert.equal(m.apply("x"), "\x1bx");
+});
+
+test("a 4403 for a share link's scope is not called someone else's terminal", () => {
+  assert.equal(finalCloseMessage(4403, "not your terminal"), "This terminal belongs to someone else.");
+  assert.match(finalCloseMessage(4403, "this token's scope does not reach this terminal"), /link is for another terminal/);
+  assert.equal(finalCloseMessage(4404, "no such terminal"), "There is no such terminal.");
 });
 
 test("command lines split like a shell's words", () => {
