@@ -337,6 +337,19 @@ async fn a_reconnect_reports_live_terminals_and_delivers_queued_exits() {
     assert!(String::from_utf8_lossy(&snapshot).contains("after-4"));
 }
 
+/// An idle daemon keeps a connection whose server answers every Ping at
+/// once. It used to leave it 20 s after each Ping (every 50 s), because it
+/// asked whether the socket had been silent for 20 s, which a Pong that
+/// came a millisecond after the Ping always was by then.
+#[actix_rt::test]
+async fn an_idle_daemon_keeps_a_connection_that_answers_its_pings() {
+    let mut server = FakeServer::start(HOST_ID).await;
+    let _daemon = start_daemon(&server);
+    server.accept_and_ack().await;
+    let pings = server.pings_while_quiet(Duration::from_secs(55)).await;
+    assert!(pings >= 1, "a Ping every 30 s");
+}
+
 /// Drops the connection, and again while the daemon's hello still reports
 /// `terminal_id` running (it redials after a second or more), until a hello
 /// reports it ended.

@@ -153,9 +153,9 @@ impl InboundFrames {
         }
     }
 
-    /// Time since anything at all arrived on the socket.
-    pub fn silent_for(&self) -> Duration {
-        self.last_heard.elapsed()
+    /// Whether anything at all arrived on the socket after `at`.
+    pub fn heard_since(&self, at: Instant) -> bool {
+        self.last_heard > at
     }
 }
 

@@ -271,8 +271,9 @@ impl Host {
         tokio::pin!(hello_deadline);
         let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING_INTERVAL, PING_INTERVAL);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // When the last Ping must have been answered by (anything heard).
-        let mut answer_due: Option<tokio::time::Instant> = None;
+        // The last Ping: when it went out, and when something must have
+        // arrived after it.
+        let mut answer_due: Option<(Instant, tokio::time::Instant)> = None;
         // A stop (`stop`): terminals hung up, then killed when the timer
         // first fires; the second time it fires the stop ends regardless.
         let mut stopping = false;
@@ -320,12 +321,15 @@ impl Host {
                     }
                 }
                 _ = ping.tick() => {
+                    let pinged_at = Instant::now();
                     link.ping().await;
-                    answer_due = Some(tokio::time::Instant::now() + PING_ANSWER_PATIENCE);
+                    answer_due = Some((pinged_at, tokio::time::Instant::now() + PING_ANSWER_PATIENCE));
                 }
-                () = tokio::time::sleep_until(answer_due.unwrap_or_else(tokio::time::Instant::now)),
+                () = tokio::time::sleep_until(answer_due.map_or_else(tokio::time::Instant::now, |(_, due)| due)),
                     if answer_due.is_some() => {
-                    if inbound.silent_for() >= PING_ANSWER_PATIENCE {
+                    // Heard since the Ping, however long before the due time
+                    // (a Pong comes within a millisecond on a fast link).
+                    if answer_due.is_some_and(|(pinged_at, _)| !inbound.heard_since(pinged_at)) {
                         return outcome(established, SessionEnd::Lost("no answer to a ping".to_owned()));
                     }
                     answer_due = None;

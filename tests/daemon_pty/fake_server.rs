@@ -236,6 +236,28 @@ impl FakeServer {
         }
     }
 
+    /// Waits `quiet` while the daemon stays on this connection, sending
+    /// nothing but Pings (answered as they come); returns how many came.
+    pub async fn pings_while_quiet(&mut self, quiet: Duration) -> u32 {
+        let deadline = tokio::time::Instant::now() + quiet;
+        let mut pings = 0;
+        loop {
+            match tokio::time::timeout_at(deadline, self.events.recv()).await {
+                Err(_) => return pings,
+                Ok(None) => panic!("fake server stopped"),
+                Ok(Some(Event::Frame(number, frame))) if number == self.connection => match frame.frame {
+                    Some(Out::Ping(_)) => pings += 1,
+                    other => panic!("expected only Pings, got {other:?}"),
+                },
+                Ok(Some(Event::Closed(number))) if number == self.connection => {
+                    panic!("the daemon left a connection that answered every Ping")
+                }
+                Ok(Some(Event::Connected(number, _))) => panic!("unexpected new connection {number}"),
+                Ok(Some(_)) => {}
+            }
+        }
+    }
+
     /// The next frame that is not Output.
     pub async fn next_control(&mut self) -> Out {
         loop {
