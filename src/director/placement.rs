@@ -158,7 +158,9 @@ impl Placement {
             .iter()
             .filter(|cell| {
                 let fresh_row = cell.row_fresh(now_ms, effective_fresh_ms);
-                let tripped = fresh_row == Some(AdmitMode::Db);
+                // A reserve cell whose own row says db. A db cell writes a
+                // db row too, but counts by its switch: it must be alive.
+                let tripped = cell.switch == AdmitMode::Reserve && fresh_row == Some(AdmitMode::Db);
                 let alive = !cell.poll_failing && (fresh_row.is_some() || cell.polled_within(now_ms, fresh_ms));
                 !cell.row_says(AdmitMode::Reserve) && (tripped || (cell.switch == AdmitMode::Db && alive))
             })
@@ -349,9 +351,16 @@ mod tests {
         // away. A tripped cell whose feed fails still counts by its row.
         let mut refusing = cells[3].clone();
         refusing.poll_failing = true;
+        // So is one whose own db row is fresh: every db cell writes one.
+        let mut frozen = cell("frozen", AdmitMode::Db, Some((AdmitMode::Db, 1_000)), Some(3_000), 0);
+        frozen.poll_failing = true;
+        assert_eq!(first_steps(&[refusing.clone(), frozen.clone()], &new_host()), HashSet::from([Step::NoCell]));
         let mut tripped = cell("tripped", AdmitMode::Reserve, Some((AdmitMode::Db, 1_000)), None, 0);
         tripped.poll_failing = true;
-        assert_eq!(first_steps(&[refusing, tripped.clone()], &new_host()), HashSet::from([database("tripped", 5)]));
+        assert_eq!(
+            first_steps(&[refusing, frozen, tripped.clone()], &new_host()),
+            HashSet::from([database("tripped", 5)])
+        );
         // ... but a cell that answers goes first, however loaded.
         let answering = cell("answering", AdmitMode::Db, Some((AdmitMode::Db, 1_000)), Some(0), 50);
         assert_eq!(first_steps(&[tripped, answering], &new_host()), HashSet::from([database("answering", 5)]));
