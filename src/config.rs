@@ -712,6 +712,17 @@ impl Settings {
             if !web {
                 return Err(invalid("cell.url", format!("`{url}` is not an http:// or https:// URL")));
             }
+            // A daemon sent here by another cell learns the URL from a
+            // close frame's reason, which holds at most 120 bytes.
+            if url.len() > crate::cell::MAX_CELL_URL_BYTES {
+                return Err(invalid(
+                    "cell.url",
+                    format!(
+                        "must be at most {} bytes: a wrong cell's 4409 names it in a close reason",
+                        crate::cell::MAX_CELL_URL_BYTES
+                    ),
+                ));
+            }
         }
         // A tripped cell's row may go unwritten for effective_forced_ms
         // while its pool has waiters; its slot must not read free meanwhile.
@@ -904,7 +915,9 @@ mod tests {
     #[test]
     fn cell_settings_are_checked() {
         let long = "c".repeat(129);
+        let long_url = format!("https://{}.example", "c".repeat(105));
         let refused = [
+            ("TETHER_CELL__URL", long_url.as_str(), "cell.url"),
             ("TETHER_CELL__ID", "", "cell.id"),
             ("TETHER_CELL__ID", "a#b", "cell.id"),
             ("TETHER_CELL__ID", "a/b", "cell.id"),

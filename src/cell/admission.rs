@@ -78,7 +78,7 @@ impl Verdict {
     /// alone.
     pub fn wrong_cell_reason(cell_id: &str, url: Option<&str>) -> String {
         match url {
-            Some(url) if url.len() + 12 <= 120 => format!("wrong cell: {url}"),
+            Some(url) if url.len() + "wrong cell: ".len() <= super::MAX_CELL_URL_BYTES => format!("wrong cell: {url}"),
             Some(url) => url.to_string(),
             None => format!("wrong cell: {cell_id}"),
         }

@@ -17,6 +17,11 @@ pub mod trip;
 pub mod window;
 pub mod writer;
 
+/// The longest `cell.url`: a wrong cell's 4409 names the right one in its
+/// close reason, which holds at most 120 bytes (the URL alone when
+/// `wrong cell: ` does not fit too; docs/CELLS.md, "Admission").
+pub const MAX_CELL_URL_BYTES: usize = 120;
+
 use std::fmt;
 use std::str::FromStr;
 
