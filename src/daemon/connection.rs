@@ -8,7 +8,7 @@
 //! When the connection dies the queue's receiver is dropped, so producers
 //! holding an old `Outbox` see it fail instead of blocking.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use futures_util::stream::{LocalBoxStream, SplitSink};
