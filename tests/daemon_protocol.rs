@@ -601,6 +601,38 @@ async fn running_terminal(server: &TetherServer, api: &Api, host: &str) -> (Sock
     (daemon, id)
 }
 
+/// The grid a Scrollback shows is stored when it is not the stored one: a
+/// Size the daemon sent on a connection that died before it arrived (the
+/// daemon was frozen, applied a resize, and its connection was closed)
+/// left the terminal's `cols`/`rows` stale, and viewers that came while
+/// the host was offline were given them.
+#[actix_rt::test]
+async fn a_scrollback_with_another_grid_is_stored() {
+    let server = server().await;
+    let (api, host) = user_with_host(&server, "ann").await;
+    let (mut daemon, id) = running_terminal(&server, &api, &host).await;
+    let (_, body) = api.get(&format!("/api/v1/terminals/{id}")).await;
+    assert_ne!((&body["terminal"]["cols"], &body["terminal"]["rows"]), (&json!(101), &json!(33)), "{body}");
+
+    let mut viewer = Socket::connect(&viewer_url(&server, &id), Some(&api.token), &["tether.v1"]).await;
+    let attach = next_attach(&mut daemon, &id).await;
+    let scrollback = tether::proto::v1::Scrollback {
+        terminal_id: id.clone(),
+        attach_id: attach.attach_id,
+        data: Bytes::new(),
+        cols: 101,
+        rows: 33,
+        offset: 0,
+        resumed: false,
+    };
+    daemon.send_frame(daemon_frame::Frame::Scrollback(scrollback)).await;
+    api.wait_for(&format!("/api/v1/terminals/{id}"), "the grid the daemon showed", |b| {
+        b["terminal"]["cols"] == 101 && b["terminal"]["rows"] == 33
+    })
+    .await;
+    viewer.close().await;
+}
+
 /// REST input towards a daemon that does not read is refused 429
 /// `input_backlog` once 4 MiB waits for it, before the daemon is closed for
 /// not reading (8 MiB), so every input that was answered 202 reaches the

@@ -53,6 +53,25 @@ fn offset_wraps(offset: u64, data: &Bytes) -> bool {
     u64::try_from(data.len()).ok().and_then(|len| offset.checked_add(len)).is_none()
 }
 
+impl DaemonConn {
+    /// Stores a terminal's grid as the daemon reported it (a Size, or the
+    /// grid of a Scrollback), unless it is the one stored already.
+    fn store_size(&mut self, host_id: Uuid, id: Uuid, size: (u16, u16)) -> AtomicResponse<Self, ()> {
+        let Some(owned) = self.owned.get_mut(&id).filter(|owned| owned.size != Some(size)) else {
+            return AtomicResponse::new(Box::pin(actix::fut::ready(())));
+        };
+        owned.size = Some(size);
+        let (cols, rows) = size;
+        let write =
+            Write::new(
+                "terminal size",
+                move |store| async move { store.set_terminal_size(host_id, id, cols, rows).await },
+            )
+            .size_of(id);
+        AtomicResponse::new(Box::pin(self.store(write).map(|_, _, _| ())))
+    }
+}
+
 impl Handler<Inbound> for DaemonConn {
     type Result = AtomicResponse<Self, ()>;
 
@@ -96,20 +115,20 @@ impl Handler<Inbound> for DaemonConn {
                     self.close(close::POLICY, "malformed frame", ctx);
                     return done();
                 }
-                if let Some(id) = owned_id(&s.terminal_id, &self.owned) {
-                    self.arbiter_event(
-                        id,
-                        StreamEvent::Scrollback {
-                            attach_id: s.attach_id,
-                            data: s.data,
-                            cols: grid(s.cols),
-                            rows: grid(s.rows),
-                            offset: s.offset,
-                            resumed: s.resumed,
-                        },
-                    );
-                }
-                done()
+                let Some(id) = owned_id(&s.terminal_id, &self.owned) else { return done() };
+                let (cols, rows) = (grid(s.cols), grid(s.rows));
+                self.arbiter_event(
+                    id,
+                    StreamEvent::Scrollback {
+                        attach_id: s.attach_id,
+                        data: s.data,
+                        cols,
+                        rows,
+                        offset: s.offset,
+                        resumed: s.resumed,
+                    },
+                );
+                self.store_size(host_id, id, (cols, rows))
             }
             daemon_frame::Frame::AttachError(e) => {
                 if let Some(id) = terminal_id(&e.terminal_id) {
@@ -121,11 +140,7 @@ impl Handler<Inbound> for DaemonConn {
                 let Some(id) = owned_id(&s.terminal_id, &self.owned) else { return done() };
                 let (cols, rows) = (grid(s.cols), grid(s.rows));
                 self.arbiter_event(id, StreamEvent::Size { cols, rows });
-                let write = Write::new("terminal size", move |store| async move {
-                    store.set_terminal_size(host_id, id, cols, rows).await
-                })
-                .size_of(id);
-                AtomicResponse::new(Box::pin(self.store(write).map(|_, _, _| ())))
+                self.store_size(host_id, id, (cols, rows))
             }
             daemon_frame::Frame::Ping(_) => {
                 self.send(server_frame::Frame::Pong(crate::proto::v1::Pong {}), ctx);

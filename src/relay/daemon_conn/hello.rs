@@ -392,6 +392,7 @@ impl Handler<Hello> for DaemonConn {
                     let owned = act.owned.entry(t.id).or_default();
                     owned.run_id = t.run_id;
                     owned.started = true;
+                    owned.size = Some((t.cols, t.rows));
                 }
                 let ack = crate::proto::v1::HelloAck {
                     instance_id: act.relay.instance_id.clone(),

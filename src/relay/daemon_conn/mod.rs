@@ -87,6 +87,10 @@ struct Owned {
     started: bool,
     /// Its Exit came (a run's terminal is kept for the Usage behind it).
     exited: bool,
+    /// The PTY's grid as last stored. A Scrollback that shows another one
+    /// is stored too: a Size the daemon sent on a connection that died
+    /// before it arrived is never heard otherwise.
+    size: Option<(u16, u16)>,
 }
 
 pub struct DaemonConn {
