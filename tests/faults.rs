@@ -1018,6 +1018,46 @@ async fn a_viewer_across_instances_is_closed_when_redis_goes_away() {
     again.until("after-42").await;
 }
 
+/// A request through another instance for a host whose owner is live but
+/// not subscribed (here an ACL keeps it from subscribing again; after a
+/// Redis restart it is a moment) reaches nobody: that is `504
+/// daemon_timeout`, the request was not sent, never `409 host_offline`,
+/// which is never to be said of a live owner. It used to be 409.
+#[actix_rt::test]
+async fn a_request_no_instance_hears_for_a_live_host_is_504_not_409() {
+    let redis = OwnRedis::start();
+    let database = pg_database().await;
+    let (a, b) = pair(&database, &redis.url(), &[]).await;
+    let ann = Person::on(&a, &b, "ann").await;
+    let shell = ann.terminal(&["sh"]).await;
+    let redis_cli = |args: &[&str]| {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &redis.port().to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
+    };
+    redis_cli(&["ACL", "SETUSER", "default", "-subscribe", "-ssubscribe", "-psubscribe"]);
+    redis_cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    wait_status(&Api::new(a.url(), String::new()), "/readyz", 503).await;
+    ann.assert_online().await;
+    let path = format!("/api/v1/terminals/{shell}/input");
+    let (status, body) = ann.away.post(&path, json!({"data": "echo unheard-$((6*7))\n"})).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (504, Some("daemon_timeout")), "{body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("not sent")), "{body}");
+
+    redis_cli(&["ACL", "SETUSER", "default", "+subscribe", "+ssubscribe", "+psubscribe"]);
+    for server in [&a, &b] {
+        wait_status(&Api::new(server.url(), String::new()), "/readyz", 200).await;
+    }
+    let (status, body) = ann.away.post(&path, json!({"data": "echo heard-$((6*7))\n"})).await;
+    assert_eq!(status, 202, "{body}");
+    let mut viewer = Viewer::attach_to(&a, ann.token(), &shell, "?from=0").await;
+    viewer.until("heard-42").await;
+    assert!(!viewer.text().contains("unheard-42"), "the refused input never ran: {:?}", viewer.text());
+}
+
 /// `/readyz` asks Redis whether this instance is subscribed, not only
 /// whether Redis answers: with its subscriber connection dropped and its
 /// subscriptions refused (an ACL that forbids SUBSCRIBE), the instance is

@@ -104,6 +104,12 @@ pub enum RequestError {
     /// sent, and will not be.
     #[error("the bus to the instance holding the host is away; the request was not sent")]
     BusAway,
+    /// The lease names a live owner on another instance, but no instance
+    /// took the message (the owner is subscribing again, after a Redis
+    /// restart say): the request was not sent. Not "offline": that must
+    /// never be said of a live owner.
+    #[error("the instance holding the host is not listening now; the request was not sent")]
+    Unheard,
     #[error("encryption.key is not set")]
     EncryptionNotConfigured,
     #[error("too many requests are waiting for this daemon's answers")]

@@ -497,9 +497,9 @@ impl HomeViewer {
             // the lease lasted. No acknowledgement (Redis away, the owner
             // stalled) is waited out the same way: the join goes through
             // once the bus does.
-            Err(RequestError::Offline | RequestError::Unacknowledged | RequestError::BusAway) => {
-                self.wait_for_owner(ctx)
-            }
+            Err(
+                RequestError::Offline | RequestError::Unacknowledged | RequestError::BusAway | RequestError::Unheard,
+            ) => self.wait_for_owner(ctx),
             other => {
                 tracing::info!(terminal_id = %self.terminal_id, answer = ?other, "tether_home_viewer_join_failed");
                 self.close_client(close::HOST_GONE, "the host's instance did not take the join; reattach", ctx);

@@ -160,6 +160,7 @@ pub async fn deliver(relay: &RelayContext, host_id: Uuid, op: HostOp) -> Result<
         Err(RequestError::Offline) => "offline",
         Err(RequestError::Unacknowledged) => "unacknowledged",
         Err(RequestError::BusAway) => "bus_away",
+        Err(RequestError::Unheard) => "unheard",
         Err(_) => "failed",
     };
     metrics::counter!("tether_requests_total", "outcome" => label).increment(1);
@@ -393,7 +394,10 @@ fn answer_to_wire(result: Result<OpAnswer, RequestError>) -> bus::Answer {
         Err(e) => {
             let code = match &e {
                 RequestError::Offline => "offline",
-                RequestError::Timeout | RequestError::Unacknowledged | RequestError::BusAway => "timeout",
+                RequestError::Timeout
+                | RequestError::Unacknowledged
+                | RequestError::BusAway
+                | RequestError::Unheard => "timeout",
                 RequestError::Refused(_) => "refused",
                 RequestError::Unsupported => "unsupported",
                 RequestError::EncryptionNotConfigured => "encryption_not_configured",
@@ -472,8 +476,10 @@ pub(crate) async fn ask_owner(relay: &RelayContext, host_id: Uuid, op: HostOp) -
             return Err(RequestError::Unacknowledged);
         }
     };
+    // The lease named a live owner a moment ago: one that hears nothing
+    // is subscribing again (or just died, which its lease will say).
     if receivers == 0 {
-        return Err(RequestError::Offline);
+        return Err(RequestError::Unheard);
     }
     if !matches!(tokio::time::timeout(ack_wait, acked).await, Ok(Ok(()))) {
         return Err(RequestError::Unacknowledged);

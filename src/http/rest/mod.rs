@@ -61,6 +61,11 @@ fn request_error(err: RequestError) -> ApiError {
             "daemon_timeout",
             "the instance holding the host cannot be reached (the bus is away); the request was not sent",
         ),
+        RequestError::Unheard => ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "daemon_timeout",
+            "the instance holding the host is not listening now (it may be subscribing again); the request was not sent",
+        ),
         RequestError::Refused(message) => ApiError::new(StatusCode::BAD_GATEWAY, "daemon_refused", message),
         RequestError::Unsupported => {
             ApiError::new(StatusCode::BAD_GATEWAY, "daemon_unsupported", "the daemon does not support this")
