@@ -685,7 +685,7 @@ async fn run_finished(cl: &Cluster, run: &TestRun) {
 /// with B frozen (SIGSTOP) while its viewer of a terminal on A stays open:
 /// - A drops the remote viewer whose home stopped reporting it;
 /// - once B runs again it still reports that viewer, which A no longer
-///   knows, so A tells B to close it ("reattach", 4503, the one path that
+///   knows, so A tells B to close it ("... does not know this viewer; reattach", 4503, the one path that
 ///   closes with that reason: the lease never moved) and the client
 ///   reattaches and streams.
 async fn heartbeat_recovers_a_frozen_home(standalone: bool) {
@@ -706,7 +706,11 @@ async fn heartbeat_recovers_a_frozen_home(standalone: bool) {
     b.resume();
 
     assert_eq!(on_b.sock.expect_close().await, Some(4503), "A asks B to reconnect the viewer it forgot");
-    assert_eq!(on_b.sock.close_reason(), Some("reattach"), "closed because A did not know it");
+    assert_eq!(
+        on_b.sock.close_reason(),
+        Some("the host's instance does not know this viewer; reattach"),
+        "closed because A did not know it"
+    );
     let from = on_b.start + on_b.live.len() as u64;
     let mut again = reattach(b, &cl.api.token, &id, &format!("?from={from}")).await;
     again.type_line("after-thaw").await;

@@ -1137,7 +1137,8 @@ pub async fn watch_waiting(relay: RelayContext) {
 pub async fn unknown_viewers(relay: &RelayContext, home: &str, unknown: Vec<(Uuid, u64)>) {
     for (terminal_id, viewer_id) in unknown {
         tracing::info!(%terminal_id, viewer_id, %home, "tether_remote_viewer_unknown");
-        let close = bus::Close { code: u32::from(close::HOST_GONE), reason: "reattach".into() };
+        let reason = "the host's instance does not know this viewer; reattach";
+        let close = bus::Close { code: u32::from(close::HOST_GONE), reason: reason.into() };
         let frame =
             bus::ViewerFrame { home: home.to_string(), viewer_id, frame: Some(viewer_frame::Frame::Close(close)) };
         let channel = relay.bus.terminal_channel(terminal_id);
