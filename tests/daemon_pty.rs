@@ -350,6 +350,29 @@ async fn an_idle_daemon_keeps_a_connection_that_answers_its_pings() {
     assert!(pings >= 1, "a Ping every 30 s");
 }
 
+/// Input waiting for a program that never read it, when the program ends:
+/// the daemon drops it and goes on. The PTY's writer used to spin on the
+/// hang-up (reported writable, every write refused), starving every
+/// terminal of the daemon: no Exit, no Ping, no new terminal, only
+/// SIGKILL stopped it.
+#[actix_rt::test]
+async fn input_left_for_a_program_that_ended_is_dropped_and_the_daemon_goes_on() {
+    let mut server = FakeServer::start(HOST_ID).await;
+    let daemon = start_daemon(&server);
+    server.accept_and_ack().await;
+    server.send(spawn("deaf", &daemon.work, &["sh", "-c", "echo deaf; sleep 2"])).await;
+    expect_started(&mut server, "deaf").await;
+    server.send(input("deaf", "abc\n")).await;
+    server.send(input("deaf", &"a".repeat(64 * 1024))).await;
+    let (_, exit, _) = expect_final_frames(&mut server, "deaf").await;
+    assert_eq!(exit.exit_code, Some(0));
+
+    server.send(spawn("next", &daemon.work, &["sh", "-c", "exit 7"])).await;
+    expect_started(&mut server, "next").await;
+    let (_, exit, _) = expect_final_frames(&mut server, "next").await;
+    assert_eq!(exit.exit_code, Some(7), "the daemon still runs terminals");
+}
+
 /// Drops the connection, and again while the daemon's hello still reports
 /// `terminal_id` running (it redials after a second or more), until a hello
 /// reports it ended.

@@ -498,7 +498,15 @@ async fn write_all(pty: &std::fs::File, mut data: &[u8]) -> io::Result<()> {
                             .map_err(|e| e.into_parts().1)?,
                     ),
                 };
-                watch.writable().await?.clear_ready();
+                let mut ready = watch.writable().await?;
+                // Every holder of the program's side closed it: what waits
+                // can never be read. The hang-up stays reported (clearing
+                // does not take it back), so waiting on would spin the
+                // thread and starve every terminal of the daemon.
+                if ready.ready().is_write_closed() {
+                    return Err(io::ErrorKind::BrokenPipe.into());
+                }
+                ready.clear_ready();
             }
             Err(err) => return Err(err),
         }
