@@ -400,6 +400,29 @@ async fn a_daemon_sent_to_another_cell_while_the_director_is_away_dials_it() {
     assert!(log.contains("tether_daemon_wrong_cell") && log.contains(&cell_b.url()), "{log}");
 }
 
+/// A daemon pointed at a cell, not a director: that cell's 4409 names the
+/// cell the host is assigned to, and with no director to ask (the cell's
+/// `/v1/assign` is 404) the daemon dials the named cell. It used to dial
+/// the refusing cell again, for ever, the host offline.
+#[actix_rt::test]
+async fn a_daemon_of_a_cell_without_a_director_follows_its_4409() {
+    let (url, store, director, cell_a) = director_and_cell_a().await;
+    let cell_b = cell_process(&url, "cell-b").await;
+    register_cell(&store, "cell-b", &cell_b.url(), AdmitMode::Db, None).await;
+    let state = tempfile::tempdir().expect("state dir");
+    let token = daemon_token_of_ann(&director);
+    drop(director);
+    let mut daemon = DaemonProcess::start_url(&cell_a.url(), &token, state.path());
+    let host = registered_host(&store, &daemon).await;
+    wait_connected_on(&store, host, "cell-a", &daemon).await;
+
+    daemon.kill();
+    store.assign_host(host, "cell-b").await.expect("placed on cell-b");
+    let daemon = DaemonProcess::start_url(&cell_a.url(), &token, state.path());
+    wait_connected_on(&store, host, "cell-b", &daemon).await;
+    assert!(daemon.log().contains("tether_daemon_no_director_dialing_named_cell"), "{}", daemon.log());
+}
+
 /// The whole booked path with real processes: a reserve cell that the
 /// director polls, and a real daemon pointed at the director. The director
 /// books the host on the cell, the daemon presents the booking in its

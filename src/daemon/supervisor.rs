@@ -74,6 +74,10 @@ impl Supervisor {
         // with its booking: where it dials when the director cannot be
         // asked (an expired ticket still names the epoch of a redial).
         let mut last_cell: Option<Target> = self.stored_last_cell();
+        // The cell the last 4409 named: where the daemon goes when the
+        // server it asks runs no director (its `/v1/assign` is 404), or it
+        // would dial the server that refused it again, round and round.
+        let mut named_by_wrong_cell: Option<ServerUrl> = None;
         let mut stop = self.stop.clone();
         loop {
             if stop.requested() {
@@ -94,6 +98,13 @@ impl Supervisor {
                     let Some(asked) = asked else { return Ok(()) };
                     match asked {
                         Ok(assigned) => {
+                            let assigned = match named_by_wrong_cell.take() {
+                                Some(url) if assigned.url == self.server && assigned.booking.is_none() => {
+                                    tracing::info!(cell = %url, "tether_daemon_no_director_dialing_named_cell");
+                                    Target { url, booking: None }
+                                }
+                                _ => assigned,
+                            };
                             if assigned.url != self.server {
                                 tracing::info!(cell = %assigned.url, booked = assigned.booking.is_some(), "tether_daemon_assigned");
                             }
@@ -178,6 +189,7 @@ impl Supervisor {
                             "tether_daemon_wrong_cell"
                         );
                         target = None;
+                        named_by_wrong_cell = named.clone().filter(|url| *url != self.server);
                         // The cell this one named replaces it as the
                         // fallback: during a director outage it is the
                         // only cell known to take the host.
