@@ -259,6 +259,35 @@ async fn a_slow_viewer_on_another_instance_holds_back_only_its_terminal() {
     }
 }
 
+/// A viewer on B too slow for terminal X on A is closed 1008 once it has
+/// held X back for `viewer.slow_ms`, and A, which closed it, counts it in
+/// `tether_viewer_slow_closed_total` as it would a local socket. Such
+/// closes went uncounted on every instance.
+#[actix_rt::test]
+async fn a_slow_viewer_on_another_instance_is_closed_and_counted() {
+    let cl = cluster(true, &[("TETHER_VIEWER__SLOW_MS", "2000")]).await;
+    let b = &cl.servers[0];
+    let flood = "read go; while :; do head -c 300000 /dev/urandom | base64; done";
+    let (status, body) = cl.c.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh", "-c", flood]})).await;
+    assert_eq!(status, 201, "{body}");
+    let x = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&cl.b, &x, "running").await;
+    let mut stalled = Viewer::attach_to(b, &cl.api.token, &x, "").await;
+    stalled.type_line("go").await;
+    // `stalled` reads nothing more until X has waited on it for 2 s.
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    let code = loop {
+        match stalled.sock.next_within(support::client::WAIT).await {
+            Some(support::client::Event::Close(code)) => break code,
+            None => panic!("the stalled viewer was never closed"),
+            Some(_) => {}
+        }
+    };
+    assert_eq!(code, Some(1008));
+    let counted = metric(&cl.api, "tether_viewer_slow_closed_total").await;
+    assert_eq!(counted, Some(1.0), "A closed it and counts it");
+}
+
 /// A shell made through C, running, and a viewer on C that saw it answer.
 async fn shell_viewed_on_c(cl: &Cluster) -> (String, Viewer) {
     let (status, body) =

@@ -800,7 +800,7 @@ impl RemoteViewer {
         };
         if now > self.relay.settings.viewer.queue_bytes {
             self.queued.fetch_sub(weight, Ordering::Relaxed);
-            self.leave(close::POLICY, crate::viewer_protocol::TOO_SLOW_A_READER, ctx);
+            self.too_slow(ctx);
             return;
         }
         if self.frames.send((frame, weight)).is_err() {
@@ -824,6 +824,14 @@ impl RemoteViewer {
     }
 
     /// Tells the home to close its client, leaves the arbiter, stops.
+    /// Its queue passed `viewer.queue_bytes`: closed 1008 and counted, as
+    /// a slow local socket is.
+    fn too_slow(&mut self, ctx: &mut Context<Self>) {
+        tracing::info!(terminal_id = %self.terminal_id, home = %self.home, "tether_viewer_too_slow");
+        metrics::counter!("tether_viewer_slow_closed_total").increment(1);
+        self.leave(close::POLICY, crate::viewer_protocol::TOO_SLOW_A_READER, ctx);
+    }
+
     fn leave(&mut self, code: u16, reason: &str, ctx: &mut Context<Self>) {
         let close = viewer_frame::Frame::Close(bus::Close { code: u32::from(code), reason: reason.to_string() });
         let _ = self.frames.send((close, 0));
@@ -928,8 +936,14 @@ impl Handler<ViewerOut> for RemoteViewer {
                 self.push(viewer_frame::Frame::Binary(data), weight, true, ctx);
             }
             ViewerOut::Ping => self.push(viewer_frame::Frame::Ping(true), PING_WEIGHT, false, ctx),
-            ViewerOut::Close { code, reason } | ViewerOut::Evict { code, reason } => {
+            ViewerOut::Close { code, reason } => {
                 self.left = true; // the arbiter already removed it
+                self.leave(code, &reason, ctx);
+            }
+            ViewerOut::Evict { code, reason } => {
+                self.left = true;
+                tracing::info!(terminal_id = %self.terminal_id, home = %self.home, "tether_viewer_too_slow");
+                metrics::counter!("tether_viewer_slow_closed_total").increment(1);
                 self.leave(code, &reason, ctx);
             }
             // Only a local viewer's sink, which pushes on a socket's queue,
