@@ -584,6 +584,38 @@ async fn the_tail_of_a_run_that_ended_while_away_is_asked_of_a_daemon_that_serve
     assert_eq!(api.get_bytes(&format!("/api/v1/runs/{run}/log")).await.1.len(), 7);
 }
 
+/// A run whose command ended while its daemon was away, with nothing
+/// printed after the cut, reported to an instance that has no arbiter of
+/// its terminal (here a restarted one): the Exit the daemon sends right
+/// after the HelloAck ends the run. It could come before the capture was
+/// opened, which then found the arbiter retiring, and the run stayed
+/// `running` for good (and `tether logs --follow` with it).
+#[actix_rt::test]
+async fn a_run_that_ended_while_away_is_finished_by_an_instance_that_never_held_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let db = dir.path().join("tether.db");
+    let env = [("TETHER_DATABASE__SQLITE_PATH", db.to_str().expect("path"))];
+    for round in 0..5 {
+        let mut first = TetherServer::start(&env, &[]).await;
+        let api = Api::new(first.url(), create_token(&first, "ann"));
+        let (status, body) = api.post("/api/v1/hosts", json!({"hostname": "ann-box"})).await;
+        assert!(status == 201 || status == 200, "{body}");
+        let host = body["host"]["id"].as_str().expect("host id").to_string();
+        let (run, terminal) = run_that_printed_a_line(&first, &api, &host).await;
+        first.kill();
+
+        let second = TetherServer::start(&env, &[]).await;
+        let api = Api::new(second.url(), api.token.clone());
+        let (mut back, named) = back_after_the_run_ended(&second, &api, &host, &terminal, 7, true).await;
+        assert!(named.is_empty(), "nothing past the log: {named:?}");
+        send_final_frames(&mut back, &terminal, 7).await;
+        let path = format!("/api/v1/runs/{run}");
+        let done = api.wait_for(&path, "the run final", |b| b["run"]["state"] == "succeeded").await;
+        assert_eq!(done["run"]["logGapBytes"], 0, "round {round}: {done}");
+        back.close().await;
+    }
+}
+
 /// A running terminal of a scripted daemon: (daemon socket, terminal id).
 async fn running_terminal(server: &TetherServer, api: &Api, host: &str) -> (Socket, String) {
     let mut daemon = connected_daemon(server, api, host).await;

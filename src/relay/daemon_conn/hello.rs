@@ -18,7 +18,6 @@ struct Accepted {
     claim: Claim,
     live: Vec<crate::store::Terminal>,
     parked: Vec<crate::store::Terminal>,
-    captures: Vec<(Uuid, Uuid, u64)>,
     /// Terminals the daemon runs that have no live row (docs/PROTOCOL.md,
     /// the hello's reconciliation): hung up after the HelloAck.
     orphans: Vec<Uuid>,
@@ -335,16 +334,28 @@ impl Handler<Hello> for DaemonConn {
             };
             let claim = Claim { conn_no, holder, subscribed, subscribing };
             match take_host(&relay, host_id, &claim.holder, hello).await {
-                Ok(t) => Ok(Accepted {
-                    admitted,
-                    capabilities: t.capabilities,
-                    claim,
-                    live: t.live,
-                    parked: t.parked,
-                    captures: t.captures,
-                    orphans: t.orphans,
-                    resume_ended: t.resume_ended,
-                }),
+                Ok(t) => {
+                    // Each unfinished run's capture is in its arbiter before
+                    // the HelloAck, so the Exit the daemon sends right after
+                    // it (a run that ended while it was away) finds it and
+                    // ends the run. Opened later, an Exit that came first
+                    // left an arbiter with no capture, which the capture
+                    // then found retiring: the run stayed `running`.
+                    for &(terminal_id, run_id, logged) in &t.captures {
+                        if let Ok(arbiter) = relay.registry.send(OpenTerminal { terminal_id, host_id }).await {
+                            arbiter.capture(CaptureRun { run_id, logged, attach_id: None });
+                        }
+                    }
+                    Ok(Accepted {
+                        admitted,
+                        capabilities: t.capabilities,
+                        claim,
+                        live: t.live,
+                        parked: t.parked,
+                        orphans: t.orphans,
+                        resume_ended: t.resume_ended,
+                    })
+                }
                 Err((code, reason)) => Err(Refused(code, reason.into(), Some(claim))),
             }
         };
@@ -409,14 +420,6 @@ impl Handler<Hello> for DaemonConn {
                 registry.do_send(Ready { host_id, conn_no, daemon_queue: queue.clone(), flow_control });
                 let terminals: Vec<Uuid> = accepted.live.iter().map(|t| t.id).collect();
                 actix_rt::spawn(announce_takeover(act.relay.clone(), host_id, terminals));
-                for (terminal_id, run_id, logged) in accepted.captures {
-                    let registry = registry.clone();
-                    actix_rt::spawn(async move {
-                        if let Ok(arbiter) = registry.send(OpenTerminal { terminal_id, host_id }).await {
-                            arbiter.capture(CaptureRun { run_id, logged, attach_id: None });
-                        }
-                    });
-                }
                 for terminal_id in accepted.orphans {
                     tracing::info!(%host_id, %terminal_id, "tether_daemon_orphan_hung_up");
                     let kill = crate::proto::v1::Kill { terminal_id: terminal_id.to_string(), signal: libc::SIGHUP };
