@@ -217,6 +217,19 @@ async fn viewer_on_another_instance(standalone: bool) {
     assert_eq!(on_b.sock.expect_close().await, Some(1000));
 }
 
+/// A terminal on A that floods once its viewer on B says `go`: that viewer,
+/// which reads nothing more from then on.
+async fn flood_watched_on_b(cl: &Cluster) -> Viewer {
+    let flood = "read go; while :; do head -c 300000 /dev/urandom | base64; done";
+    let (status, body) = cl.c.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh", "-c", flood]})).await;
+    assert_eq!(status, 201, "{body}");
+    let x = body["terminal"]["id"].as_str().expect("id").to_string();
+    wait_state(&cl.b, &x, "running").await;
+    let mut stalled = Viewer::attach_to(&cl.servers[0], &cl.api.token, &x, "").await;
+    stalled.type_line("go").await;
+    stalled
+}
+
 /// Flow control across instances: terminal X floods, its viewer on B stops
 /// reading. The owner A counts what B's client has not taken, so X pauses
 /// for it as for a local viewer: B's queue stays within its bound and the
@@ -227,13 +240,7 @@ async fn viewer_on_another_instance(standalone: bool) {
 async fn a_slow_viewer_on_another_instance_holds_back_only_its_terminal() {
     let cl = cluster(true, &[("TETHER_VIEWER__SLOW_MS", "600000")]).await;
     let b = &cl.servers[0];
-    let flood = "read go; while :; do head -c 300000 /dev/urandom | base64; done";
-    let (status, body) = cl.c.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh", "-c", flood]})).await;
-    assert_eq!(status, 201, "{body}");
-    let x = body["terminal"]["id"].as_str().expect("id").to_string();
-    wait_state(&cl.b, &x, "running").await;
-    let mut stalled = Viewer::attach_to(b, &cl.api.token, &x, "").await;
-    stalled.type_line("go").await;
+    let mut stalled = flood_watched_on_b(&cl).await;
     // `stalled` never reads again; at ~3 MB/s, eight seconds of output
     // is several times B's queue bound.
     tokio::time::sleep(std::time::Duration::from_secs(8)).await;
@@ -266,14 +273,7 @@ async fn a_slow_viewer_on_another_instance_holds_back_only_its_terminal() {
 #[actix_rt::test]
 async fn a_slow_viewer_on_another_instance_is_closed_and_counted() {
     let cl = cluster(true, &[("TETHER_VIEWER__SLOW_MS", "2000")]).await;
-    let b = &cl.servers[0];
-    let flood = "read go; while :; do head -c 300000 /dev/urandom | base64; done";
-    let (status, body) = cl.c.post("/api/v1/terminals", json!({"hostId": cl.host, "argv": ["sh", "-c", flood]})).await;
-    assert_eq!(status, 201, "{body}");
-    let x = body["terminal"]["id"].as_str().expect("id").to_string();
-    wait_state(&cl.b, &x, "running").await;
-    let mut stalled = Viewer::attach_to(b, &cl.api.token, &x, "").await;
-    stalled.type_line("go").await;
+    let mut stalled = flood_watched_on_b(&cl).await;
     // `stalled` reads nothing more until X has waited on it for 2 s.
     tokio::time::sleep(std::time::Duration::from_secs(6)).await;
     let code = loop {

@@ -1018,6 +1018,27 @@ async fn a_viewer_across_instances_is_closed_when_redis_goes_away() {
     again.until("after-42").await;
 }
 
+/// Runs `redis-cli` against `redis`; it must succeed.
+fn redis_cli(redis: &OwnRedis, args: &[&str]) {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli");
+    assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
+}
+
+/// An ACL keeps every instance from subscribing, and the subscriptions
+/// they hold are dropped (their pubsub connections killed).
+fn refuse_subscriptions(redis: &OwnRedis) {
+    redis_cli(redis, &["ACL", "SETUSER", "default", "-subscribe", "-ssubscribe", "-psubscribe"]);
+    redis_cli(redis, &["CLIENT", "KILL", "TYPE", "pubsub"]);
+}
+
+fn allow_subscriptions(redis: &OwnRedis) {
+    redis_cli(redis, &["ACL", "SETUSER", "default", "+subscribe", "+ssubscribe", "+psubscribe"]);
+}
+
 /// A request through another instance for a host whose owner is live but
 /// not subscribed (here an ACL keeps it from subscribing again; after a
 /// Redis restart it is a moment) reaches nobody: that is `504
@@ -1030,16 +1051,7 @@ async fn a_request_no_instance_hears_for_a_live_host_is_504_not_409() {
     let (a, b) = pair(&database, &redis.url(), &[]).await;
     let ann = Person::on(&a, &b, "ann").await;
     let shell = ann.terminal(&["sh"]).await;
-    let redis_cli = |args: &[&str]| {
-        let out = std::process::Command::new("redis-cli")
-            .args(["-p", &redis.port().to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli");
-        assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
-    };
-    redis_cli(&["ACL", "SETUSER", "default", "-subscribe", "-ssubscribe", "-psubscribe"]);
-    redis_cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    refuse_subscriptions(&redis);
     wait_status(&Api::new(a.url(), String::new()), "/readyz", 503).await;
     ann.assert_online().await;
     let path = format!("/api/v1/terminals/{shell}/input");
@@ -1047,7 +1059,7 @@ async fn a_request_no_instance_hears_for_a_live_host_is_504_not_409() {
     assert_eq!((status, body["error"]["code"].as_str()), (504, Some("daemon_timeout")), "{body}");
     assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("not sent")), "{body}");
 
-    redis_cli(&["ACL", "SETUSER", "default", "+subscribe", "+ssubscribe", "+psubscribe"]);
+    allow_subscriptions(&redis);
     for server in [&a, &b] {
         wait_status(&Api::new(server.url(), String::new()), "/readyz", 200).await;
     }
@@ -1071,18 +1083,9 @@ async fn readyz_says_unready_while_the_instance_is_not_subscribed() {
     let (a, _b) = pair(&database, &redis.url(), &[]).await;
     let api = Api::new(a.url(), String::new());
     wait_status(&api, "/readyz", 200).await;
-    let redis_cli = |args: &[&str]| {
-        let out = std::process::Command::new("redis-cli")
-            .args(["-p", &redis.port().to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli");
-        assert!(out.status.success(), "redis-cli {args:?}: {out:?}");
-    };
-    redis_cli(&["ACL", "SETUSER", "default", "-subscribe", "-ssubscribe", "-psubscribe"]);
-    redis_cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    refuse_subscriptions(&redis);
     let body = wait_status(&api, "/readyz", 503).await;
     assert!(body["checks"]["bus"].as_str().is_some_and(|b| b.contains("not subscribed")), "{body}");
-    redis_cli(&["ACL", "SETUSER", "default", "+subscribe", "+ssubscribe", "+psubscribe"]);
+    allow_subscriptions(&redis);
     wait_status(&api, "/readyz", 200).await;
 }
