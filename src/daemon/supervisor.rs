@@ -189,11 +189,11 @@ impl Supervisor {
                             "tether_daemon_wrong_cell"
                         );
                         target = None;
-                        named_by_wrong_cell = named.clone().filter(|url| *url != self.server);
+                        named_by_wrong_cell = named.filter(|url| *url != self.server);
                         // The cell this one named replaces it as the
                         // fallback: during a director outage it is the
                         // only cell known to take the host.
-                        last_cell = named.filter(|url| *url != self.server).map(|url| Target { url, booking: None });
+                        last_cell = named_by_wrong_cell.clone().map(|url| Target { url, booking: None });
                         match &last_cell {
                             Some(cell) => self.remember_cell(&cell.url),
                             None => self.forget_cell(),
