@@ -800,7 +800,7 @@ impl RemoteViewer {
         };
         if now > self.relay.settings.viewer.queue_bytes {
             self.queued.fetch_sub(weight, Ordering::Relaxed);
-            self.too_slow(ctx);
+            self.too_slow(close::POLICY, crate::viewer_protocol::TOO_SLOW_A_READER, ctx);
             return;
         }
         if self.frames.send((frame, weight)).is_err() {
@@ -824,12 +824,12 @@ impl RemoteViewer {
     }
 
     /// Tells the home to close its client, leaves the arbiter, stops.
-    /// Its queue passed `viewer.queue_bytes`: closed 1008 and counted, as
-    /// a slow local socket is.
-    fn too_slow(&mut self, ctx: &mut Context<Self>) {
+    /// Closed for reading too slowly (its queue passed `viewer.queue_bytes`,
+    /// or the arbiter evicted it): counted, as a slow local socket is.
+    fn too_slow(&mut self, code: u16, reason: &str, ctx: &mut Context<Self>) {
         tracing::info!(terminal_id = %self.terminal_id, home = %self.home, "tether_viewer_too_slow");
         metrics::counter!("tether_viewer_slow_closed_total").increment(1);
-        self.leave(close::POLICY, crate::viewer_protocol::TOO_SLOW_A_READER, ctx);
+        self.leave(code, reason, ctx);
     }
 
     fn leave(&mut self, code: u16, reason: &str, ctx: &mut Context<Self>) {
@@ -942,9 +942,7 @@ impl Handler<ViewerOut> for RemoteViewer {
             }
             ViewerOut::Evict { code, reason } => {
                 self.left = true;
-                tracing::info!(terminal_id = %self.terminal_id, home = %self.home, "tether_viewer_too_slow");
-                metrics::counter!("tether_viewer_slow_closed_total").increment(1);
-                self.leave(code, &reason, ctx);
+                self.too_slow(code, &reason, ctx);
             }
             // Only a local viewer's sink, which pushes on a socket's queue,
             // sends it; this proxy's queue is counted by `push`.
